@@ -1,0 +1,65 @@
+"""Per-party test accuracy (mean +- std over seeds) of the EASTER configs and the Local config.
+
+.venv/bin/python benchmarks/accuracy.py [--seeds 0 1 2] [--configs configs/easter/digits.yaml ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import machine, quiet, run_config  # noqa: E402
+
+DEFAULT_CONFIGS = [
+    "configs/easter/digits.yaml",
+    "configs/easter/digits_local.yaml",
+    "configs/easter/digits_hetero_optim.yaml",
+    "configs/easter/breast_cancer.yaml",
+    "configs/easter/wine.yaml",
+    "configs/easter/diabetes.yaml",
+]
+
+
+def fmt(values: list[float]) -> str:
+    """mean +- std (sample std; 0 for one seed)."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {std:.4f}"
+
+
+def main() -> None:
+    """Run every config for every seed and print one Markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
+    args = parser.parse_args()
+    quiet()
+    rows = []
+    for config in args.configs:
+        runs, t0 = [], time.perf_counter()
+        for seed in args.seeds:
+            runs.append(run_config(config, seed))
+        parties = sorted(
+            {k.split("/")[-1] for r in runs for k in r if k.startswith("test/acc/") and k != "test/acc/mean"}
+        )
+        cells = {p: fmt([r[f"test/acc/{p}"] for r in runs]) for p in parties}
+        mean = fmt([r["test/acc/mean"] for r in runs])
+        mb = statistics.mean(r["wire_bytes"] for r in runs) / 1e6
+        rows.append((config, cells, mean, mb, (time.perf_counter() - t0) / len(runs)))
+        print(f"done {config}: mean {mean}", file=sys.stderr, flush=True)
+    width = max(len(c) for c, *_ in rows)
+    all_parties = sorted({p for _, cells, *_ in rows for p in cells})
+    print(f"\nTest accuracy, mean ± std over seeds {args.seeds} ({machine()})\n")
+    print(f"| {'config':<{width}} | " + " | ".join(all_parties) + " | mean of parties | MB on wire | s/run |")
+    print(f"|{'-' * (width + 2)}|" + "|".join("---" for _ in all_parties) + "|---|---|---|")
+    for config, cells, mean, mb, secs in rows:
+        line = " | ".join(cells.get(p, "–") for p in all_parties)
+        print(f"| {config:<{width}} | {line} | {mean} | {mb:.2f} | {secs:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

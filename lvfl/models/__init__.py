@@ -1,0 +1,12 @@
+"""Party networks that split into an encoder (embedding network h) and a head (prediction network p).
+
+Every model is built as ``Model(input_shape, embedding_dim, num_outputs, **hyperparameters)``; see
+`lvfl.models.base` for the convention and `PartyModelFactory` for how configs name a model.
+"""
+
+from lvfl.models.base import ACTIVATIONS, PartyModel, PartyModelFactory
+from lvfl.models.cnn import CNN
+from lvfl.models.lenet import LeNet
+from lvfl.models.mlp import MLP
+
+__all__ = ["ACTIVATIONS", "CNN", "MLP", "LeNet", "PartyModel", "PartyModelFactory"]

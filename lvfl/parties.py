@@ -1,0 +1,59 @@
+"""What a protocol learns about the parties from the datamodule, and the batch they share.
+
+The datamodule describes each party (`PartySpec`) and the learning task (`TaskInfo`); protocols build the party
+models from these in `setup()`, so one config runs on any dataset and any number of parties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+Role = Literal["active", "passive", "coordinator"]
+
+
+@dataclass(frozen=True)
+class PartySpec:
+    """One party as seen by a protocol: its name, its role and the shape of one sample of its features."""
+
+    name: str
+    role: Role
+    input_shape: tuple[int, ...]
+    index: int = 0
+
+    @property
+    def is_active(self) -> bool:
+        """Whether this party holds the labels."""
+        return self.role == "active"
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """The supervised task: number of classes and whether it is binary (AUROC is reported then)."""
+
+    num_classes: int
+    kind: Literal["binary", "multiclass"] = "multiclass"
+
+    def __post_init__(self) -> None:
+        if self.num_classes < 2:
+            raise ValueError(f"a classification task needs at least 2 classes, got num_classes={self.num_classes}")
+        expected = "binary" if self.num_classes == 2 else "multiclass"
+        if self.kind != expected:
+            raise ValueError(f"task kind {self.kind!r} does not fit num_classes={self.num_classes}")
+
+
+@dataclass
+class VFLBatch:
+    """A mini-batch of aligned samples: `features[party]` is only ever read by that party's code.
+
+    A (non-frozen) dataclass so that Lightning's `move_data_to_device` moves every tensor in it.
+    """
+
+    ids: torch.Tensor
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+    labels: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])

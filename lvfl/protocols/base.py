@@ -1,0 +1,297 @@
+"""`VFLModule`: the base every protocol builds on.
+
+It turns the datamodule's `party_specs` into one model, optimizer and (optional) LR scheduler per party, owns the
+`Wire` and the aggregation backend, keeps the mask step counter, and logs per-party metrics. A protocol subclass
+writes its `training_step` (and, if its inference differs, `party_logits`) in the order of the paper's algorithm.
+
+Manual optimization is used throughout: each party owns its optimizer, as the papers require heterogeneous
+optimizers (VFedMH Table IV). A step does one backward pass over a surrogate objective in which every party's
+graph touches only that party's parameters (everything that crossed the wire arrives detached), so each party's
+gradient is exactly its own loss gradient, and Lightning's DDP sees one backward per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+import torchmetrics
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import nn
+
+from lvfl.models.base import PartyModelFactory
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.plain import Plain
+from lvfl.wire import Wire
+
+
+def is_logging_step(trainer: Any) -> bool:
+    """Whether Lightning writes step-level metrics to the loggers at this batch (its `log_every_n_steps` cadence).
+
+    Values logged on other steps are dropped by Lightning, so skipping them saves the logging cost on tiny steps.
+    Under manual optimization `global_step` counts optimizer steps (one per party), hence Lightning's own test.
+    """
+    if trainer is None:
+        return False
+    return bool(trainer._logger_connector.should_update_logs)
+
+
+@dataclass
+class PartyConfig:
+    """How one party is built: its model (class + init args) and its optimizer and optional LR scheduler.
+
+    In YAML::
+
+        - model: {class_path: lvfl.models.MLP, init_args: {hidden: [64]}}
+          optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.001}}
+          lr_scheduler: {class_path: torch.optim.lr_scheduler.ExponentialLR, init_args: {gamma: 0.95}}
+
+    Without `optimizer`, the party uses SGD with lr 0.01 (the papers' MNIST setting). Schedulers step once per epoch.
+    """
+
+    model: PartyModelFactory
+    optimizer: OptimizerCallable | None = None
+    lr_scheduler: LRSchedulerCallable | None = None
+
+    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The party's optimizer over `params`."""
+        if self.optimizer is None:
+            return torch.optim.SGD(params, lr=0.01)
+        return self.optimizer(params)
+
+
+class VFLModule(LightningModule):
+    """Base LightningModule for VFL protocols: one model, optimizer and scheduler per party, one wire.
+
+    Args:
+        parties: one `PartyConfig` per participating party, in the datamodule's party order, or a single entry
+            used for every party (homogeneous models).
+        aggregation: the aggregation backend protecting passive embeddings (default `Plain`).
+        embedding_dim: the size of every party's embedding (they are averaged, so all parties share it).
+    """
+
+    def __init__(
+        self,
+        parties: list[PartyConfig],
+        aggregation: AggregationBackend | None = None,
+        embedding_dim: int = 64,
+    ) -> None:
+        super().__init__()
+        if not parties:
+            raise ValueError("model.parties is empty: give one PartyConfig per party, or one for all parties")
+        if embedding_dim < 1:
+            raise ValueError(f"model.embedding_dim must be >= 1, got {embedding_dim}")
+        self.automatic_optimization = False
+        self.party_configs = list(parties)
+        self.aggregation = aggregation if aggregation is not None else Plain()
+        self.embedding_dim = embedding_dim
+        self.wire = Wire()
+        self.mask_step = 0
+        self.party_specs: list[PartySpec] = []
+        self.task: TaskInfo | None = None
+        self.party_models = nn.ModuleDict()
+        self.metrics = nn.ModuleDict()
+        self._train_loss_sum: torch.Tensor | None = None
+        self._train_loss_count = 0
+
+    # ------------------------------------------------------------------------------------------------ building
+    @property
+    def built(self) -> bool:
+        """Whether party models exist (after `setup` or `build`)."""
+        return len(self.party_models) > 0
+
+    @property
+    def party_names(self) -> list[str]:
+        """Participating parties, in datamodule order."""
+        return [s.name for s in self.party_specs]
+
+    @property
+    def active(self) -> str:
+        """The name of the active (label-holding) party."""
+        return next(s.name for s in self.party_specs if s.is_active)
+
+    @property
+    def passive(self) -> list[str]:
+        """The names of the passive parties."""
+        return [s.name for s in self.party_specs if not s.is_active]
+
+    @property
+    def num_parties(self) -> int:
+        """C: the number of parties whose embeddings are averaged."""
+        return len(self.party_specs)
+
+    def setup(self, stage: str) -> None:
+        """Build the parties from the trainer's datamodule (once; resumes keep the built models)."""
+        if self.built:
+            return
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is None or not hasattr(dm, "party_specs"):
+            raise ValueError("lvfl protocols need a VerticalDataModule (data:) that provides party_specs and task")
+        self.build(dm.party_specs, dm.task, rank=self.trainer.global_rank)
+
+    def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
+        """Create every party's model and metrics and run the backend's key set-up on the wire."""
+        specs = list(party_specs)
+        if sum(s.is_active for s in specs) != 1:
+            raise ValueError(f"exactly one party must be active, got roles {[s.role for s in specs]}")
+        configs = self.party_configs
+        if len(configs) == 1:
+            configs = configs * len(specs)
+        if len(configs) != len(specs):
+            raise ValueError(
+                f"model.parties has {len(self.party_configs)} entries but the datamodule has {len(specs)} parties "
+                f"({[s.name for s in specs]}); give one entry per party, or a single entry for all"
+            )
+        self.party_specs = specs
+        self.task = task
+        self._configs = dict(zip([s.name for s in specs], configs, strict=True))
+        for spec, cfg in zip(specs, configs, strict=True):
+            self.party_models[spec.name] = cfg.model(tuple(spec.input_shape), self.embedding_dim, task.num_classes)
+        for stage in ("val", "test"):
+            for name in self.party_names:
+                self.metrics[f"{stage}_acc_{name}"] = torchmetrics.Accuracy(
+                    task="multiclass", num_classes=task.num_classes
+                )
+                if task.kind == "binary":
+                    self.metrics[f"{stage}_auroc_{name}"] = torchmetrics.AUROC(task="binary")
+        self.check_backend()
+        self.aggregation.setup(self.party_specs, self.active, self.wire, rank=rank)
+
+    def check_backend(self) -> None:
+        """Refuse backends that make no sense for this protocol (override in protocols that restrict them)."""
+
+    # ------------------------------------------------------------------------------------------------ optimizers
+    def configure_optimizers(self) -> Any:
+        """One optimizer (and optional scheduler) per party, in `party_names` order."""
+        if not self.built:
+            raise RuntimeError("configure_optimizers was called before the parties were built (setup/build)")
+        optimizers, schedulers = [], []
+        for name in self.party_names:
+            cfg = self._configs[name]
+            opt = cfg.make_optimizer(self.party_models[name].parameters())
+            optimizers.append(opt)
+            if cfg.lr_scheduler is not None:
+                schedulers.append({"scheduler": cfg.lr_scheduler(opt), "interval": "epoch", "name": f"lr/{name}"})
+        return optimizers, schedulers
+
+    def party_optimizers(self) -> dict[str, Any]:
+        """Optimizers keyed by party."""
+        opts = self.optimizers()
+        opts = opts if isinstance(opts, list) else [opts]
+        return dict(zip(self.party_names, opts, strict=True))
+
+    def on_train_epoch_end(self) -> None:
+        """Step per-party schedulers (manual optimization leaves this to us) and log the epoch's mean losses."""
+        scheds = self.lr_schedulers()
+        if scheds is not None:
+            for s in scheds if isinstance(scheds, list) else [scheds]:
+                s.step()
+        if self._train_loss_sum is not None and self._train_loss_count:
+            means = self._train_loss_sum / self._train_loss_count
+            for name, value in zip(self.party_names, means, strict=True):
+                self.log(f"train/loss_epoch/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+        self._train_loss_sum, self._train_loss_count = None, 0
+
+    # ------------------------------------------------------------------------------------------------ the shared moves
+    def next_mask_step(self) -> int:
+        """A fresh mask step for each aggregation, so no mask stream is ever reused (it is checkpointed)."""
+        step = self.mask_step
+        self.mask_step += 1
+        return step
+
+    def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Passive shares up the wire, combined at the active party: returns E_a + sum_k E_k (not divided)."""
+        step = self.next_mask_step()
+        shares = {
+            k: self.wire.send(k, self.active, self.aggregation.protect(k, local[k].detach(), step), "embeddings")
+            for k in self.passive
+        }
+        return self.aggregation.combine(local[self.active].detach(), shares)
+
+    def labels_for(self, party: str, batch: VFLBatch) -> torch.Tensor:
+        """The labels party's loss is computed against (true labels; label mechanisms override this later)."""
+        return batch.labels
+
+    def task_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy (VFedMH Eq. 8)."""
+        return F.cross_entropy(logits, labels)
+
+    def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
+        """Accumulate per-party losses; log them on the trainer's logging cadence (cheap on tiny steps)."""
+        stacked = torch.stack([losses[k].detach() for k in self.party_names])
+        self._train_loss_sum = stacked if self._train_loss_sum is None else self._train_loss_sum + stacked
+        self._train_loss_count += 1
+        if is_logging_step(self._trainer):
+            for name, value in zip(self.party_names, stacked, strict=True):
+                self.log(f"train/loss/{name}", value, on_step=True, on_epoch=False)
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """Each party's prediction for the batch, as the active party receives it. Protocols override."""
+        raise NotImplementedError(f"{type(self).__name__} must implement party_logits")
+
+    def _eval_step(self, batch: VFLBatch, stage: str) -> None:
+        logits = self.party_logits(batch)
+        for name, out in logits.items():
+            self.log(f"{stage}/loss/{name}", self.task_loss(out, batch.labels), sync_dist=True)
+            acc = self.metrics[f"{stage}_acc_{name}"]
+            acc(out, batch.labels)
+            self.log(f"{stage}/acc/{name}", acc, on_step=False, on_epoch=True)
+            if self.task is not None and self.task.kind == "binary":
+                auroc = self.metrics[f"{stage}_auroc_{name}"]
+                auroc(out.softmax(-1)[:, 1], batch.labels)
+                self.log(f"{stage}/auroc/{name}", auroc, on_step=False, on_epoch=True)
+
+    def validation_step(self, batch: VFLBatch, batch_idx: int) -> None:
+        """Every party's model on the validation batch."""
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch: VFLBatch, batch_idx: int) -> None:
+        """Every party's model on the test batch."""
+        self._eval_step(batch, "test")
+
+    def _log_mean(self, stage: str) -> None:
+        for metric in ("acc", "auroc"):
+            keys = [f"{stage}_{metric}_{n}" for n in self.party_names]
+            if all(k in self.metrics for k in keys):
+                values = torch.stack([self.metrics[k].compute() for k in keys])
+                self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True)
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the mean over party models."""
+        self._log_mean("val")
+
+    def on_test_epoch_end(self) -> None:
+        """Log the mean over party models."""
+        self._log_mean("test")
+
+    def predict_step(self, batch: VFLBatch, batch_idx: int) -> dict[str, Any]:
+        """Class probabilities of every party's model, keyed by party, with the sample IDs."""
+        return {"ids": batch.ids, "probs": {k: v.softmax(-1) for k, v in self.party_logits(batch).items()}}
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the mask step counter, the wire ledger and the backend's non-secret state (never private keys)."""
+        checkpoint["lvfl"] = {
+            "mask_step": self.mask_step,
+            "wire": self.wire.state_dict(),
+            "aggregation": self.aggregation.state_dict(),
+            "party_names": self.party_names,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the counter and the ledger; the key exchange this run did at set-up stays on the ledger."""
+        state = checkpoint.get("lvfl")
+        if state is None:
+            return
+        saved_parties = state.get("party_names")
+        if self.built and saved_parties is not None and saved_parties != self.party_names:
+            raise ValueError(f"checkpoint has parties {saved_parties}, this run has {self.party_names}")
+        self.mask_step = int(state["mask_step"])
+        self.wire.merge_state_dict(state["wire"])
+        self.aggregation.load_state_dict(state.get("aggregation", {}))

@@ -1,0 +1,385 @@
+"""Aggregation backends: exact mask cancellation, byte-exact key exchange, refusals, and no keys in pickles."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from lvfl.crypto import fixedpoint, keys, prg
+from lvfl.parties import PartySpec
+from lvfl.privacy import AggregationBackend, DHMasking, Plain
+from lvfl.wire import Wire
+
+RING = 2**64
+
+
+def make_parties(num_passive: int, active_at: int = 0) -> list[PartySpec]:
+    """An active party "a" at position `active_at` among passive parties "p1".."pK"."""
+    passive = [PartySpec(f"p{i}", "passive", (3,), i) for i in range(1, num_passive + 1)]
+    return passive[:active_at] + [PartySpec("a", "active", (3,), 0)] + passive[active_at:]
+
+
+def passive_names(parties: list[PartySpec]) -> list[str]:
+    return [p.name for p in parties if p.role == "passive"]
+
+
+def set_up(backend: AggregationBackend, num_passive: int, rank: int = 0, active_at: int = 0):
+    parties = make_parties(num_passive, active_at)
+    wire = Wire()
+    backend.setup(parties, "a", wire, rank=rank)
+    return parties, wire
+
+
+def signed(v: int) -> int:
+    v %= RING
+    return v - RING if v >= 2**63 else v
+
+
+# -- the shared harness: every backend combines to active + sum of the passive tensors ----------------------------
+BACKENDS = {"plain": (Plain, 0.0), "dh_masking": (DHMasking, 2.0**-17)}  # per-value error bound
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("num_passive", [2, 3, 5])
+def test_backend_combines_to_the_sum(name, num_passive):
+    cls, per_value = BACKENDS[name]
+    backend = cls()
+    parties, _ = set_up(backend, num_passive, active_at=1)
+    gen = torch.Generator().manual_seed(num_passive)
+    active = torch.randn(4, 6, generator=gen, requires_grad=True)
+    xs = {p: torch.randn(4, 6, generator=gen) * 10 for p in passive_names(parties)}
+    shares = {p: backend.protect(p, x, step=3) for p, x in xs.items()}
+    out = backend.combine(active, shares)
+    ref = active.detach().double() + sum(x.double() for x in xs.values())
+    assert out.dtype == active.dtype
+    assert out.shape == active.shape
+    assert (out.detach().double() - ref).abs().max() <= num_passive * per_value + 1e-4  # + float32 rounding
+    out.sum().backward()  # gradients reach the active party's own tensor
+    assert torch.equal(active.grad, torch.ones_like(active))
+
+
+# -- DHMasking: exact cancellation ------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(
+    num_passive=st.integers(2, 10),
+    shape=hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=5),
+    step=st.integers(0, 2**64 - 1),
+    rank=st.integers(0, 3),
+    index=st.integers(0, 2**16 - 1),
+    active_at=st.integers(0, 10),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_masks_cancel_exactly(num_passive, shape, step, rank, index, active_at, seed):
+    rng = np.random.default_rng(seed)
+    backend = DHMasking()
+    parties, _ = set_up(backend, num_passive, rank=rank, active_at=min(active_at, num_passive))
+    names = passive_names(parties)
+    xs = {p: torch.from_numpy(rng.uniform(-1000, 1000, size=shape).astype(np.float32)) for p in names}
+    active = torch.from_numpy(rng.uniform(-1000, 1000, size=shape).astype(np.float32))
+    shares = {p: backend.protect(p, x, step, index) for p, x in xs.items()}
+
+    # the ring sum of the shares is exactly the sum of the fixed-point values (independent numpy encoding)
+    ints = {p: np.rint(x.numpy().astype(np.float64) * 2**16).astype(np.int64) for p, x in xs.items()}
+    exact = sum(ints[p].astype(object) for p in names)
+    ring = fixedpoint.ring_sum(shares.values()).numpy()
+    assert ring.tolist() == np.asarray(exact, dtype=np.int64).tolist()
+
+    # combine == active + decoded sum of the rounded values, bit for bit
+    out = backend.combine(active, shares)
+    decoded = torch.from_numpy((np.asarray(exact, dtype=np.float64) / 2**16).astype(np.float32))
+    assert torch.equal(out, active + decoded)
+
+    # and within C * 2**-16 of Plain (computed in float64, so Plain's own rounding is negligible)
+    plain = Plain()
+    set_up(plain, num_passive)
+    plain_out = plain.combine(active.double(), {p: plain.protect(p, x.double(), step) for p, x in xs.items()})
+    c = num_passive + 1
+    assert (backend.combine(active.double(), shares) - plain_out).abs().max() <= c * 2.0**-16
+
+
+@pytest.mark.parametrize("active_at", [0, 2])
+def test_shares_follow_eq5_sign_convention(active_at):
+    """share_k = encode(x_k) + sum_{j after k} PRG(k_kj) - sum_{j before k} PRG(k_kj), with the rank in the nonce."""
+    backend = DHMasking()
+    parties, _ = set_up(backend, 3, rank=7, active_at=active_at)
+    names = passive_names(parties)
+    x = torch.linspace(-2, 2, 10).reshape(2, 5)
+    for pos, k in enumerate(names):
+        share = backend.protect(k, x, step=11, index=2).flatten().tolist()
+        expected = fixedpoint.encode(x, 16).flatten().tolist()
+        for pos_j, j in enumerate(names):
+            if j == k:
+                continue
+            key = dict(zip([n for n in names if n != k], [pk for pk, _ in backend._peers[k]], strict=True))[j]
+            stream = prg.mask_stream(key, 11, 7, 2, 10).tolist()
+            sign = 1 if pos < pos_j else -1
+            expected = [signed(e + sign * s) for e, s in zip(expected, stream, strict=True)]
+        assert share == expected
+
+
+def test_pair_keys_agree_and_never_cross_the_wire():
+    backend = DHMasking()
+    parties = make_parties(4)
+    sent = []
+
+    class RecordingWire(Wire):
+        def send(self, src, dst, payload, tag):
+            sent.append(bytes(payload))
+            return super().send(src, dst, payload, tag)
+
+    backend.setup(parties, "a", RecordingWire())
+    names = passive_names(parties)
+    table = {k: dict(zip([n for n in names if n != k], backend._peers[k], strict=True)) for k in names}
+    all_keys = set()
+    for k in names:
+        for j in names:
+            if j != k:
+                key_kj, add_kj = table[k][j]
+                key_jk, add_jk = table[j][k]
+                assert key_kj == key_jk  # both ends derive the same pair key
+                assert add_kj != add_jk  # one adds the stream, the other subtracts it
+                all_keys.add(key_kj)
+    assert len(all_keys) == 6  # one distinct key per pair
+    assert not all_keys & set(sent)
+    assert all(len(m) == keys.PUBLIC_KEY_BYTES for m in sent)
+
+
+@pytest.mark.parametrize("num_passive", [2, 3, 4, 7])
+def test_setup_puts_exact_key_bytes_on_the_wire(num_passive):
+    backend = DHMasking()
+    parties, wire = set_up(backend, num_passive)
+    k = num_passive
+    assert wire.bytes_by_tag() == {"keys": k * 32 + k * (k - 1) * 32}
+    assert wire.total_messages() == k + k * (k - 1)
+    links = wire.bytes_by_link()
+    for p in passive_names(parties):
+        assert links[f"{p}->a"] == 32
+        assert links[f"a->{p}"] == (k - 1) * 32
+    assert all("a" in link.split("->") for link in links)  # every key goes through the active party
+
+
+def test_plain_setup_sends_nothing():
+    _, wire = set_up(Plain(), 3)
+    assert wire.total_bytes() == 0
+
+
+# -- fresh masks: per step, per index, per rank -------------------------------------------------------------------
+def test_share_changes_every_step_for_identical_input():
+    backend = DHMasking()
+    set_up(backend, 3)
+    x = torch.full((8, 8), 0.25)
+    shares = [backend.protect("p2", x, step=s) for s in range(5)]
+    encoded = fixedpoint.encode(x, 16)
+    for i, s in enumerate(shares):
+        assert s.dtype == torch.int64
+        assert not torch.any(s == encoded)  # the share hides the value ...
+        for t in shares[i + 1 :]:
+            assert not torch.any(s == t)  # ... and differs elementwise from every other step's share
+    assert not torch.any(backend.protect("p2", x, step=4, index=1) == shares[4])  # a new index, a new mask
+
+
+def test_different_rank_gives_different_masks():
+    key = bytes(range(32))
+    assert not torch.any(prg.mask_stream(key, 1, 0, 0, 256) == prg.mask_stream(key, 1, 1, 0, 256))
+    backend = DHMasking()
+    set_up(backend, 2, rank=1)
+    x = torch.zeros(16)
+    pair_key, add = backend._peers["p1"][0]
+    share = backend.protect("p1", x, step=0)
+    assert torch.equal(share, prg.mask_stream(pair_key, 0, 1, 0, 16) * (1 if add else -1))
+    assert not torch.any(share == prg.mask_stream(pair_key, 0, 0, 0, 16))
+
+
+def test_reusing_a_mask_stream_is_refused():
+    backend = DHMasking()
+    set_up(backend, 2)
+    x = torch.ones(3)
+    backend.protect("p1", x, step=5, index=0)
+    backend.protect("p1", x, step=5, index=1)
+    backend.protect("p2", x, step=5, index=0)  # the other party's own use of the same stream
+    with pytest.raises(ValueError, match=r"party 'p1'.*step 5 index 0 was already used"):
+        backend.protect("p1", x, step=5, index=0)
+    with pytest.raises(ValueError, match="already used"):
+        backend.protect("p1", x, step=4, index=3)
+    backend.protect("p1", x, step=6, index=0)
+    set_up(backend, 2)  # fresh keys: the counter may start again
+    backend.protect("p1", x, step=5, index=0)
+
+
+# -- refusals ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_values_raise_naming_the_party(bad):
+    backend = DHMasking()
+    set_up(backend, 3)
+    x = torch.zeros(4, 4)
+    x[2, 1] = bad
+    with pytest.raises(ValueError, match=r"party 'p3'.*NaN or inf"):
+        backend.protect("p3", x, step=0)
+
+
+@pytest.mark.parametrize(("num_passive", "frac_bits"), [(2, 16), (5, 16), (3, 30)])
+def test_out_of_range_values_raise_naming_the_party_and_bound(num_passive, frac_bits):
+    backend = DHMasking(frac_bits=frac_bits)
+    set_up(backend, num_passive)
+    c = num_passive + 1
+    bound = 2.0 ** (63 - frac_bits) / c
+    below = torch.tensor([np.nextafter(bound, 0.0), -1.0], dtype=torch.float64)
+    backend.protect("p2", below, step=0)
+    at = torch.tensor([1.0, -bound], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"party 'p2'.*out of range") as err:
+        backend.protect("p2", at, step=1)
+    assert f"{bound:.6g}" in str(err.value)
+    assert f"{c} parties" in str(err.value)
+    backend.protect("p2", below, step=1)  # a refused call consumed no mask stream
+
+
+@pytest.mark.parametrize("num_passive", [0, 1])
+def test_fewer_than_two_passive_parties_is_refused(num_passive):
+    with pytest.raises(ValueError, match="at least two passive parties") as err:
+        set_up(DHMasking(), num_passive)
+    assert "own embedding in the clear" in str(err.value)  # says why
+    assert "allow_insecure=True" in str(err.value)  # and how to opt out
+
+
+def test_one_passive_party_runs_only_when_allowed_and_warns():
+    backend = DHMasking(allow_insecure=True)
+    with pytest.warns(UserWarning, match="allow_insecure=True"):
+        _, wire = set_up(backend, 1)
+    assert wire.bytes_by_tag() == {"keys": 32}  # its public key still goes to the active party; nothing comes back
+    x = torch.tensor([0.5, -0.25])
+    share = backend.protect("p1", x, step=0)
+    assert torch.equal(share, fixedpoint.encode(x, 16))  # no peer, no mask: exactly what the refusal warns about
+    assert torch.equal(backend.combine(torch.ones(2), {"p1": share}), torch.tensor([1.5, 0.75]))
+
+
+def test_secure_setup_does_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        set_up(DHMasking(), 2)
+
+
+@pytest.mark.parametrize(
+    ("frac_bits", "exc"),
+    [(0, ValueError), (41, ValueError), (-3, ValueError), (16.0, TypeError), (True, TypeError), ("16", TypeError)],
+)
+def test_frac_bits_is_validated(frac_bits, exc):
+    with pytest.raises(exc, match="frac_bits"):
+        DHMasking(frac_bits=frac_bits)
+
+
+def test_setup_validates_parties_and_rank():
+    with pytest.raises(ValueError, match="not an active party"):
+        DHMasking().setup(make_parties(2), "p1", Wire())
+    with pytest.raises(ValueError, match="unique"):
+        DHMasking().setup(make_parties(2) + [PartySpec("p1", "passive", (3,), 9)], "a", Wire())
+    with pytest.raises(ValueError, match="rank"):
+        DHMasking().setup(make_parties(2), "a", Wire(), rank=2**16)
+
+
+def test_protect_and_combine_refuse_misuse():
+    backend = DHMasking()
+    with pytest.raises(RuntimeError, match="setup"):
+        backend.protect("p1", torch.zeros(2), step=0)
+    set_up(backend, 3)
+    with pytest.raises(ValueError, match="'a' is not a passive party"):
+        backend.protect("a", torch.zeros(2), step=0)
+    with pytest.raises(TypeError, match="party 'p1'.*floating-point"):
+        backend.protect("p1", torch.zeros(2, dtype=torch.int32), step=0)
+    shares = {p: backend.protect(p, torch.ones(2), step=1) for p in ("p1", "p2", "p3")}
+    with pytest.raises(ValueError, match=r"missing \['p2'\]"):
+        backend.combine(torch.zeros(2), {p: s for p, s in shares.items() if p != "p2"})
+    with pytest.raises(ValueError, match=r"unknown \['p9'\]"):
+        backend.combine(torch.zeros(2), shares | {"p9": shares["p1"]})
+    with pytest.raises(TypeError, match="party 'p3'.*int64"):
+        backend.combine(torch.zeros(2), shares | {"p3": shares["p3"].float()})
+    with pytest.raises(ValueError, match="party 'p1'.*shape"):
+        backend.combine(torch.zeros(3), shares)
+    assert torch.equal(backend.combine(torch.zeros(2), shares), torch.full((2,), 3.0))
+
+
+def test_plain_refuses_missing_share_after_setup():
+    backend = Plain()
+    set_up(backend, 2)
+    with pytest.raises(ValueError, match="one share from each passive party"):
+        backend.combine(torch.zeros(2), {"p1": torch.ones(2)})
+
+
+# -- devices and layouts ------------------------------------------------------------------------------------------
+def test_non_contiguous_and_half_precision_inputs():
+    backend = DHMasking()
+    set_up(backend, 2)
+    base = torch.randn(6, 4)
+    x1, x2 = base.t(), (base * 2).t()  # non-contiguous
+    shares = {"p1": backend.protect("p1", x1, 0), "p2": backend.protect("p2", x2.half(), 0)}
+    assert shares["p1"].shape == (4, 6)
+    out = backend.combine(torch.zeros(4, 6), shares)
+    assert (out - (x1 + x2.half().float())).abs().max() <= 2 * 2.0**-17 + 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_shares_stay_on_device_and_cancel():
+    backend = DHMasking()
+    set_up(backend, 3)
+    xs = {p: torch.randn(128, 128, device="cuda") for p in ("p1", "p2", "p3")}
+    shares = {p: backend.protect(p, x, step=0) for p, x in xs.items()}
+    assert all(s.device.type == "cuda" and s.dtype == torch.int64 for s in shares.values())
+    active = torch.randn(128, 128, device="cuda")
+    out = backend.combine(active, shares)
+    assert out.device.type == "cuda"
+    cpu = {p: fixedpoint.encode(x.cpu(), 16) for p, x in xs.items()}
+    assert torch.equal(out.cpu(), active.cpu() + fixedpoint.decode(fixedpoint.ring_sum(cpu.values()), 16))
+
+
+# -- no key material in checkpoints or pickles ---------------------------------------------------------------------
+def test_pickles_and_checkpoints_hold_no_key_material(monkeypatch):
+    private_raw = []
+    real_generate = keys.generate_keypair
+
+    def recording_generate():
+        private, public = real_generate()
+        private_raw.append(private.private_bytes_raw())
+        return private, public
+
+    monkeypatch.setattr(keys, "generate_keypair", recording_generate)
+    backend = DHMasking(frac_bits=20)
+    set_up(backend, 3)
+    pair_keys = {key for peers in backend._peers.values() for key, _ in peers}
+    assert len(private_raw) == 3
+    assert len(pair_keys) == 3
+
+    holder = torch.nn.Module()
+    holder.aggregation = backend
+    buffer = io.BytesIO()
+    torch.save({"module": holder, "backend_state": backend.state_dict()}, buffer)
+    for blob in (pickle.dumps(backend), buffer.getvalue()):
+        for secret in [*private_raw, *pair_keys]:
+            assert secret not in blob
+
+    assert backend.state_dict() == {"frac_bits": 20}
+    restored = pickle.loads(pickle.dumps(backend))  # noqa: S301 - our own bytes
+    assert restored.frac_bits == 20
+    assert backend._peers is not None  # pickling does not strip the live object
+    for clone in (restored, copy.deepcopy(backend)):
+        with pytest.raises(RuntimeError, match="setup"):
+            clone.protect("p1", torch.zeros(2), step=0)
+    set_up(restored, 3)  # set up again: fresh keys, works
+    assert {key for peers in restored._peers.values() for key, _ in peers}.isdisjoint(pair_keys)
+    assert "key" not in repr(backend).lower()
+
+
+def test_load_state_dict_restores_frac_bits():
+    backend = DHMasking()
+    backend.load_state_dict({"frac_bits": 24})
+    assert backend.frac_bits == 24
+    with pytest.raises(ValueError, match="frac_bits"):
+        backend.load_state_dict({"frac_bits": 99})
