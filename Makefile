@@ -9,7 +9,7 @@ DEMO_CONFIG ?= configs/easter/digits.yaml
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,tensorboard]'
 	@touch $(STAMP)
 
 demo: $(STAMP)

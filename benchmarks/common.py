@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 import warnings
-from typing import Any
 
 import torch
 
-from lvfl.cli import VFLCLI
+from lvfl.cli import run_experiment
 
 
 def quiet() -> None:
@@ -23,36 +21,9 @@ def quiet() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
 
-def run_config(config: str, seed: int, overrides: list[str] | None = None, test: bool = True) -> dict[str, float]:
-    """Fit `config` with `seed` (model init and data split) and return its test metrics (and the wire total)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        args = [
-            "--config",
-            config,
-            f"--seed_everything={seed}",
-            f"--data.init_args.seed={seed}",
-            f"--trainer.logger.init_args.save_dir={tmp}",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.enable_checkpointing=false",
-            "--trainer.callbacks=[]",
-            *(overrides or []),
-        ]
-        cli = VFLCLI(
-            __import__("lvfl.protocols", fromlist=["VFLModule"]).VFLModule,
-            __import__("lvfl.datamodules", fromlist=["VerticalDataModule"]).VerticalDataModule,
-            subclass_mode_model=True,
-            subclass_mode_data=True,
-            args=args,
-            run=False,
-            auto_configure_optimizers=False,
-        )
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-        out: dict[str, Any] = {}
-        if test:
-            (metrics,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
-            out.update({k: float(v) for k, v in metrics.items()})
-        out["wire_bytes"] = float(cli.model.wire.total_bytes())
-        return out
+def run_config(config: str, seed: int, overrides: list[str] | None = None) -> dict[str, float]:
+    """Fit and test `config` with `seed`; its test metrics and `wire_bytes`."""
+    return run_experiment(config, seed, overrides)[0]
 
 
 def machine() -> str:

@@ -8,6 +8,7 @@ the wire with `CommunicationMeter`, and keep a `last.ckpt` so `--ckpt_path last`
 from __future__ import annotations
 
 import sys
+import tempfile
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -39,14 +40,50 @@ def trainer_defaults() -> dict:
     }
 
 
-def main(args: list[str] | None = None) -> None:
-    """Entry point of the `lvfl` console script."""
-    VFLCLI(
+def build_cli(args: list[str], run: bool = True) -> VFLCLI:
+    """The CLI on `args` (with `run=False` the first argument is not a subcommand): for scripts and tests."""
+    return VFLCLI(
         VFLModule,
         VerticalDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        args=args if args is not None else sys.argv[1:],
+        args=args,
+        run=run,
         auto_configure_optimizers=False,
     )
+
+
+def run_experiment(
+    config: str, seed: int, overrides: list[str] | None = None, save_dir: str | None = None, test: bool = True
+) -> tuple[dict[str, float], VFLCLI]:
+    """Fit `config` with `seed` (model init and data split), then test it; returns the test metrics and the CLI.
+
+    Progress bar, checkpoints and default callbacks are off (the metrics come back directly); the test metrics
+    gain `wire_bytes`, the run's total on the wire. Used by the benchmark scripts and the accuracy tests.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        args = [
+            "--config",
+            config,
+            f"--seed_everything={seed}",
+            f"--data.init_args.seed={seed}",
+            f"--trainer.logger.init_args.save_dir={save_dir or tmp}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.callbacks=[]",
+            *(overrides or []),
+        ]
+        cli = build_cli(args, run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        metrics: dict[str, float] = {}
+        if test:
+            (raw,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+            metrics = {k: float(v) for k, v in raw.items()}
+        metrics["wire_bytes"] = float(cli.model.wire.total_bytes())
+        return metrics, cli
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the `lvfl` console script."""
+    build_cli(args if args is not None else sys.argv[1:])

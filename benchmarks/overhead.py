@@ -1,0 +1,286 @@
+"""Training throughput of lvfl against a bare PyTorch loop, and of DH masking against Plain aggregation.
+
+.venv/bin/python benchmarks/overhead.py [--repeats 5] [--epochs 8] [--workloads digits synthetic] [--threads 1]
+
+Three variants run the same EASTER step on the same party models (same classes, hyperparameters, optimizers and
+init seed) and the same training split:
+
+- ``bare``: a plain PyTorch loop over batches cut from a random permutation of the training tensors: every party's
+  encoder, the mean embedding, ``head_k(E.detach() + (E_k - E_k.detach()) / C)``, cross-entropy, one backward on the
+  summed losses, every party's optimizer steps. No Lightning, no wire, no masking, no logging.
+- ``plain``: a real ``lightning.pytorch.Trainer`` fitting ``lvfl.protocols.EASTER`` with ``Plain`` aggregation on the
+  lvfl datamodule, with a CSVLogger at Lightning's default logging cadence and the ``CommunicationMeter`` callback;
+  progress bar, checkpointing, model summary, sanity check and validation are off, so only training is timed.
+- ``dh``: the same with ``DHMasking``.
+
+Workloads:
+
+- ``digits``: scikit-learn digits, 4 parties, batch 128, the party models and optimizers of
+  ``configs/easter/digits.yaml`` (embedding 64).
+- ``synthetic``: ``Synthetic`` with 8,192 samples, 1,000 features (100 informative, 2 classes) over 4 parties
+  (250 each), ``MLP(hidden=[512])`` encoders, embedding 128 (``--synthetic-embedding-dim``), batch 512,
+  SGD(lr=0.01, momentum=0.9) for every party.
+
+Timing: one repetition runs bare, plain, dh in turn (interleaved, so slow phases of a shared machine hit all
+three), each for ``--epochs`` epochs. An epoch's time is the period from one epoch's start to the next (the last
+one: to the end of training), so Lightning's per-epoch work (epoch-end hooks, logger writes) is counted while
+start-up (Trainer construction, setup, the first epoch) is not: the first epoch of every run is dropped. Per
+repetition each variant's time is the median over its remaining epochs; the table gives the median over
+repetitions as samples/s, and each ratio as the median over repetitions of the paired ratio (with its min-max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from itertools import pairwise
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import machine, quiet  # noqa: E402
+
+from lvfl.callbacks import CommunicationMeter  # noqa: E402
+from lvfl.datamodules import Digits, Synthetic, VerticalDataModule  # noqa: E402
+from lvfl.models import CNN, MLP, LeNet  # noqa: E402
+from lvfl.privacy import AggregationBackend, DHMasking, Plain  # noqa: E402
+from lvfl.protocols import EASTER, PartyConfig  # noqa: E402
+
+VARIANTS = ("bare", "plain", "dh")
+BACKENDS: dict[str, Callable[[], AggregationBackend]] = {"plain": Plain, "dh": DHMasking}
+#: the targets the ratios are reported against: lvfl Plain / bare, DHMasking / Plain (per workload)
+PLAIN_TARGET = 1.30
+
+
+@dataclass
+class Workload:
+    """A datamodule and the party models trained on it."""
+
+    name: str
+    description: str
+    datamodule: Callable[[], VerticalDataModule]
+    parties: list[PartyConfig]
+    embedding_dim: int
+    dh_target: float
+
+
+def digits_workload() -> Workload:
+    """The models and optimizers of configs/easter/digits.yaml on Digits (4 parties, batch 128)."""
+    sgd = partial(torch.optim.SGD, lr=0.1, momentum=0.9)
+    parties = [
+        PartyConfig(model=partial(MLP, hidden=[64]), optimizer=sgd),
+        PartyConfig(model=partial(CNN, channels=[16, 32]), optimizer=sgd),
+        PartyConfig(model=LeNet, optimizer=sgd),
+        PartyConfig(model=partial(MLP, hidden=[128]), optimizer=sgd),
+    ]
+    return Workload(
+        name="digits",
+        description="digits, 4 parties (MLP/CNN/LeNet/MLP of digits.yaml), emb 64, batch 128",
+        datamodule=partial(Digits, num_parties=4, batch_size=128, seed=0),
+        parties=parties,
+        embedding_dim=64,
+        dh_target=1.35,
+    )
+
+
+def synthetic_workload(embedding_dim: int) -> Workload:
+    """1,000 features over 4 parties, MLP encoders of width 512, batch 512."""
+    sgd = partial(torch.optim.SGD, lr=0.01, momentum=0.9)
+    return Workload(
+        name="synthetic",
+        description=f"Synthetic 8192x1000 (100 informative, 2 classes), 4 parties, MLP [512], emb {embedding_dim}, "
+        "batch 512",
+        datamodule=partial(
+            Synthetic,
+            num_samples=8192,
+            num_features=1000,
+            num_informative=100,
+            num_classes=2,
+            num_parties=4,
+            batch_size=512,
+            seed=0,
+        ),
+        parties=[PartyConfig(model=partial(MLP, hidden=[512]), optimizer=sgd)],
+        embedding_dim=embedding_dim,
+        dh_target=1.10,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- bare PyTorch
+def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int) -> list[float]:
+    """Epoch times (after the first) of the EASTER step math in a plain PyTorch loop."""
+    torch.manual_seed(seed)
+    specs, task = dm.party_specs, dm.task
+    configs = workload.parties * len(specs) if len(workload.parties) == 1 else workload.parties
+    models = [
+        cfg.model(tuple(spec.input_shape), workload.embedding_dim, task.num_classes)
+        for spec, cfg in zip(specs, configs, strict=True)
+    ]
+    optimizers = [cfg.make_optimizer(m.parameters()) for m, cfg in zip(models, configs, strict=True)]
+    train = dm.train_set
+    features = [train.features[spec.name] for spec in specs]
+    labels = train.labels
+    num_samples, batch_size, c = len(train), dm.batch_size, len(models)
+    generator = torch.Generator().manual_seed(seed)
+
+    marks = []
+    for _ in range(epochs):
+        marks.append(time.perf_counter())
+        for index in torch.randperm(num_samples, generator=generator).split(batch_size):
+            xs = [x.index_select(0, index) for x in features]
+            y = labels.index_select(0, index)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
+            local = [m.encoder(x) for m, x in zip(models, xs, strict=True)]
+            with torch.no_grad():
+                e = torch.stack(local).mean(0)
+            loss = sum(
+                F.cross_entropy(m.head(e + (e_k - e_k.detach()) / c), y) for m, e_k in zip(models, local, strict=True)
+            )
+            loss.backward()
+            for opt in optimizers:
+                opt.step()
+    marks.append(time.perf_counter())
+    return [b - a for a, b in pairwise(marks)][1:]
+
+
+# ---------------------------------------------------------------------------------------------------- lvfl
+class EpochClock(pl.Callback):
+    """Records the start of every training epoch and the end of training."""
+
+    def __init__(self) -> None:
+        self.marks: list[float] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(time.perf_counter())
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.append(time.perf_counter())
+
+    def periods(self) -> list[float]:
+        """Epoch times after the first epoch."""
+        return [b - a for a, b in pairwise(self.marks)][1:]
+
+
+def make_lvfl(
+    workload: Workload, variant: str, epochs: int, seed: int, log_dir: str
+) -> tuple[pl.Trainer, EASTER, EpochClock]:
+    """A seeded EASTER module and a Trainer set up as described in the module docstring."""
+    pl.seed_everything(seed, verbose=False)
+    module = EASTER(parties=workload.parties, aggregation=BACKENDS[variant](), embedding_dim=workload.embedding_dim)
+    clock = EpochClock()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=pl.loggers.CSVLogger(log_dir, name=f"{workload.name}_{variant}"),
+        callbacks=[CommunicationMeter(), clock],
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+    )
+    return trainer, module, clock
+
+
+def run_lvfl(workload: Workload, dm: VerticalDataModule, variant: str, epochs: int, seed: int, log_dir: str) -> list:
+    """Epoch times (after the first) of a Lightning fit of EASTER with the variant's aggregation backend."""
+    trainer, module, clock = make_lvfl(workload, variant, epochs, seed, log_dir)
+    trainer.fit(module, datamodule=dm)
+    periods = clock.periods()
+    if len(periods) != epochs - 1:
+        raise RuntimeError(f"{workload.name}/{variant}: expected {epochs - 1} timed epochs, got {len(periods)}")
+    return periods
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+def measure(workload: Workload, repeats: int, epochs: int, seed: int) -> dict[str, list[float]]:
+    """Per repetition and variant, the median epoch time (seconds); variants interleaved within a repetition."""
+    dm = workload.datamodule()
+    dm.setup("fit")
+    per_rep: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as log_dir:
+        for rep in range(repeats):
+            for variant in VARIANTS:
+                if variant == "bare":
+                    periods = run_bare(workload, dm, epochs, seed)
+                else:
+                    periods = run_lvfl(workload, dm, variant, epochs, seed, log_dir)
+                per_rep[variant].append(statistics.median(periods))
+            cells = ", ".join(f"{v} {per_rep[v][-1] * 1e3:.1f} ms" for v in VARIANTS)
+            print(f"{workload.name} repetition {rep + 1}/{repeats}: epoch {cells}", file=sys.stderr, flush=True)
+    per_rep["samples"] = [float(len(dm.train_set))]
+    return per_rep
+
+
+def ratio_cell(num: list[float], den: list[float], target: float) -> str:
+    """Median of the paired ratios, their min-max, and whether the median meets `target`."""
+    ratios = [a / b for a, b in zip(num, den, strict=True)]
+    med = statistics.median(ratios)
+    verdict = "ok" if med <= target else "MISSED"
+    return f"{med:.3f} ({min(ratios):.2f}-{max(ratios):.2f}) {verdict} ≤{target:.2f}"
+
+
+def main() -> None:
+    """Measure every workload and print one Markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions (default 5)")
+    parser.add_argument("--epochs", type=int, default=8, help="epochs per run; the first is not timed (default 8)")
+    parser.add_argument("--workloads", nargs="+", choices=("digits", "synthetic"), default=["digits", "synthetic"])
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    parser.add_argument("--synthetic-embedding-dim", type=int, default=128, help="default 128")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2 (the first epoch is not timed)")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    quiet()
+    torch.set_num_threads(args.threads)
+    workloads = {"digits": digits_workload, "synthetic": partial(synthetic_workload, args.synthetic_embedding_dim)}
+
+    start = time.perf_counter()
+    rows = []
+    for name in args.workloads:
+        workload = workloads[name]()
+        rows.append((workload, measure(workload, args.repeats, args.epochs, args.seed)))
+
+    print(
+        f"\nEASTER training throughput, {args.repeats} interleaved repetitions x {args.epochs - 1} timed epochs "
+        f"({machine()})\n"
+    )
+    print(
+        "| workload | bare samples/s | lvfl Plain samples/s | lvfl DHMasking samples/s | Plain / bare time "
+        "| DHMasking / Plain time |"
+    )
+    print("|---|---|---|---|---|---|")
+    for workload, times in rows:
+        n = times["samples"][0]
+        rate = {v: n / statistics.median(times[v]) for v in VARIANTS}
+        print(
+            f"| {workload.name} | {rate['bare']:,.0f} | {rate['plain']:,.0f} | {rate['dh']:,.0f} "
+            f"| {ratio_cell(times['plain'], times['bare'], PLAIN_TARGET)} "
+            f"| {ratio_cell(times['dh'], times['plain'], workload.dh_target)} |"
+        )
+    print()
+    for workload, times in rows:
+        print(f"- {workload.name}: {workload.description}; {int(times['samples'][0])} training samples per epoch")
+    print(
+        "- ratios: median over repetitions of the paired time ratio (min-max in brackets), against the target; "
+        f"total wall time {time.perf_counter() - start:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Shared fixtures: tiny datamodules and a trainer factory that keeps Lightning quiet and fast."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+
+from lvfl.callbacks import CommunicationMeter
+from lvfl.models import MLP
+from lvfl.protocols import EASTER, PartyConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lightning() -> None:
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+
+
+def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
+    """A CPU trainer with lvfl's meter, no progress bar, checkpoints only when asked for."""
+    defaults = {
+        "accelerator": "cpu",
+        "devices": 1,
+        "max_epochs": 1,
+        "logger": pl.loggers.CSVLogger(tmp_path, name="t"),
+        "callbacks": [CommunicationMeter(print_summary=False)],
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "num_sanity_val_steps": 0,
+    }
+    defaults.update(kwargs)
+    return pl.Trainer(**defaults)
+
+
+def mlp_parties(n: int, lr: float = 0.1, hidden: tuple[int, ...] = (16,), momentum: float = 0.0) -> list[PartyConfig]:
+    """n MLP parties with plain SGD (so a reference update is easy to write by hand)."""
+    from functools import partial
+
+    import torch
+
+    return [
+        PartyConfig(
+            model=partial(MLP, hidden=list(hidden)),
+            optimizer=partial(torch.optim.SGD, lr=lr, momentum=momentum),
+        )
+        for _ in range(n)
+    ]
+
+
+def easter(n: int, aggregation=None, embedding_dim: int = 8, **kwargs) -> EASTER:
+    """An EASTER module with n MLP parties."""
+    return EASTER(parties=mlp_parties(n, **kwargs), aggregation=aggregation, embedding_dim=embedding_dim)

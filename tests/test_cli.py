@@ -1,0 +1,147 @@
+"""The command line: every shipped config instantiates, bad configs fail naming the option, runs resume."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+
+from lvfl.cli import build_cli, main
+from lvfl.privacy import DHMasking, Plain
+from lvfl.protocols import VFLModule
+
+CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def quick(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.num_sanity_val_steps=0",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_config_instantiates(config, tmp_path):
+    cli = build_cli(["--config", config, *quick(tmp_path)], run=False)
+    assert isinstance(cli.model, VFLModule)
+    specs, _ = cli.datamodule.describe()
+    parties = cli.model.party_configs
+    assert len(parties) in (1, len(specs)), f"{config}: {len(parties)} party entries for {len(specs)} parties"
+
+
+def test_backend_swaps_from_the_command_line(tmp_path):
+    config = "configs/easter/digits.yaml"
+    assert isinstance(build_cli(["--config", config, *quick(tmp_path)], run=False).model.aggregation, DHMasking)
+    cli = build_cli(["--config", config, "--model.aggregation=lvfl.privacy.Plain", *quick(tmp_path)], run=False)
+    assert isinstance(cli.model.aggregation, Plain)
+
+
+def test_unknown_class_path_names_the_option(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        build_cli(
+            ["--config", "configs/easter/digits.yaml", "--model.aggregation=lvfl.privacy.NoSuchBackend"], run=False
+        )
+    err = capsys.readouterr().err
+    assert "aggregation" in err
+    assert "NoSuchBackend" in err
+
+
+def test_unknown_model_class_in_a_party_names_it(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "configs/easter/digits.yaml").read_text().replace("lvfl.models.LeNet", "lvfl.models.LeNett"))
+    with pytest.raises(SystemExit):
+        build_cli(["--config", str(bad)], run=False)
+    err = capsys.readouterr().err
+    assert "parties" in err
+    assert "LeNett" in err
+
+
+def test_more_parties_than_columns_names_both_counts(tmp_path):
+    with pytest.raises(ValueError, match=r"num_parties=9 exceeds the 8 feature columns"):
+        main(["fit", "--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=9", *quick(tmp_path)])
+
+
+def test_fit_then_resume_restores_everything(tmp_path):
+    config = "configs/easter/digits_hetero_optim.yaml"  # DHMasking and an LR scheduler on party1
+    first = build_cli(["fit", "--config", config, "--trainer.max_epochs=2", *quick(tmp_path)])
+    ckpt_path = tmp_path / "easter_digits_hetero_optim" / "checkpoints" / "last.ckpt"
+    assert ckpt_path.exists()
+    ckpt = torch.load(ckpt_path, weights_only=False)
+    steps_per_epoch = len(first.datamodule.train_dataloader()) + len(first.datamodule.val_dataloader())
+    assert ckpt["lvfl"]["mask_step"] == first.model.mask_step == 2 * steps_per_epoch
+    assert len(ckpt["optimizer_states"]) == 4
+    assert ckpt["optimizer_states"][1]["state"], "party1's momentum buffers are saved"
+    assert ckpt["lr_schedulers"][0]["last_epoch"] == 2
+    # no key material in the checkpoint: every pair key of the run is absent from its bytes
+    blob = ckpt_path.read_bytes()
+    for peers in first.model.aggregation._peers.values():
+        for key, _ in peers:
+            assert key not in blob
+    assert b"PRIVATE" not in blob
+    pickle.dumps(first.model.aggregation)  # pickling is allowed and drops the keys
+
+    fit_bytes = first.model.wire.total_bytes()
+    resumed = build_cli(["fit", "--config", config, "--trainer.max_epochs=3", "--ckpt_path=last", *quick(tmp_path)])
+    model = resumed.model
+    assert resumed.trainer.current_epoch == 3
+    assert model.mask_step == 3 * steps_per_epoch  # the counter continued from the checkpoint
+    scheduler = resumed.trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.last_epoch == 3
+    assert scheduler.get_last_lr()[0] == pytest.approx(0.1 * 0.97**3)
+    one_epoch = model.wire.total_bytes() - fit_bytes
+    keys = 3 * 32 + 3 * 2 * 32  # the resumed run agreed on fresh keys
+    assert one_epoch > keys
+    # the resumed epoch costs what the first run's epochs cost on average (same batches, same tensors)
+    assert one_epoch - keys == (fit_bytes - keys) // 2
+
+
+def test_tensorboard_logger_works(tmp_path):
+    pytest.importorskip("tensorboard", reason="the `tensorboard` extra (installed by `make test`)")
+    build_cli(
+        [
+            "fit",
+            "--config",
+            "configs/easter/wine.yaml",
+            "--trainer.max_epochs=1",
+            "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger",
+            f"--trainer.logger.save_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    events = list(tmp_path.rglob("events.out.tfevents.*"))
+    assert events, "TensorBoard wrote no event file"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(events[0].parent))
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "val/acc/party0" in tags
+    assert "train/comm/epoch_bytes" in tags
+
+
+def test_csv_logs_hold_comm_and_party_metrics(tmp_path):
+    build_cli(["fit", "--config", "configs/easter/breast_cancer.yaml", "--trainer.max_epochs=2", *quick(tmp_path)])
+    (metrics_csv,) = list(tmp_path.rglob("metrics.csv"))
+    header = metrics_csv.read_text().splitlines()[0].split(",")
+    for key in (
+        "train/comm/bytes",
+        "train/comm/bytes/embeddings",
+        "train/comm/bytes/party1_to_party0",
+        "train/comm/epoch_bytes",
+        "train/comm/epoch_bytes/gradients",
+        "train/loss/party3",
+        "val/acc/party2",
+        "val/acc/mean",
+        "val/auroc/party1",
+    ):
+        assert key in header, key

@@ -1,0 +1,252 @@
+"""EASTER against hand-written references: the update, the global embedding, the ledger, and bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from conftest import easter, make_trainer
+
+from lvfl.datamodules import Digits, VerticalDataModule
+from lvfl.privacy import DHMasking, Plain
+from lvfl.protocols import EASTER
+
+
+class Recording(EASTER):
+    """EASTER that keeps what a test needs to check: the batches seen and every global embedding."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches: list = []
+        self.aggregates: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def training_step(self, batch, batch_idx):
+        self.batches.append(batch)
+        return super().training_step(batch, batch_idx)
+
+    def aggregate_embeddings(self, local):
+        out = super().aggregate_embeddings(local)
+        plain = sum(local[k].detach() for k in self.party_names)  # what Plain would have produced
+        self.aggregates.append((out.detach().clone(), plain.clone()))
+        return out
+
+
+def recording(n: int, aggregation=None, **kwargs) -> Recording:
+    base = easter(n, aggregation=aggregation, **kwargs)
+    return Recording(parties=base.party_configs, aggregation=base.aggregation, embedding_dim=base.embedding_dim)
+
+
+def reference_step(models: dict, batch, lr: float) -> dict[str, dict[str, torch.Tensor]]:
+    """One EASTER step written out by hand: party k's parameters move along its own loss gradient only."""
+    names = list(models)
+    c = len(names)
+    new = {}
+    for k in names:
+        emb = [models[j].encoder(batch.features[j]) for j in names]
+        e = sum(em if j == k else em.detach() for j, em in zip(names, emb, strict=True)) / c
+        loss = F.cross_entropy(models[k].head(e), batch.labels)
+        params = dict(models[k].named_parameters())
+        grads = torch.autograd.grad(loss, list(params.values()))
+        new[k] = {n: p.detach() - lr * g for (n, p), g in zip(params.items(), grads, strict=True)}
+    return new
+
+
+@pytest.mark.parametrize("aggregation", [Plain, DHMasking])
+def test_one_step_equals_hand_written_reference(tmp_path, aggregation):
+    torch.manual_seed(0)
+    dm = Digits(num_parties=4, batch_size=64)
+    model = recording(4, aggregation=aggregation(), lr=0.1)
+    model.build(dm.party_specs, dm.task)
+    before = copy.deepcopy({k: model.party_models[k] for k in model.party_names})
+    make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
+    (batch,) = model.batches
+    expected = reference_step(before, batch, lr=0.1)
+    # fixed point (2^-16) only perturbs DHMasking's forward values, never which parameters move
+    atol = 1e-6 if aggregation is Plain else 1e-4
+    for k in model.party_names:
+        for name, p in model.party_models[k].named_parameters():
+            assert torch.allclose(p.detach(), expected[k][name], atol=atol), f"{k}.{name}"
+            assert not torch.equal(p.detach(), dict(before[k].named_parameters())[name].detach()), f"{k}.{name} frozen"
+
+
+def test_party_loss_reaches_only_its_own_parameters():
+    """A passive party's loss gradient through the wire touches only that party's model (no autograd crosses)."""
+    dm = Digits(num_parties=4, batch_size=32)
+    model = easter(4)
+    model.build(dm.party_specs, dm.task)
+    batch = next(iter(dm.train_dataloader()))
+    local = model.local_embeddings(batch)
+    e_at = model.global_embedding(local)
+    k = "party2"
+    r_k = model.party_models[k].head(e_at[k] + (local[k] - local[k].detach()) / model.num_parties)
+    F.cross_entropy(r_k, batch.labels).backward()
+    for name in model.party_names:
+        grads = [p.grad for p in model.party_models[name].parameters()]
+        if name == k:
+            assert all(g is not None and g.abs().sum() > 0 for g in grads)
+        else:
+            assert all(g is None for g in grads), name
+
+
+def test_dh_global_embedding_matches_plain_at_every_step(tmp_path):
+    dm = Digits(num_parties=4, batch_size=128)
+    model = recording(4, aggregation=DHMasking())
+    make_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(model, datamodule=dm)
+    c = model.num_parties
+    assert len(model.aggregates) == 2 * len(dm.train_dataloader())
+    for step, (masked, plain) in enumerate(model.aggregates):
+        diff = ((masked - plain) / c).abs().max().item()  # the global embedding is the sum / C
+        assert diff <= c * 2**-16, f"step {step}: global embeddings differ by {diff}"
+
+
+def test_dh_and_plain_runs_track_each_other(tmp_path):
+    """Same seed, separate runs: the global embedding of DHMasking follows Plain's step by step."""
+    runs = {}
+    for backend in (Plain, DHMasking):
+        torch.manual_seed(0)
+        model = recording(4, aggregation=backend())
+        make_trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(model, datamodule=Digits(batch_size=128))
+        runs[backend.__name__] = [m for m, _ in model.aggregates]
+    c = 4
+    for step, (p, d) in enumerate(zip(runs["Plain"], runs["DHMasking"], strict=True)):
+        assert ((p - d) / c).abs().max().item() <= c * 2**-16, f"step {step}"
+
+
+def expected_epoch_ledger(model: EASTER, dm: VerticalDataModule, share_bytes: int) -> dict[tuple[str, str, str], int]:
+    """The analytic byte count of one training epoch of EASTER (float32 tensors; shares at `share_bytes`)."""
+    n = len(dm.train_set)
+    d, m = model.embedding_dim, dm.task.num_classes
+    out = {}
+    for k in model.passive:
+        out[(k, model.active, "embeddings")] = n * d * share_bytes
+        out[(model.active, k, "global_embedding")] = n * d * 4
+        out[(k, model.active, "predictions")] = n * m * 4
+        out[(model.active, k, "gradients")] = n * m * 4
+    return out
+
+
+@pytest.mark.parametrize(("aggregation", "share_bytes"), [(Plain, 4), (DHMasking, 8)])
+def test_ledger_equals_analytic_epoch_count(tmp_path, aggregation, share_bytes):
+    dm = Digits(num_parties=4, batch_size=100)  # 100 does not divide the train set: the last batch is short
+    model = easter(4, aggregation=aggregation(), embedding_dim=16)
+    make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
+    expected = expected_epoch_ledger(model, dm, share_bytes)
+    k_passive = len(model.passive)
+    if aggregation is DHMasking:  # keys once: K public keys up, K(K-1) forwarded down, 32 bytes each
+        for k in model.passive:
+            expected[(k, model.active, "keys")] = 32
+            expected[(model.active, k, "keys")] = 32 * (k_passive - 1)
+    assert dict(model.wire.bytes) == expected
+    assert model.wire.total_bytes() == sum(expected.values())
+    batches = len(dm.train_dataloader())
+    assert model.wire.messages[("party1", "party0", "embeddings")] == batches
+
+
+def test_single_party_sends_nothing(tmp_path):
+    dm = Digits(num_parties=4, participants=[0], batch_size=128)
+    model = easter(1)
+    make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
+    assert model.wire.total_bytes() == 0
+    assert model.party_names == ["party0"]
+
+
+def test_mask_step_advances_in_every_stage(tmp_path):
+    dm = Digits(num_parties=4, batch_size=256)
+    model = easter(4, aggregation=DHMasking())
+    trainer = make_trainer(tmp_path)
+    trainer.fit(model, datamodule=dm)
+    after_fit = model.mask_step
+    assert after_fit == len(dm.train_dataloader()) + len(dm.val_dataloader())
+    trainer.test(model, datamodule=dm, verbose=False)
+    assert model.mask_step == after_fit + len(dm.test_dataloader())
+
+
+def test_test_reports_every_party_and_the_mean(tmp_path):
+    dm = Digits(num_parties=4, batch_size=128)
+    model = easter(4)
+    trainer = make_trainer(tmp_path, max_epochs=2)
+    trainer.fit(model, datamodule=dm)
+    (metrics,) = trainer.test(model, datamodule=dm, verbose=False)
+    per_party = [metrics[f"test/acc/party{i}"] for i in range(4)]
+    assert metrics["test/acc/mean"] == pytest.approx(sum(per_party) / 4, abs=1e-6)
+    assert "test/auroc/party0" not in metrics  # digits is multiclass
+
+
+def test_binary_task_reports_auroc_like_sklearn(tmp_path):
+    from sklearn.metrics import accuracy_score, roc_auc_score
+
+    from lvfl.datamodules import BreastCancer
+
+    dm = BreastCancer(num_parties=3, batch_size=64)
+    model = easter(3, aggregation=DHMasking(), momentum=0.9)
+    trainer = make_trainer(tmp_path, max_epochs=5)
+    trainer.fit(model, datamodule=dm)
+    (metrics,) = trainer.test(model, datamodule=dm, verbose=False)
+    preds = trainer.predict(model, datamodule=dm)
+    labels = dm.test_set.labels.numpy()
+    assert torch.equal(torch.cat([p["ids"] for p in preds]), dm.test_set.ids)
+    aurocs = []
+    for name in ("party0", "party1", "party2"):
+        probs = torch.cat([p["probs"][name] for p in preds]).numpy()
+        aurocs.append(roc_auc_score(labels, probs[:, 1]))
+        assert metrics[f"test/auroc/{name}"] == pytest.approx(aurocs[-1], abs=1e-4)
+        assert metrics[f"test/acc/{name}"] == pytest.approx(accuracy_score(labels, probs.argmax(1)), abs=1e-6)
+        assert aurocs[-1] > 0.9
+    assert metrics["test/auroc/mean"] == pytest.approx(sum(aurocs) / 3, abs=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+def test_dh_masking_with_one_passive_party_is_refused(tmp_path):
+    dm = Digits(num_parties=2, batch_size=128)
+    with pytest.raises(ValueError, match="at least two passive parties.*its own embedding in the clear"):
+        make_trainer(tmp_path).fit(easter(2, aggregation=DHMasking()), datamodule=dm)
+
+
+def test_party_count_mismatch_names_both_counts(tmp_path):
+    dm = Digits(num_parties=4)
+    with pytest.raises(ValueError, match=r"model.parties has 3 entries but the datamodule has 4 parties"):
+        make_trainer(tmp_path).fit(easter(3), datamodule=dm)
+
+
+def test_nan_features_fail_before_training(tmp_path):
+    import numpy as np
+
+    class Broken(VerticalDataModule):
+        num_classes = 2
+
+        def load(self):
+            rng = np.random.default_rng(0)
+            x = rng.normal(size=(200, 8))
+            x[5, 6] = np.inf  # column 6 belongs to party3 of 4
+            return x, np.arange(200) % 2
+
+    model = recording(4)
+    with pytest.raises(ValueError, match="party3"):
+        make_trainer(tmp_path).fit(model, datamodule=Broken(num_parties=4))
+    assert model.batches == []
+
+
+def test_labels_outside_class_range_fail(tmp_path):
+    import numpy as np
+
+    class BadLabels(VerticalDataModule):
+        num_classes = 3
+
+        def load(self):
+            return np.random.default_rng(0).normal(size=(120, 8)), np.arange(120) % 4
+
+    with pytest.raises(ValueError, match="3"):
+        make_trainer(tmp_path).fit(easter(4), datamodule=BadLabels(num_parties=4))
+
+
+def test_out_of_range_embedding_names_the_party():
+    dm = Digits(num_parties=4, batch_size=32)
+    model = easter(4, aggregation=DHMasking())
+    model.build(dm.party_specs, dm.task)
+    batch = next(iter(dm.train_dataloader()))
+    local = model.local_embeddings(batch)
+    local["party2"] = local["party2"] * 0 + 1e15
+    with pytest.raises(ValueError, match="party2"):
+        model.aggregate_embeddings(local)
