@@ -57,3 +57,11 @@ class VFLBatch:
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> VFLBatch:
+        """The batch on `device` (cheaper than Lightning's generic walk over the dataclass)."""
+        return VFLBatch(
+            ids=self.ids.to(device, non_blocking=non_blocking),
+            features={k: v.to(device, non_blocking=non_blocking) for k, v in self.features.items()},
+            labels=None if self.labels is None else self.labels.to(device, non_blocking=non_blocking),
+        )

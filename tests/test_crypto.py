@@ -320,3 +320,15 @@ def test_key_agreement_refuses_bad_public_keys():
         keys.shared_pair_key(priv, ALICE_PUBLIC, "info")
     with pytest.raises(ValueError, match="private key"):
         keys.private_key_from_bytes(bytes(16))
+
+
+@pytest.mark.parametrize("numel", [prg._CHUNK - 1, prg._CHUNK, 2 * prg._CHUNK + 3])
+def test_add_masks_across_keystream_chunks_matches_whole_streams(numel):
+    """Masks generated chunk by chunk are the same CTR stream as one `mask_stream` call (no restart per chunk)."""
+    start = torch.arange(numel, dtype=torch.int64) * 7919
+    keys = [(bytes(range(32)), True), (bytes(range(1, 33)), False)]
+    got = prg.add_masks_(start.clone(), keys, step=5, rank=2, index=1)
+    a = prg.mask_stream(keys[0][0], 5, 2, 1, numel).numpy().view(np.uint64)
+    b = prg.mask_stream(keys[1][0], 5, 2, 1, numel).numpy().view(np.uint64)
+    expected = start.numpy().view(np.uint64) + a - b  # numpy uint64 arithmetic wraps mod 2**64
+    assert np.array_equal(got.numpy().view(np.uint64), expected)

@@ -18,7 +18,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 
-from lvfl.protocols.base import is_logging_step
+from lvfl.loggers import is_logging_step, log_to_loggers
 from lvfl.wire import Wire
 
 MB = 1e6
@@ -89,7 +89,7 @@ class CommunicationMeter(Callback):
             metrics.update(
                 {f"train/comm/bytes/{k.replace('->', '_to_')}": float(n) for k, n in wire.bytes_by_link().items()}
             )
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True)
+        log_to_loggers(trainer, metrics)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """This epoch's training bytes, summed over ranks."""
@@ -102,9 +102,8 @@ class CommunicationMeter(Callback):
         values = (
             trainer.strategy.reduce(values.to(pl_module.device), reduce_op="sum") if trainer.world_size > 1 else values
         )
-        for key, value in zip(keys, values.tolist(), strict=True):
-            name = "train/comm/epoch_bytes" if key == "total" else f"train/comm/epoch_bytes/{key}"
-            pl_module.log(name, value, on_step=False, on_epoch=True, rank_zero_only=True)
+        names = ["train/comm/epoch_bytes" if key == "total" else f"train/comm/epoch_bytes/{key}" for key in keys]
+        log_to_loggers(trainer, dict(zip(names, values.tolist(), strict=True)), epoch=True)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""

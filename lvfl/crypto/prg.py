@@ -35,6 +35,9 @@ MAX_NUMEL = 2**32 * 16 // 8
 
 _BLOCK = 16
 _LE_U64 = np.dtype("<u8")
+#: ring elements per keystream chunk in `add_masks_` (128 KiB): the chunk is still in cache when it is added
+_CHUNK = 16384
+_ZERO_CHUNK = bytes(_CHUNK * 8)  # the CTR plaintext, shared read-only by every call
 
 
 def check_uint(value: object, name: str, upper: int) -> int:
@@ -133,9 +136,16 @@ def add_masks_(
     if not pair_keys or numel == 0:
         return share
     acc = share.numpy().reshape(-1).view(np.uint64)
-    words = np.empty(numel + 2, dtype=_LE_U64)
-    stream = words[:numel]
+    chunk = min(numel, _CHUNK)
+    words = np.empty(chunk + 2, dtype=_LE_U64)  # 2 spare words: update_into wants block_size - 1 of room
+    out = memoryview(words.view(np.uint8))
+    plaintext = memoryview(_ZERO_CHUNK)
     for key, add in pair_keys:
-        _keystream_into(_check_key(key), nonce, words, numel)
-        (np.add if add else np.subtract)(acc, stream, out=acc)
+        op = np.add if add else np.subtract
+        encryptor = Cipher(algorithms.AES(_check_key(key)), modes.CTR(nonce)).encryptor()
+        for start in range(0, numel, chunk):  # one CTR stream, generated and added chunk by chunk
+            n = min(chunk, numel - start)
+            encryptor.update_into(plaintext[: n * 8], out)
+            op(acc[start : start + n], words[:n], out=acc[start : start + n])
+        encryptor.finalize()
     return share

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -250,6 +251,12 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def test_set(self) -> VerticalTensorDataset:
         """The test split (also served by `predict_dataloader`)."""
         return self._prepare().splits["test"]
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move a `VFLBatch` tensor by tensor: Lightning's generic dataclass walk costs ~0.2 ms a step."""
+        if isinstance(batch, VFLBatch):
+            return batch.to(device, non_blocking=True)
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches; the shuffle order comes from a generator seeded with `seed`, so runs repeat exactly."""

@@ -23,22 +23,12 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
+from lvfl.loggers import is_logging_step, log_to_loggers
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.plain import Plain
 from lvfl.wire import Wire
-
-
-def is_logging_step(trainer: Any) -> bool:
-    """Whether Lightning writes step-level metrics to the loggers at this batch (its `log_every_n_steps` cadence).
-
-    Values logged on other steps are dropped by Lightning, so skipping them saves the logging cost on tiny steps.
-    Under manual optimization `global_step` counts optimizer steps (one per party), hence Lightning's own test.
-    """
-    if trainer is None:
-        return False
-    return bool(trainer._logger_connector.should_update_logs)
 
 
 @dataclass
@@ -193,8 +183,10 @@ class VFLModule(LightningModule):
                 s.step()
         if self._train_loss_sum is not None and self._train_loss_count:
             means = self._train_loss_sum / self._train_loss_count
-            for name, value in zip(self.party_names, means, strict=True):
-                self.log(f"train/loss_epoch/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+            if self.trainer.world_size > 1:
+                means = self.trainer.strategy.reduce(means, reduce_op="mean")
+            names = [f"train/loss_epoch/{n}" for n in self.party_names]
+            log_to_loggers(self.trainer, dict(zip(names, means.tolist(), strict=True)), epoch=True)
         self._train_loss_sum, self._train_loss_count = None, 0
 
     # ------------------------------------------------------------------------------------------------ the shared moves
@@ -222,13 +214,13 @@ class VFLModule(LightningModule):
         return F.cross_entropy(logits, labels)
 
     def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
-        """Accumulate per-party losses; log them on the trainer's logging cadence (cheap on tiny steps)."""
+        """Accumulate per-party losses; write them on the trainer's logging cadence (see `lvfl.loggers`)."""
         stacked = torch.stack([losses[k].detach() for k in self.party_names])
         self._train_loss_sum = stacked if self._train_loss_sum is None else self._train_loss_sum + stacked
         self._train_loss_count += 1
         if is_logging_step(self._trainer):
-            for name, value in zip(self.party_names, stacked, strict=True):
-                self.log(f"train/loss/{name}", value, on_step=True, on_epoch=False)
+            names = [f"train/loss/{n}" for n in self.party_names]
+            log_to_loggers(self._trainer, dict(zip(names, stacked.tolist(), strict=True)))
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
