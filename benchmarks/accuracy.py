@@ -36,23 +36,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS)
+    parser.add_argument("--no-plain", action="store_true", help="skip the Plain rows for DHMasking configs")
     args = parser.parse_args()
     quiet()
-    rows = []
+    cells_to_run = []
     for config in args.configs:
+        cells_to_run.append((config, config, []))
+        if not args.no_plain and "lvfl.privacy.DHMasking" in Path(config).read_text():
+            cells_to_run.append((f"{config} + Plain", config, ["--model.aggregation=lvfl.privacy.Plain"]))
+    rows = []
+    for label, config, overrides in cells_to_run:
         runs, t0 = [], time.perf_counter()
         for seed in args.seeds:
-            runs.append(run_config(config, seed))
+            runs.append(run_config(config, seed, overrides))
         parties = sorted(
             {k.split("/")[-1] for r in runs for k in r if k.startswith("test/acc/") and k != "test/acc/mean"}
         )
         cells = {p: fmt([r[f"test/acc/{p}"] for r in runs]) for p in parties}
+        cells["worst"] = f"{min(r[f'test/acc/{p}'] for r in runs for p in parties):.4f}"
         mean = fmt([r["test/acc/mean"] for r in runs])
         mb = statistics.mean(r["wire_bytes"] for r in runs) / 1e6
-        rows.append((config, cells, mean, mb, (time.perf_counter() - t0) / len(runs)))
-        print(f"done {config}: mean {mean}", file=sys.stderr, flush=True)
+        rows.append((label, cells, mean, mb, (time.perf_counter() - t0) / len(runs)))
+        print(f"done {label}: mean {mean}", file=sys.stderr, flush=True)
     width = max(len(c) for c, *_ in rows)
-    all_parties = sorted({p for _, cells, *_ in rows for p in cells})
+    all_parties = sorted({p for _, cells, *_ in rows for p in cells} - {"worst"}) + ["worst"]
     print(f"\nTest accuracy, mean ± std over seeds {args.seeds} ({machine()})\n")
     print(f"| {'config':<{width}} | " + " | ".join(all_parties) + " | mean of parties | MB on wire | s/run |")
     print(f"|{'-' * (width + 2)}|" + "|".join("---" for _ in all_parties) + "|---|---|---|")
