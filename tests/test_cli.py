@@ -139,6 +139,7 @@ def test_csv_logs_hold_comm_and_party_metrics(tmp_path):
         "train/comm/bytes/party1_to_party0",
         "train/comm/epoch_bytes",
         "train/comm/epoch_bytes/gradients",
+        "train/comm/epoch_bytes/party0_to_party3",
         "train/loss/party3",
         "val/acc/party2",
         "val/acc/mean",

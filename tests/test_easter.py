@@ -250,3 +250,25 @@ def test_out_of_range_embedding_names_the_party():
     local["party2"] = local["party2"] * 0 + 1e15
     with pytest.raises(ValueError, match="party2"):
         model.aggregate_embeddings(local)
+
+
+def test_meter_epoch_bytes_count_training_only(tmp_path):
+    """`train/comm/epoch_bytes` is the analytic training epoch: validation and key set-up traffic excluded."""
+    import csv
+
+    dm = Digits(num_parties=4, batch_size=128)
+    model = easter(4, aggregation=DHMasking(), embedding_dim=16)
+    make_trainer(tmp_path, max_epochs=2, num_sanity_val_steps=2).fit(model, datamodule=dm)
+    expected = expected_epoch_ledger(model, dm, share_bytes=8)
+    (path,) = list(tmp_path.rglob("metrics.csv"))
+    rows = [r for r in csv.DictReader(path.open()) if r.get("train/comm/epoch_bytes")]
+    assert len(rows) == 2
+    for row in rows:
+        assert float(row["train/comm/epoch_bytes"]) == sum(expected.values())
+        assert float(row["train/comm/epoch_bytes/embeddings"]) == sum(
+            v for (_, _, tag), v in expected.items() if tag == "embeddings"
+        )
+        assert float(row["train/comm/epoch_bytes/party2_to_party0"]) == sum(
+            v for (src, _, _), v in expected.items() if src == "party2"
+        )
+    assert model.wire.total_bytes() > 2 * sum(expected.values())  # validation and keys did cross the wire

@@ -1,11 +1,12 @@
 """`CommunicationMeter`: reports the wire's ledger to every configured logger.
 
-Bytes are counted at the transport (`lvfl.wire`); this callback only reads the protocol's ledger and logs:
+Bytes are counted at the transport (`lvfl.wire`); this callback only reads the protocol's ledger and writes to
+the loggers directly (see `lvfl.loggers`: nothing monitors these figures, and `self.log` is costly on tiny steps):
 
 - on the logging cadence during training: `train/comm/bytes` (cumulative, all stages and the key set-up),
   `train/comm/bytes/<tag>` and `train/comm/bytes/<src>_to_<dst>`;
 - per training epoch: `train/comm/epoch_bytes` (bytes of training steps only, validation excluded) and its split
-  by tag; summed across ranks under DDP;
+  by tag and by link; summed across ranks under DDP;
 - at the end of fit and test: a printed summary (MB = 10^6 bytes).
 """
 
@@ -76,34 +77,31 @@ class CommunicationMeter(Callback):
         """Resume the training span after validation."""
         self._mark = _wire(pl_module).bytes.copy()
 
+    def _figures(self, ledger: Counter[tuple[str, str, str]], prefix: str) -> dict[str, float]:
+        """`prefix` (total), `prefix/<tag>` and, with `per_link`, `prefix/<src>_to_<dst>` from a ledger."""
+        figures: Counter[str] = Counter()
+        for (src, dst, tag), n in ledger.items():
+            figures[prefix] += n
+            figures[f"{prefix}/{tag}"] += n
+            if self.per_link:
+                figures[f"{prefix}/{src}_to_{dst}"] += n
+        return {k: float(figures[k]) for k in sorted(figures)}  # sorted: the same order on every rank
+
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Cumulative figures, on Lightning's logging cadence."""
-        if not is_logging_step(trainer):
-            return
-        wire = _wire(pl_module)
-        metrics = {"train/comm/bytes": float(wire.total_bytes())}
-        metrics.update({f"train/comm/bytes/{t}": float(n) for t, n in wire.bytes_by_tag().items()})
-        if self.per_link:
-            metrics.update(
-                {f"train/comm/bytes/{k.replace('->', '_to_')}": float(n) for k, n in wire.bytes_by_link().items()}
-            )
-        log_to_loggers(trainer, metrics)
+        """Cumulative figures, on Lightning's logging cadence (this rank's ledger)."""
+        if is_logging_step(trainer):
+            log_to_loggers(trainer, self._figures(_wire(pl_module).bytes, "train/comm/bytes"))
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """This epoch's training bytes, summed over ranks."""
+        """This epoch's training bytes (total, per tag, per link), summed over ranks."""
         self._accumulate(_wire(pl_module))
-        by_tag: Counter[str] = Counter()
-        for (_, _, tag), n in self._epoch.items():
-            by_tag[tag] += n
-        keys = ["total", *sorted(by_tag)]
-        values = torch.tensor([float(sum(by_tag.values()))] + [float(by_tag[t]) for t in keys[1:]], dtype=torch.float64)
-        values = (
-            trainer.strategy.reduce(values.to(pl_module.device), reduce_op="sum") if trainer.world_size > 1 else values
-        )
-        names = ["train/comm/epoch_bytes" if key == "total" else f"train/comm/epoch_bytes/{key}" for key in keys]
-        log_to_loggers(trainer, dict(zip(names, values.tolist(), strict=True)), epoch=True)
+        figures = self._figures(self._epoch, "train/comm/epoch_bytes")
+        if trainer.world_size > 1:
+            values = torch.tensor(list(figures.values()), dtype=torch.float64, device=pl_module.device)
+            figures = dict(zip(figures, trainer.strategy.reduce(values, reduce_op="sum").tolist(), strict=True))
+        log_to_loggers(trainer, figures, epoch=True)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""
