@@ -103,15 +103,27 @@ class CommunicationMeter(Callback):
             figures = dict(zip(figures, trainer.strategy.reduce(values, reduce_op="sum").tolist(), strict=True))
         log_to_loggers(trainer, figures, epoch=True)
 
+    def _print_summary(self, trainer: Trainer, pl_module: LightningModule, title: str) -> None:
+        wire = _wire(pl_module)
+        if trainer.world_size > 1:  # every rank simulates all parties on its shard: the deployment's bytes are the sum
+            keys = sorted(wire.bytes)
+            counts = torch.tensor([[wire.bytes[k], wire.messages[k]] for k in keys], dtype=torch.float64)
+            counts = trainer.strategy.reduce(counts.to(pl_module.device), reduce_op="sum").cpu()
+            summed = Wire()
+            for key, (n_bytes, n_messages) in zip(keys, counts.tolist(), strict=True):
+                summed.bytes[key], summed.messages[key] = int(n_bytes), int(n_messages)
+            wire, title = summed, f"{title}, summed over {trainer.world_size} ranks"
+        rank_zero_info(format_summary(wire, title))
+
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""
         if self.print_summary:
-            rank_zero_info(format_summary(_wire(pl_module), "communication during fit (cumulative)"))
+            self._print_summary(trainer, pl_module, "communication during fit (cumulative)")
 
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""
         if self.print_summary:
-            rank_zero_info(format_summary(_wire(pl_module), "communication (cumulative, incl. test)"))
+            self._print_summary(trainer, pl_module, "communication (cumulative, incl. test)")
 
     def state_dict(self) -> dict[str, Any]:
         """The current epoch's partial count, so a mid-epoch resume keeps it."""

@@ -252,7 +252,8 @@ class VFLModule(LightningModule):
             keys = [f"{stage}_{metric}_{n}" for n in self.party_names]
             if all(k in self.metrics for k in keys):
                 values = torch.stack([self.metrics[k].compute() for k in keys])
-                self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True)
+                # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
+                self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         """Log the mean over party models."""
