@@ -141,9 +141,9 @@ class VFLModule(LightningModule):
         self.task = task
         self._configs = dict(zip([s.name for s in specs], configs, strict=True))
         for spec, cfg in zip(specs, configs, strict=True):
-            self.party_models[spec.name] = cfg.model(tuple(spec.input_shape), self.embedding_dim, task.num_classes)
+            self.party_models[spec.name] = self.build_party_model(spec, cfg)
         for stage in ("val", "test"):
-            for name in self.party_names:
+            for name in self.predicting_parties:
                 self.metrics[f"{stage}_acc_{name}"] = torchmetrics.Accuracy(
                     task="multiclass", num_classes=task.num_classes
                 )
@@ -151,6 +151,21 @@ class VFLModule(LightningModule):
                     self.metrics[f"{stage}_auroc_{name}"] = torchmetrics.AUROC(task="binary")
         self.check_backend()
         self.aggregation.setup(self.party_specs, self.active, self.wire, rank=rank)
+
+    def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
+        """Party `spec`'s model from its config (protocols that use only part of it, e.g. the encoder, override)."""
+        if self.task is None:
+            raise RuntimeError("build_party_model is called by build(), after the task is known")
+        return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_classes)
+
+    @property
+    def predicting_parties(self) -> list[str]:
+        """Parties whose own model makes predictions and gets metrics (EASTER: all; split learning: the active)."""
+        return self.party_names
+
+    def party_parameters(self, party: str) -> list[nn.Parameter]:
+        """The parameters `party` owns and its optimizer updates (protocols add e.g. the active party's top model)."""
+        return list(self.party_models[party].parameters())
 
     def check_backend(self) -> None:
         """Refuse backends that make no sense for this protocol (override in protocols that restrict them)."""
@@ -163,7 +178,7 @@ class VFLModule(LightningModule):
         optimizers, schedulers = [], []
         for name in self.party_names:
             cfg = self._configs[name]
-            opt = cfg.make_optimizer(self.party_models[name].parameters())
+            opt = cfg.make_optimizer(self.party_parameters(name))
             optimizers.append(opt)
             if cfg.lr_scheduler is not None:
                 schedulers.append({"scheduler": cfg.lr_scheduler(opt), "interval": "epoch", "name": f"lr/{name}"})
@@ -249,7 +264,7 @@ class VFLModule(LightningModule):
 
     def _log_mean(self, stage: str) -> None:
         for metric in ("acc", "auroc"):
-            keys = [f"{stage}_{metric}_{n}" for n in self.party_names]
+            keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
             if all(k in self.metrics for k in keys):
                 values = torch.stack([self.metrics[k].compute() for k in keys])
                 # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
