@@ -85,5 +85,11 @@ def run_experiment(
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the `lvfl` console script."""
-    build_cli(args if args is not None else sys.argv[1:])
+    """Entry point of the `lvfl` console script: LightningCLI's subcommands, plus `lvfl bench GRID`."""
+    argv = list(args if args is not None else sys.argv[1:])
+    if argv and argv[0] == "bench":
+        from lvfl.bench import main as bench_main
+
+        bench_main(argv[1:])
+        return
+    build_cli(argv)
