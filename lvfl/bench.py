@@ -10,7 +10,8 @@ overrides shared by every cell::
     datasets: [digits, breast_cancer]
     seeds: [0, 1, 2]
     overrides: ["--trainer.max_epochs=30"]
-    target_accuracy: 0.9          # for "MB to target" (VFLAIR-style cost to reach an accuracy)
+    target_accuracy: 0.9          # for "MB to target" (VFLAIR-style cost to reach an accuracy); or per dataset:
+                                  # {digits: 0.9, breast_cancer: 0.95}
     out: runs/bench/digits        # where cells, table.md, results.csv and the plots go
 
 Each cell (protocol x dataset x seed) is a normal lvfl fit + test of its config, run in a fresh process so its peak
@@ -102,8 +103,14 @@ class Grid:
     datasets: list[str]
     seeds: list[int]
     overrides: list[str] = field(default_factory=list)
-    target_accuracy: float | None = None
+    target_accuracy: float | dict[str, float] | None = None
     out: str = "runs/bench"
+
+    def target(self, dataset: str) -> float | None:
+        """The accuracy whose cost `MB to target` measures on `dataset`."""
+        if isinstance(self.target_accuracy, dict):
+            return self.target_accuracy.get(dataset)
+        return self.target_accuracy
 
     def cells(self) -> list[Cell]:
         """Every (protocol, dataset, seed), checking that each protocol has a config for each dataset."""
@@ -140,8 +147,13 @@ def load_grid(path: str | Path) -> Grid:
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise GridError(f"{path}: `seeds` must be integers, got {seeds}")
     target = raw.get("target_accuracy")
-    if target is not None and not (isinstance(target, int | float) and 0 < target <= 1):
-        raise GridError(f"{path}: `target_accuracy` must be in (0, 1], got {target!r}")
+    targets = target.items() if isinstance(target, dict) else [("", target)] if target is not None else []
+    for dataset, value in targets:
+        if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1):
+            where = f"[{dataset!r}]" if dataset else ""
+            raise GridError(f"{path}: `target_accuracy`{where} must be in (0, 1], got {value!r}")
+        if dataset and dataset not in raw["datasets"]:
+            raise GridError(f"{path}: `target_accuracy` names dataset {dataset!r}, which is not in `datasets`")
     overrides = raw.get("overrides") or []
     bad = [o for o in overrides if not (isinstance(o, str) and o.startswith("--"))]
     if bad:
@@ -152,7 +164,9 @@ def load_grid(path: str | Path) -> Grid:
         datasets=[str(d) for d in raw["datasets"]],
         seeds=list(seeds),
         overrides=list(overrides),
-        target_accuracy=None if target is None else float(target),
+        target_accuracy=(
+            {str(k): float(v) for k, v in target.items()} if isinstance(target, dict) else target and float(target)
+        ),
         out=str(raw.get("out", f"runs/bench/{Path(path).stem}")),
     )
 
@@ -291,7 +305,8 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
                 row[f"acc_{party}"] = _mean_std(values) if values else None
             row["parties"] = parties
             row["mb_total"] = statistics.mean(r["wire_bytes"] for r in runs) / MB
-            to_target = [mb_to_target(r["history"], grid.target_accuracy) for r in runs]
+            row["target"] = grid.target(dataset)
+            to_target = [mb_to_target(r["history"], row["target"]) for r in runs]
             reached = [m for m in to_target if m is not None]
             row["mb_to_target"] = statistics.mean(reached) if reached and len(reached) == len(runs) else None
             row["reached"] = f"{len(reached)}/{len(runs)}"
@@ -308,8 +323,7 @@ def _fmt(cell: tuple[float, float] | None) -> str:
 def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     """Markdown table and CSV of the rows; returns the Markdown."""
     party_cols = sorted({p for r in rows for p in r["parties"]})
-    target = "" if grid.target_accuracy is None else f" {grid.target_accuracy:g}"
-    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "MB total", f"MB to{target}"]
+    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "MB total", "MB to target"]
     head += ["s/epoch", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     with (out / "results.csv").open("w", newline="") as f:
@@ -317,18 +331,19 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
         csv_head = ["protocol", "dataset", "seeds"]
         for p in [*party_cols, "mean"]:
             csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
-        writer.writerow([*csv_head, "mb_total", "mb_to_target", "reached", "s_per_epoch", "peak_rss_mib"])
+        writer.writerow([*csv_head, "mb_total", "target", "mb_to_target", "reached", "s_per_epoch", "peak_rss_mib"])
         for r in rows:
             to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
+            target = "–" if r["target"] is None else f"{to_target} (acc {r['target']:g}: {r['reached']} seeds)"
             cells = [r["protocol"], r["dataset"], *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
-            cells += [_fmt(r["acc_mean"]), f"{r['mb_total']:.2f}", f"{to_target} ({r['reached']})"]
+            cells += [_fmt(r["acc_mean"]), f"{r['mb_total']:.2f}", target]
             cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
             values = [r["protocol"], r["dataset"], r["seeds"]]
             for p in [*party_cols, "mean"]:
                 stat = r.get(f"acc_{p}")
                 values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
-            values += [f"{r['mb_total']:.6f}", to_target, r["reached"], f"{r['s_per_epoch']:.6f}"]
+            values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"], f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}"])
     table = "\n".join(lines) + "\n"
     (out / "table.md").write_text(table)

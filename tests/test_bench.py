@@ -44,6 +44,8 @@ def no_cell_may_run(*args, **kwargs):
         ({"overrides": ["trainer.max_epochs=2"]}, r"command-line options"),
         ({"colour": "blue"}, r"unknown key\(s\) \['colour'\]"),
         ({"target_accuracy": 1.5}, r"target_accuracy"),
+        ({"target_accuracy": {"wine": 0}}, r"target_accuracy`\['wine'\] must be in"),
+        ({"target_accuracy": {"iris": 0.5}}, r"names dataset 'iris'"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
