@@ -104,3 +104,9 @@ def test_mb_to_target_counts_training_bytes_until_the_first_hit():
     assert bench.mb_to_target(history, 0.5) == pytest.approx(3.0)
     assert bench.mb_to_target(history, 0.95) is None
     assert bench.mb_to_target(history, None) is None
+
+
+def test_shipped_grids_name_existing_configs():
+    for path in sorted((REPO / "configs" / "bench").glob("*.yaml")):
+        grid = bench.load_grid(path)
+        assert grid.cells(), path  # every protocol has a config for every dataset

@@ -13,7 +13,8 @@ from lvfl.cli import build_cli, main
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import VFLModule
 
-CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml"))
+# every run config (grid files for `lvfl bench` live in configs/bench/ and are tested in test_bench.py)
+CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.parent.name != "bench")
 
 
 @pytest.fixture(autouse=True)

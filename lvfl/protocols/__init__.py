@@ -1,6 +1,9 @@
 """Protocols: one LightningModule per protocol, all built on `VFLModule`."""
 
 from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.cvfl import CVFL
 from lvfl.protocols.easter import EASTER
+from lvfl.protocols.splitnn import SplitNN
+from lvfl.protocols.standalone import Central, Local
 
-__all__ = ["EASTER", "PartyConfig", "VFLModule"]
+__all__ = ["CVFL", "EASTER", "Central", "Local", "PartyConfig", "SplitNN", "VFLModule"]

@@ -88,6 +88,7 @@ class VFLModule(LightningModule):
         self.metrics = nn.ModuleDict()
         self._train_loss_sum: torch.Tensor | None = None
         self._train_loss_count = 0
+        self._train_loss_names: list[str] = []
 
     # ------------------------------------------------------------------------------------------------ building
     @property
@@ -200,7 +201,7 @@ class VFLModule(LightningModule):
             means = self._train_loss_sum / self._train_loss_count
             if self.trainer.world_size > 1:
                 means = self.trainer.strategy.reduce(means, reduce_op="mean")
-            names = [f"train/loss_epoch/{n}" for n in self.party_names]
+            names = [f"train/loss_epoch/{n}" for n in self._train_loss_names]
             log_to_loggers(self.trainer, dict(zip(names, means.tolist(), strict=True)), epoch=True)
         self._train_loss_sum, self._train_loss_count = None, 0
 
@@ -229,12 +230,16 @@ class VFLModule(LightningModule):
         return F.cross_entropy(logits, labels)
 
     def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
-        """Accumulate per-party losses; write them on the trainer's logging cadence (see `lvfl.loggers`)."""
-        stacked = torch.stack([losses[k].detach() for k in self.party_names])
+        """Accumulate the step's losses and write them on the logging cadence (see `lvfl.loggers`).
+
+        Keyed by the party that owns each loss: EASTER every party, split learning one joint loss under the active.
+        """
+        self._train_loss_names = list(losses)
+        stacked = torch.stack([losses[k].detach() for k in self._train_loss_names])
         self._train_loss_sum = stacked if self._train_loss_sum is None else self._train_loss_sum + stacked
         self._train_loss_count += 1
         if is_logging_step(self._trainer):
-            names = [f"train/loss/{n}" for n in self.party_names]
+            names = [f"train/loss/{n}" for n in self._train_loss_names]
             log_to_loggers(self._trainer, dict(zip(names, stacked.tolist(), strict=True)))
 
     # ------------------------------------------------------------------------------------------------ evaluation

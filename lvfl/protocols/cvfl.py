@@ -1,0 +1,202 @@
+"""C-VFL: split learning with compressed embeddings and Q local iterations per communication round.
+
+Castiglia, Das, Wang, Patterson, "Compressed-VFL: Communication-efficient learning with vertically partitioned
+data", ICML 2023 (Algorithm 1). Parties: one active party (features + labels + the top, or "server", model
+theta_0) and K passive parties (features only), C = K + 1. Every party k owns an embedding network h_k (the
+encoder of its configured party model; the head is not used) and its own optimizer; the active party's optimizer
+also holds the top model. The top model sees the concatenation [E_0, ..., E_K] of all embeddings in party order.
+
+One communication round per mini-batch B, every cross-party move on the wire:
+
+1. every party computes its embedding E_k = h_k(x_k^B) and compresses it, C(E_k) (top-k, then b-bit
+   quantization: `lvfl.compression`);
+2. each passive party sends C(E_k) to the active party (tag "embeddings");
+3. the active party sends each passive party k what k needs to compute its own gradient locally:
+   the compressed embeddings of every other party, {C(E_j) : j != k} (tag "global_embedding": the blocks of the
+   concatenated global embedding other than k's own), the current top-model parameters theta_0 (tag "model",
+   float32) and the mini-batch labels (tag "labels", see below);
+4. Q local iterations on the same mini-batch, every party at once: party k recomputes only its own embedding
+   h_k(x_k^B) with its current parameters and takes an optimizer step on
+   loss(theta_0^k; [C(E_j) for j != k, with h_k(x_k^B) in slot k], y), where theta_0^k is the top model as k
+   received it (passive parties: the frozen copy from step 3, evaluated with `torch.func.functional_call`, so
+   their optimizer moves only their encoder) or the live top model (the active party, which updates its encoder
+   and theta_0 together). The others' embeddings stay as they were at the start of the round (stale).
+
+With `bits=32, topk=1, local_iterations=1` this is exactly split learning: every party's gradient is the gradient
+of one loss, top(concat(E)), evaluated at the same parameters.
+
+Labels: in C-VFL every party evaluates the loss locally, so it needs the labels. Here only the active party holds
+them, so it sends each passive party the labels of the round's mini-batch (`labels_for(k, batch)`, as the smallest
+integer type that holds num_classes - 1: uint8, 1 byte per sample, up to 256 classes).
+
+What each message reveals: C(E_k) is party k's (lossy) embedding, in the clear, to the active party *and to every
+other passive party* (step 3); theta_0 is the whole top model; the labels are the labels. There is no aggregation
+to protect: `Plain` is the only backend that makes sense (masking hides a sum, and a concatenation is no sum).
+
+Evaluation: the active party applies the top model to its own fresh embedding and the passive parties' embeddings
+*compressed*, exactly as they would reach it at inference time (tag "embeddings"); metrics are reported under the
+active party's name. Training losses are reported per party: each party's local loss at the first of its Q
+iterations (the round's starting point; with Q = 1 the split-learning loss, seen through each party's view).
+
+Each local iteration is one backward pass (Q per training step); Q > 1 has not been exercised under DDP.
+
+Bytes per round (batch size B, embedding width d, K passive parties, W(B) the compressed size of one B x d
+embedding, P the top model's parameter count): per passive party W(B) up, (C - 1) W(B) + 4 P + B down.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from lvfl.compression import CompressedTensor, Compressor
+from lvfl.models.base import PartyModelFactory, check_positive_int
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.plain import Plain
+from lvfl.protocols.base import PartyConfig, VFLModule
+
+
+def label_dtype(num_classes: int) -> torch.dtype:
+    """The smallest integer dtype that holds labels 0..num_classes-1 on the wire."""
+    if num_classes <= 2**8:
+        return torch.uint8
+    if num_classes <= 2**15:
+        return torch.int16
+    return torch.int32
+
+
+class CVFL(VFLModule):
+    """C-VFL: encoders at every party, a top model at the active party, compressed embeddings, Q local iterations.
+
+    Args:
+        parties: one `PartyConfig` per party (or one for all); only each model's encoder is used (bottom model).
+        top_model: the top (server) model, built as `top_model((C * embedding_dim,), top_hidden, num_classes)` and
+            run whole (its encoder and head); e.g. `lvfl.models.MLP`.
+        aggregation: must be `Plain` (the default): the embeddings are concatenated, not summed.
+        embedding_dim: the width d of every party's embedding.
+        top_hidden: the width of the top model's inner representation (its `embedding_dim`).
+        local_iterations: Q, the local iterations per communication round (Algorithm 1); 1 is split learning.
+        compressor: what every embedding goes through before it crosses the wire (default: nothing).
+    """
+
+    def __init__(
+        self,
+        parties: list[PartyConfig],
+        top_model: PartyModelFactory,
+        aggregation: AggregationBackend | None = None,
+        embedding_dim: int = 64,
+        top_hidden: int = 64,
+        local_iterations: int = 1,
+        compressor: Compressor | None = None,
+    ) -> None:
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim)
+        self.top_model_factory = top_model
+        self.top_hidden = check_positive_int("model.top_hidden", top_hidden)
+        self.local_iterations = check_positive_int("model.local_iterations", local_iterations)
+        if compressor is None:
+            compressor = Compressor()
+        if not isinstance(compressor, Compressor):
+            raise TypeError(f"model.compressor must be an lvfl.compression.Compressor, got {type(compressor).__name__}")
+        self.compressor = compressor
+        self.top: nn.Module | None = None
+
+    # ------------------------------------------------------------------------------------------------ building
+    def build(self, party_specs: list[PartySpec], task: TaskInfo, rank: int = 0) -> None:
+        """Build the parties' encoders (base), then the active party's top model on their concatenation."""
+        super().build(party_specs, task, rank=rank)
+        self.top = self.top_model_factory((self.num_parties * self.embedding_dim,), self.top_hidden, task.num_classes)
+
+    def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
+        """Party `spec`'s encoder (the bottom model): the configured model's head is dropped, never trained."""
+        return super().build_party_model(spec, config).encoder
+
+    @property
+    def predicting_parties(self) -> list[str]:
+        """Only the active party predicts, with the top model."""
+        return [self.active]
+
+    def party_parameters(self, party: str) -> list[nn.Parameter]:
+        """A party's encoder; the active party's optimizer also holds the top model."""
+        params = list(self.party_models[party].parameters())
+        if party == self.active:
+            if self.top is None:
+                raise RuntimeError("the top model is built by build(), before the optimizers")
+            params += list(self.top.parameters())
+        return params
+
+    def check_backend(self) -> None:
+        """Only `Plain`: the active party concatenates the embeddings, so there is no sum for a backend to protect."""
+        if not isinstance(self.aggregation, Plain):
+            raise ValueError(
+                f"CVFL concatenates the parties' compressed embeddings and forwards them to every party, so the "
+                f"aggregation backend {type(self.aggregation).__name__} (which protects a sum) cannot apply; "
+                f"use model.aggregation=lvfl.privacy.Plain (the default)"
+            )
+
+    # ------------------------------------------------------------------------------------------------ the steps
+    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """Each party embeds its own feature slice (step 1, and step 4 for party k's own slot)."""
+        return {k: self.party_models[k](batch.features[k]) for k in self.party_names}
+
+    def top_snapshot(self) -> dict[str, torch.Tensor]:
+        """The top model's parameters and buffers as the active party serializes them (a copy, not the live ones)."""
+        if self.top is None:
+            raise RuntimeError("the top model is built by build()")
+        state = dict(self.top.named_parameters())
+        state.update(self.top.named_buffers())
+        return {name: t.detach().clone() for name, t in state.items()}
+
+    def concat_view(self, own: str, own_embedding: torch.Tensor, others: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The top model's input as party `own` sees it: its embedding in its slot, the others' in theirs."""
+        return torch.cat([own_embedding if j == own else others[j] for j in self.party_names], dim=1)
+
+    def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
+        """One communication round (Algorithm 1): steps 1-3 once, then Q local iterations (step 4)."""
+        optimizers = self.party_optimizers()
+        active = self.active
+        local = self.local_embeddings(batch)  # step 1
+        sent = {k: self.compressor.compress(local[k]) for k in self.party_names}
+        # step 2: passive embeddings up; the active party holds every party's compressed embedding
+        held: dict[str, CompressedTensor] = {active: sent[active]}
+        for k in self.passive:
+            held[k] = self.wire.send(k, active, sent[k], "embeddings")
+        # step 3: what each party needs for its local gradient: others' embeddings, the top model, the labels
+        others = {active: {j: held[j].decompress() for j in self.passive}}
+        top_at: dict[str, dict[str, torch.Tensor]] = {}
+        labels = {active: self.labels_for(active, batch)}
+        dtype = label_dtype(self.task.num_classes)
+        for k in self.passive:
+            down = self.wire.send(active, k, {j: held[j] for j in self.party_names if j != k}, "global_embedding")
+            others[k] = {j: c.decompress() for j, c in down.items()}
+            top_at[k] = self.wire.send(active, k, self.top_snapshot(), "model")
+            labels[k] = self.wire.send(active, k, self.labels_for(k, batch).to(dtype), "labels").long()
+
+        losses: dict[str, torch.Tensor] = {}
+        for q in range(self.local_iterations):  # step 4
+            for opt in optimizers.values():
+                opt.zero_grad(set_to_none=True)
+            own = local if q == 0 else self.local_embeddings(batch)
+            surrogate = []  # one backward pass; each party's loss touches only its own parameters
+            for k in self.party_names:
+                z = self.concat_view(k, own[k], others[k])
+                logits = self.top(z) if k == active else functional_call(self.top, top_at[k], (z,))
+                loss = self.task_loss(logits, labels[k])
+                surrogate.append(loss)
+                if q == 0:
+                    losses[k] = loss.detach()
+            self.manual_backward(torch.stack(surrogate).sum())
+            for opt in optimizers.values():
+                opt.step()
+        self.record_train_losses(losses)
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """The top model on the embeddings as the active party receives them: its own fresh, the others compressed."""
+        local = self.local_embeddings(batch)
+        received = {
+            k: self.wire.send(k, self.active, self.compressor.compress(local[k]), "embeddings").decompress()
+            for k in self.passive
+        }
+        return {self.active: self.top(self.concat_view(self.active, local[self.active], received))}

@@ -1,0 +1,191 @@
+"""SplitNN (Pyvertical, SplitVFL): bottom models at every party, one trainable top model at the active party.
+
+Parties: one active party (features + labels + the top model) and K passive parties (features only), C = K + 1.
+Each party k owns a bottom model h_k (its party model's encoder; the party model's head is replaced by
+`nn.Identity`, so no parameter goes unused) and its own optimizer; the active party's optimizer also updates the
+top model T (encoder then head of a model built on the fused input). One training step (Romanini et al. 2021,
+"PyVertical: a vertical federated learning framework for multi-headed SplitNN"; EASTER Fig. 1(a), Sec. V-A3),
+every cross-party move on the wire:
+
+1. every party computes E_k = h_k(x_k) locally;
+2. passive parties send E_k to the active party: with `fusion="concat"` as raw float32 embeddings; with
+   `fusion="sum"`/`"mean"` through the aggregation backend, so e.g. DHMasking sends only masked shares;
+3. the active party fuses, Z = [E_a, E_1, ..., E_K] (concat) or Z = E_a + sum_k E_k (sum; mean uses Z / C),
+   predicts T(Z) and computes the loss against its labels;
+4. the active party sends dloss/dE_k back to each passive party k: the k-th slice of dloss/dZ (concat), or
+   dloss/dZ itself, the same tensor for every party (sum/mean: under masking the active party only ever sees the
+   sum, so it cannot tell the parties apart, which is exactly the protocol);
+5. one backward pass over the surrogate loss + sum_k <E_k, dloss/dE_k> gives the top model and each bottom model
+   exactly its own gradient of the loss, and every party's optimizer steps.
+
+What each message reveals: a concatenated E_k is party k's embedding in the clear (this is why masking makes no
+sense for `concat`: the active party must see each embedding in its own slot, and masks only cancel in a sum);
+under DHMasking a sum/mean share is uniformly random in Z_2^64 and only the sum is learned; dloss/dE_k depends on
+the labels (gradient-based label inference on split learning applies: see `labels_for` and label mechanisms).
+
+The top model's backward runs twice per step: once (`torch.autograd.grad`) to obtain dloss/dZ for the wire, and
+once inside the single `manual_backward`, which keeps one backward per forward for DDP and AMP; the top model is
+small, so this costs little. Only the active party's model predicts: evaluation reports the top model under the
+active party's name (and as the mean, which is the same number). All parties share one training loss, logged as
+`train/loss/<active>`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+
+from lvfl.models.base import PartyModelFactory
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.plain import Plain
+from lvfl.protocols.base import PartyConfig, VFLModule
+
+Fusion = Literal["concat", "sum", "mean"]
+
+
+class SplitNN(VFLModule):
+    """Pyvertical split learning: party encoders as bottom models, a trainable top model at the active party.
+
+    Args:
+        parties: one `PartyConfig` per party (or one for all); only each model's `encoder` is used.
+        top_model: the active party's top model factory, built as
+            ``top_model((fused_dim,), top_hidden, num_classes)``; its whole forward (encoder then head) is the top
+            model. fused_dim is ``C * embedding_dim`` for concat and ``embedding_dim`` for sum/mean.
+        aggregation: backend for the sum/mean fusions (e.g. DHMasking); concat allows only `Plain`.
+        embedding_dim: the width of every bottom model's output.
+        top_hidden: the width of the top model's encoder output (its ``embedding_dim``).
+        fusion: how the active party combines the embeddings: ``concat`` (Pyvertical), ``sum`` or ``mean``.
+
+    Example:
+        >>> from functools import partial
+        >>> from lvfl.datamodules import Digits
+        >>> from lvfl.models import MLP
+        >>> dm = Digits(num_parties=4)
+        >>> model = SplitNN([PartyConfig(model=partial(MLP, hidden=[32]))], top_model=MLP, embedding_dim=8)
+        >>> model.build(dm.party_specs, dm.task)
+        >>> model.top.encoder[1].in_features  # 4 parties x 8
+        32
+    """
+
+    def __init__(
+        self,
+        parties: list[PartyConfig],
+        top_model: PartyModelFactory,
+        aggregation: AggregationBackend | None = None,
+        embedding_dim: int = 64,
+        top_hidden: int = 64,
+        fusion: Fusion = "concat",
+    ) -> None:
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim)
+        if fusion not in get_args(Fusion):
+            raise ValueError(f"model.fusion must be one of {list(get_args(Fusion))}, got fusion={fusion!r}")
+        if isinstance(top_hidden, bool) or not isinstance(top_hidden, int) or top_hidden < 1:
+            raise ValueError(f"model.top_hidden must be an integer >= 1, got top_hidden={top_hidden!r}")
+        self.top_model_factory = top_model
+        self.top_hidden = top_hidden
+        self.fusion: Fusion = fusion
+        self.top: nn.Module | None = None
+
+    # ------------------------------------------------------------------------------------------------ building
+    @property
+    def fused_dim(self) -> int:
+        """The width of the top model's input: C embeddings side by side (concat), or one embedding (sum/mean)."""
+        return self.num_parties * self.embedding_dim if self.fusion == "concat" else self.embedding_dim
+
+    def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
+        """Party `spec`'s model with its head replaced by `nn.Identity`: only the encoder is a bottom model.
+
+        Dropping the head keeps every registered parameter in use, so DDP (without `find_unused_parameters`)
+        does not stop on parameters that never receive a gradient.
+        """
+        model = super().build_party_model(spec, config)
+        model.head = nn.Identity()
+        return model
+
+    def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
+        """Build the bottom models (base), then the active party's top model on the fused input."""
+        super().build(party_specs, task, rank=rank)
+        self.top = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
+
+    @property
+    def predicting_parties(self) -> list[str]:
+        """Only the active party predicts (with the top model)."""
+        return [self.active]
+
+    def party_parameters(self, party: str) -> list[nn.Parameter]:
+        """A party's bottom model; the active party's optimizer also updates the top model."""
+        params = super().party_parameters(party)
+        if party == self.active:
+            if self.top is None:
+                raise RuntimeError("party_parameters was called before build() created the top model")
+            params += list(self.top.parameters())
+        return params
+
+    def check_backend(self) -> None:
+        """Refuse a protecting backend with concat fusion: masks cancel only in a sum, never in a concatenation."""
+        if self.fusion == "concat" and not isinstance(self.aggregation, Plain):
+            raise ValueError(
+                f"SplitNN with fusion='concat' cannot use aggregation={type(self.aggregation).__name__}: masking a "
+                "concatenation makes no sense, since the active party must see each party's embedding in its own "
+                "slot of the top model's input and masks only cancel in a sum. Use fusion: sum (or fusion: mean) "
+                "with this backend, or aggregation: lvfl.privacy.Plain with concat"
+            )
+
+    # ------------------------------------------------------------------------------------------------ the step
+    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """Step 1: each party runs its bottom model on its own feature slice."""
+        return {k: self.party_models[k].encoder(batch.features[k]) for k in self.party_names}
+
+    def gather(self, local: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Steps 2-3 (fusion): the passive embeddings go up; returns Z at the active party, detached.
+
+        Concat sends each passive embedding as it is (float32) and places it in its party's slot; sum/mean use the
+        backend, so the active party receives protected shares and learns only E_a + sum_k E_k.
+        """
+        if self.fusion == "concat":
+            parts = [
+                local[k].detach() if k == self.active else self.wire.send(k, self.active, local[k], "embeddings")
+                for k in self.party_names
+            ]
+            return torch.cat(parts, dim=1)
+        return self.aggregate_embeddings(local)
+
+    def top_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Step 3 (prediction): the top model on the fused input (the mean divides the sum by C here)."""
+        if self.top is None:
+            raise RuntimeError("the top model is built by build()/setup() before any step")
+        return self.top(z / self.num_parties if self.fusion == "mean" else z)
+
+    def embedding_gradients(self, grad_z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """dloss/dE_k for every party from dloss/dZ: its slot (concat) or dloss/dZ itself (sum/mean)."""
+        if self.fusion == "concat":
+            return dict(zip(self.party_names, grad_z.split(self.embedding_dim, dim=1), strict=True))
+        return dict.fromkeys(self.party_names, grad_z)
+
+    def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
+        """One SplitNN step (steps 1-5 of the module docstring)."""
+        optimizers = self.party_optimizers()
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+
+        local = self.local_embeddings(batch)  # step 1
+        z = self.gather(local).requires_grad_(True)  # steps 2-3: a leaf at the active party
+        loss = self.task_loss(self.top_logits(z), self.labels_for(self.active, batch))  # step 3
+        (grad_z,) = torch.autograd.grad(loss, z, retain_graph=True)
+        surrogate = [loss]  # reaches the top model; each term below reaches only party k's bottom model
+        for k, grad_k in self.embedding_gradients(grad_z).items():
+            grad_at_k = grad_k if k == self.active else self.wire.send(self.active, k, grad_k, "gradients")  # step 4
+            surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dloss/dtheta_k
+        self.manual_backward(torch.stack(surrogate).sum())  # step 5
+        for opt in optimizers.values():
+            opt.step()
+        self.record_train_losses({self.active: loss.detach()})
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """The top model's prediction on the fused embeddings, held by the active party."""
+        return {self.active: self.top_logits(self.gather(self.local_embeddings(batch)))}
