@@ -270,7 +270,7 @@ class VFLModule(LightningModule):
     def _log_mean(self, stage: str) -> None:
         for metric in ("acc", "auroc"):
             keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
-            if all(k in self.metrics for k in keys):
+            if keys and all(k in self.metrics for k in keys):
                 values = torch.stack([self.metrics[k].compute() for k in keys])
                 # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
                 self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True, sync_dist=True)
