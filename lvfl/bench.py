@@ -12,7 +12,8 @@ overrides shared by every cell::
     overrides: ["--trainer.max_epochs=30"]
     target_accuracy: 0.9          # for "MB to target" (VFLAIR-style cost to reach an accuracy); or per dataset:
                                   # {digits: 0.9, breast_cancer: 0.95}
-    out: runs/bench/digits        # where cells, table.md, results.csv and the plots go
+    out: runs/bench/digits        # where the cells (logs, result.json) go
+    report: docs/results          # where table.md, results.csv and the plots go (default: `out`)
 
 Each cell (protocol x dataset x seed) is a normal lvfl fit + test of its config, run in a fresh process so its peak
 memory is its own; its logs stay in `<out>/cells/<protocol>/<dataset>/seed<k>/` with a `result.json`. A cell whose
@@ -46,7 +47,7 @@ from typing import Any
 
 import yaml
 
-GRID_KEYS = {"name", "protocols", "datasets", "seeds", "overrides", "target_accuracy", "out"}
+GRID_KEYS = {"name", "protocols", "datasets", "seeds", "overrides", "target_accuracy", "out", "report"}
 MB = 1e6
 
 
@@ -105,6 +106,7 @@ class Grid:
     overrides: list[str] = field(default_factory=list)
     target_accuracy: float | dict[str, float] | None = None
     out: str = "runs/bench"
+    report: str | None = None
 
     def target(self, dataset: str) -> float | None:
         """The accuracy whose cost `MB to target` measures on `dataset`."""
@@ -168,6 +170,7 @@ def load_grid(path: str | Path) -> Grid:
             {str(k): float(v) for k, v in target.items()} if isinstance(target, dict) else target and float(target)
         ),
         out=str(raw.get("out", f"runs/bench/{Path(path).stem}")),
+        report=None if raw.get("report") is None else str(raw["report"]),
     )
 
 
@@ -403,11 +406,12 @@ def run_grid(grid_path: str | Path, out: str | None = None, force: bool = False)
             bar.set_postfix_str(("reused " if cached else "running ") + cell.key)
             results[cell] = cached if cached is not None else run_cell(cell, out_dir)
             bar.update()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    report_dir = Path(grid.report) if grid.report and not out else out_dir
+    report_dir.mkdir(parents=True, exist_ok=True)
     rows = summarize(grid, results)
-    table = write_table(grid, rows, out_dir)
-    write_plots(grid, results, out_dir)
-    return table, out_dir
+    table = write_table(grid, rows, report_dir)
+    write_plots(grid, results, report_dir)
+    return table, report_dir
 
 
 def main(argv: Sequence[str] | None = None) -> None:
