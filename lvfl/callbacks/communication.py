@@ -79,7 +79,7 @@ class CommunicationMeter(Callback):
 
     def _figures(self, ledger: Counter[tuple[str, str, str]], prefix: str) -> dict[str, float]:
         """`prefix` (total), `prefix/<tag>` and, with `per_link`, `prefix/<src>_to_<dst>` from a ledger."""
-        figures: Counter[str] = Counter()
+        figures: Counter[str] = Counter({prefix: 0})  # a silent epoch still reports its 0 bytes
         for (src, dst, tag), n in ledger.items():
             figures[prefix] += n
             figures[f"{prefix}/{tag}"] += n
