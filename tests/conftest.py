@@ -60,3 +60,19 @@ def mlp_parties(n: int, lr: float = 0.1, hidden: tuple[int, ...] = (16,), moment
 def easter(n: int, aggregation=None, embedding_dim: int = 8, **kwargs) -> EASTER:
     """An EASTER module with n MLP parties."""
     return EASTER(parties=mlp_parties(n, **kwargs), aggregation=aggregation, embedding_dim=embedding_dim)
+
+
+def recording(protocol: type) -> type:
+    """A subclass of `protocol` that keeps the batches it trained on (for hand-written reference steps)."""
+
+    class Recording(protocol):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.batches: list = []
+
+        def training_step(self, batch, batch_idx):
+            self.batches.append(batch)
+            return super().training_step(batch, batch_idx)
+
+    Recording.__name__ = Recording.__qualname__ = f"Recording{protocol.__name__}"
+    return Recording

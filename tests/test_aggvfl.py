@@ -7,23 +7,13 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties
+from conftest import make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols.aggvfl import AggVFL
 
-
-class Recording(AggVFL):
-    """AggVFL that keeps the batches it trained on."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list = []
-
-    def training_step(self, batch, batch_idx):
-        self.batches.append(batch)
-        return super().training_step(batch, batch_idx)
+Recording = recording(AggVFL)
 
 
 def aggvfl(n: int, aggregate: str = "mean", aggregation=None, cls=AggVFL, **kwargs) -> AggVFL:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties
+from conftest import make_trainer, mlp_parties, recording
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -157,16 +157,7 @@ def test_bad_compressor_types_raise():
 
 
 # ------------------------------------------------------------------------------------------------ the protocol
-class Recording(CVFL):
-    """CVFL that keeps the batches it trained on."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list = []
-
-    def training_step(self, batch, batch_idx):
-        self.batches.append(batch)
-        return super().training_step(batch, batch_idx)
+Recording = recording(CVFL)
 
 
 def cvfl(n: int = 4, lr: float = 0.1, momentum: float = 0.0, embedding_dim: int = 8, **kwargs) -> Recording:

@@ -8,24 +8,14 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties
+from conftest import make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols.splitnn import SplitNN
 
-
-class Recording(SplitNN):
-    """SplitNN that keeps the batches it trained on."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list = []
-
-    def training_step(self, batch, batch_idx):
-        self.batches.append(batch)
-        return super().training_step(batch, batch_idx)
+Recording = recording(SplitNN)
 
 
 def splitnn(n: int, aggregation=None, fusion: str = "concat", embedding_dim: int = 8, **kwargs) -> Recording:

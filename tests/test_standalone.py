@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 import yaml
-from conftest import REPO, make_trainer, mlp_parties
+from conftest import REPO, make_trainer, mlp_parties, recording
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 
@@ -23,17 +23,7 @@ from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import EASTER, PartyConfig
 from lvfl.protocols.standalone import Central, Local
 
-
-class RecordingCentral(Central):
-    """Central that keeps the batches it trained on."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list = []
-
-    def training_step(self, batch, batch_idx):
-        self.batches.append(batch)
-        return super().training_step(batch, batch_idx)
+RecordingCentral = recording(Central)
 
 
 def params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
