@@ -1,7 +1,20 @@
-"""Aggregation backends: how passive embeddings are protected on the wire and combined at the active party."""
+"""Privacy recipes: aggregation backends and label mechanisms.
+
+Aggregation backends protect passive embeddings on the wire and combine them at the active party; label mechanisms
+protect labels when anything derived from them leaves the active party.
+"""
 
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels, PrivacyLedger, RandomizedResponse
 from lvfl.privacy.masking import DHMasking
 from lvfl.privacy.plain import Plain
 
-__all__ = ["AggregationBackend", "DHMasking", "Plain"]
+__all__ = [
+    "AggregationBackend",
+    "DHMasking",
+    "LabelMechanism",
+    "LaplaceLabels",
+    "Plain",
+    "PrivacyLedger",
+    "RandomizedResponse",
+]
