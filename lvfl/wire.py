@@ -4,12 +4,16 @@ Every cross-party message goes through `Wire.send(src, dst, payload, tag)`. The 
 would occupy when serialized: a tensor at its wire dtype (numel x element size), a `bytes` object at its length,
 and containers as the sum of their parts. Tensors arrive detached: autograd never crosses a party boundary, so a
 gradient can only reach another party if it is itself sent as a message.
+
+Observers (`Wire.subscribe`) model what a receiving party can see: each is called with every message as it
+arrives, after it is metered, so audits (e.g. `lvfl.callbacks.LabelLeakageAudit`) can mount the attacks a party
+could run on its inbox without any protocol code knowing about them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +21,9 @@ import torch
 
 #: Tags used by the built-in protocols; any string is accepted.
 TAGS = ("keys", "embeddings", "global_embedding", "predictions", "gradients", "labels")
+
+#: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
+Observer = Callable[[str, str, str, Any], None]
 
 
 def payload_nbytes(payload: Any) -> int:
@@ -75,6 +82,25 @@ class Wire:
     def __init__(self) -> None:
         self.bytes: Counter[tuple[str, str, str]] = Counter()
         self.messages: Counter[tuple[str, str, str]] = Counter()
+        self._observers: dict[int, Observer] = {}
+        self._next_handle = 0
+
+    # -- observers: what a receiving party sees ------------------------------------------------------------------
+    def subscribe(self, fn: Observer) -> int:
+        """Call `fn(src, dst, tag, payload)` for every later message, after it is metered; returns a handle.
+
+        Observers model what the receiving party `dst` can see, to audit what it could infer (an attack or a
+        leakage measurement). They get the payload as it arrives (detached) and must not change it: the protocol
+        carries on with the very same object. With no observer, `send` pays only one empty-dict test.
+        """
+        handle = self._next_handle
+        self._next_handle += 1
+        self._observers[handle] = fn
+        return handle
+
+    def unsubscribe(self, handle: int) -> None:
+        """Stop the observer registered under `handle` (unknown handles are ignored, so teardown is idempotent)."""
+        self._observers.pop(handle, None)
 
     def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
         """Move `payload` from `src` to `dst`, recording its size; returns the payload as `dst` receives it."""
@@ -85,7 +111,11 @@ class Wire:
         key = (src, dst, tag)
         self.bytes[key] += payload_nbytes(payload)
         self.messages[key] += 1
-        return _arrive(payload)
+        received = _arrive(payload)
+        if self._observers:
+            for fn in tuple(self._observers.values()):  # a copy: an observer may unsubscribe itself
+                fn(src, dst, tag, received)
+        return received
 
     # -- reading the ledger -------------------------------------------------------------------------------------
     def total_bytes(self) -> int:

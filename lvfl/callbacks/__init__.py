@@ -2,5 +2,6 @@
 
 from lvfl.callbacks.checkpoint import ExperimentCheckpoint
 from lvfl.callbacks.communication import CommunicationMeter
+from lvfl.callbacks.label_audit import LabelLeakageAudit
 
-__all__ = ["CommunicationMeter", "ExperimentCheckpoint"]
+__all__ = ["CommunicationMeter", "ExperimentCheckpoint", "LabelLeakageAudit"]

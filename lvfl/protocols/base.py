@@ -27,6 +27,7 @@ from lvfl.loggers import is_logging_step, log_to_loggers
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
 from lvfl.privacy.plain import Plain
 from lvfl.wire import Wire
 
@@ -63,6 +64,15 @@ class VFLModule(LightningModule):
             used for every party (homogeneous models).
         aggregation: the aggregation backend protecting passive embeddings (default `Plain`).
         embedding_dim: the size of every party's embedding (they are averaged, so all parties share it).
+        label_mechanism: a label-DP mechanism (`lvfl.privacy.RandomizedResponse`, `LaplaceLabels`); when set,
+            passive parties' losses are computed against protected labels drawn once for the run (`labels_for`).
+
+    Label privacy: the gradient of a loss returned to a passive party reveals the label it was computed from, so
+    with a mechanism the active party releases protected labels once per training sample at the start of fit
+    (one `PrivacyLedger` entry, tag "train"; redrawing per step would spend epsilon again every epoch), keeps them
+    in a lookup by sample ID, and checkpoints them with the ledger, so a resume reuses the release. Under DDP every
+    rank holds all parties: rank 0 draws the release and broadcasts it (the mechanism's generator is OS-seeded per
+    process by default, so ranks could not derive the same draw), and every rank records the one release.
     """
 
     def __init__(
@@ -70,6 +80,7 @@ class VFLModule(LightningModule):
         parties: list[PartyConfig],
         aggregation: AggregationBackend | None = None,
         embedding_dim: int = 64,
+        label_mechanism: LabelMechanism | None = None,
     ) -> None:
         super().__init__()
         if not parties:
@@ -80,6 +91,10 @@ class VFLModule(LightningModule):
         self.party_configs = list(parties)
         self.aggregation = aggregation if aggregation is not None else Plain()
         self.embedding_dim = embedding_dim
+        self.label_mechanism = label_mechanism
+        self.privacy_ledger = PrivacyLedger()
+        self._release_ids: torch.Tensor | None = None  # sorted training sample IDs
+        self._release_labels: torch.Tensor | None = None  # their protected labels, same order
         self.wire = Wire()
         self.mask_step = 0
         self.party_specs: list[PartySpec] = []
@@ -130,6 +145,8 @@ class VFLModule(LightningModule):
         specs = list(party_specs)
         if sum(s.is_active for s in specs) != 1:
             raise ValueError(f"exactly one party must be active, got roles {[s.role for s in specs]}")
+        if self.label_mechanism is not None:
+            self.label_mechanism.check_task(task.num_classes, task.kind)
         configs = self.party_configs
         if len(configs) == 1:
             configs = configs * len(specs)
@@ -197,12 +214,17 @@ class VFLModule(LightningModule):
         if scheds is not None:
             for s in scheds if isinstance(scheds, list) else [scheds]:
                 s.step()
+        metrics: dict[str, float] = {}
         if self._train_loss_sum is not None and self._train_loss_count:
             means = self._train_loss_sum / self._train_loss_count
             if self.trainer.world_size > 1:
                 means = self.trainer.strategy.reduce(means, reduce_op="mean")
             names = [f"train/loss_epoch/{n}" for n in self._train_loss_names]
-            log_to_loggers(self.trainer, dict(zip(names, means.tolist(), strict=True)), epoch=True)
+            metrics.update(zip(names, means.tolist(), strict=True))
+        if self.label_mechanism is not None or len(self.privacy_ledger):
+            metrics["privacy/label_epsilon"] = self.privacy_ledger.total_epsilon  # basic composition, all releases
+        if metrics:
+            log_to_loggers(self.trainer, metrics, epoch=True)
         self._train_loss_sum, self._train_loss_count = None, 0
 
     # ------------------------------------------------------------------------------------------------ the shared moves
@@ -222,12 +244,90 @@ class VFLModule(LightningModule):
         return self.aggregation.combine(local[self.active].detach(), shares)
 
     def labels_for(self, party: str, batch: VFLBatch) -> torch.Tensor:
-        """The labels party's loss is computed against (true labels; label mechanisms override this later)."""
-        return batch.labels
+        """The labels `party`'s loss is computed against: true for the active party, protected for a passive one.
+
+        Whatever is returned to a passive party (a gradient) is computed from these, so with a label mechanism it
+        is post-processing of the DP release. Without one, every party's loss uses the true labels.
+        """
+        if party == self.active or self.label_mechanism is None:
+            return batch.labels
+        return self.protected_labels(batch.ids).to(batch.labels.device)
 
     def task_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy (VFedMH Eq. 8)."""
+        """Cross-entropy against class indices (VFedMH Eq. 8); MSE against noisy one-hot rows (PraVFed Eq. 4).
+
+        Float labels of shape (N, M) are a `LaplaceLabels` release. Soft-target cross-entropy does not fit them:
+        their entries go negative, and -y'_j log p_j with y'_j < 0 is unbounded below (it rewards p_j -> 0 without
+        limit on noise drawn once per sample). The paper's 1/(2N) ||softmax(R) - Y'||^2 is bounded below and its
+        gradient is linear in Y', so in expectation over the noise it equals the gradient against the one-hot label.
+        """
+        if labels.dtype.is_floating_point:
+            if labels.shape != logits.shape:
+                shapes = f"{tuple(labels.shape)} vs logits {tuple(logits.shape)}"
+                raise ValueError(f"soft labels must have the logits' shape (N, M), got {shapes}")
+            return 0.5 * (logits.softmax(-1) - labels.to(logits.dtype)).pow(2).sum(-1).mean()
         return F.cross_entropy(logits, labels)
+
+    # ------------------------------------------------------------------------------------------------ label privacy
+    @property
+    def has_label_release(self) -> bool:
+        """Whether the protected training labels have been drawn (or restored from a checkpoint)."""
+        return self._release_labels is not None
+
+    def on_fit_start(self) -> None:
+        """Draw the label release once for the datamodule's training set (a resume keeps the checkpointed one)."""
+        if self.label_mechanism is None:
+            return
+        train = self.trainer.datamodule.train_set
+        self.release_labels(train.ids, train.labels)
+
+    def release_labels(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
+        """Draw the protected labels for training samples `ids` once and record the release on the ledger.
+
+        No-op when there is nothing to protect (no mechanism or no passive party) or when a release for the same
+        samples exists (a resume: redrawing would spend epsilon again); a release for other samples raises.
+        """
+        if self.label_mechanism is None or not self.passive:
+            return
+        if self.task is None:
+            raise RuntimeError("release_labels needs the task: call it after setup/build")
+        ids = ids.detach().long().cpu()
+        order = torch.argsort(ids)
+        ids, labels = ids[order], labels.detach().long().cpu()[order]
+        if self._release_ids is not None:
+            if not torch.equal(self._release_ids.cpu(), ids):
+                raise ValueError(
+                    "the existing label release (drawn earlier or checkpointed) covers other training samples than "
+                    "this datamodule's "
+                    f"({self._release_ids.numel()} vs {ids.numel()} IDs); use the same data split and seed, since a "
+                    "new release would spend the label privacy budget again"
+                )
+            return
+        trainer = self._trainer
+        rank = trainer.global_rank if trainer is not None else 0
+        if rank == 0:
+            protected = self.privacy_ledger.release(self.label_mechanism, labels, self.task.num_classes, tag="train")
+        else:  # the release is rank 0's, broadcast below; every rank's ledger records it once
+            self.privacy_ledger.record(self.label_mechanism, int(labels.shape[0]), tag="train")
+            protected = None
+        if trainer is not None and trainer.world_size > 1:
+            protected = trainer.strategy.broadcast(protected, src=0)
+        self._release_ids, self._release_labels = ids, protected.cpu()
+
+    def protected_labels(self, ids: torch.Tensor) -> torch.Tensor:
+        """The released labels of training samples `ids` (raises for IDs outside the release)."""
+        if self._release_ids is None or self._release_labels is None:
+            raise RuntimeError(
+                "a passive party's loss needs the protected labels, which are drawn at fit start (release_labels)"
+            )
+        if self._release_ids.device != ids.device:  # move the lookup once, not every step
+            self._release_ids = self._release_ids.to(ids.device)
+            self._release_labels = self._release_labels.to(ids.device)
+        ids = ids.long()
+        pos = torch.searchsorted(self._release_ids, ids).clamp(max=self._release_ids.numel() - 1)
+        if not torch.equal(self._release_ids[pos], ids):
+            raise ValueError("protected labels exist only for training samples; the batch has IDs outside the release")
+        return self._release_labels[pos]
 
     def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
         """Accumulate the step's losses and write them on the logging cadence (see `lvfl.loggers`).
@@ -289,12 +389,21 @@ class VFLModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the mask step counter, the wire ledger and the backend's non-secret state (never private keys)."""
+        """Save the mask step, the wire ledger, the backend's non-secret state (never keys) and the label release.
+
+        The label release and its privacy ledger are saved because the release is what spent epsilon: a resume
+        reuses it rather than drawing (and spending) again.
+        """
         checkpoint["lvfl"] = {
             "mask_step": self.mask_step,
             "wire": self.wire.state_dict(),
             "aggregation": self.aggregation.state_dict(),
             "party_names": self.party_names,
+            "label_privacy": {
+                "ledger": self.privacy_ledger.state_dict(),
+                "ids": None if self._release_ids is None else self._release_ids.cpu(),
+                "labels": None if self._release_labels is None else self._release_labels.cpu(),
+            },
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -308,3 +417,7 @@ class VFLModule(LightningModule):
         self.mask_step = int(state["mask_step"])
         self.wire.merge_state_dict(state["wire"])
         self.aggregation.load_state_dict(state.get("aggregation", {}))
+        label_state = state.get("label_privacy")
+        if label_state is not None:
+            self.privacy_ledger.load_state_dict(label_state["ledger"])
+            self._release_ids, self._release_labels = label_state["ids"], label_state["labels"]

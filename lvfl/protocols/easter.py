@@ -8,14 +8,17 @@ optimizer. One training step (VFedMH Algorithm 1), every cross-party move on the
 2. passive parties send protected shares [E_k] = E_k + r_k (Eq. 6; the r_k cancel in the sum, Eq. 5);
 3. the active party forms the global embedding E = (E_a + sum_k [E_k]) / C (Eq. 7) and sends E to every party;
 4. each party predicts R_k = p_k(E) and sends R_k to the active party;
-5. the active party computes loss_k = LF(R_k, Y) (Eq. 8) and returns dloss_k/dR_k to party k;
+5. the active party computes loss_k = LF(R_k, Y) (Eq. 8) and returns dloss_k/dR_k to party k; with a
+   `label_mechanism`, Y for a passive party is its protected label (drawn once for the run, see `VFLModule`);
 6. each party updates its own parameters from its own loss (Eq. 3).
 
 What each message reveals: [E_k] alone is uniformly random in Z_2^64 under DHMasking (only the sum is learned);
 E is the average of all parties' embeddings; R_k is party k's prediction; dloss_k/dR_k reveals the label it was
-computed against (see `labels_for`). Party k's loss reaches only party k's parameters: the head sees
-E.detach() + (E_k - E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k's 1/C share
-of the mean) and p_k.
+computed against (see `labels_for`): the true label without a label mechanism (a passive party can read it off
+the gradient), the epsilon-label-DP release with one (randomized response: cross-entropy on the released class;
+Laplace: PraVFed's MSE on the noisy one-hot row, see `task_loss`). Party k's loss reaches only party k's
+parameters: the head sees E.detach() + (E_k - E_k.detach()) / C, whose value is E and whose gradient flows only
+into h_k (E_k's 1/C share of the mean) and p_k.
 """
 
 from __future__ import annotations
