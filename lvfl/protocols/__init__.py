@@ -4,7 +4,8 @@ from lvfl.protocols.aggvfl import AggVFL
 from lvfl.protocols.base import PartyConfig, VFLModule
 from lvfl.protocols.cvfl import CVFL
 from lvfl.protocols.easter import EASTER
+from lvfl.protocols.pravfed import PraVFed
 from lvfl.protocols.splitnn import SplitNN
 from lvfl.protocols.standalone import Central, Local
 
-__all__ = ["CVFL", "EASTER", "AggVFL", "Central", "Local", "PartyConfig", "SplitNN", "VFLModule"]
+__all__ = ["CVFL", "EASTER", "AggVFL", "Central", "Local", "PartyConfig", "PraVFed", "SplitNN", "VFLModule"]
