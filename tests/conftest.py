@@ -76,3 +76,13 @@ def recording(protocol: type) -> type:
 
     Recording.__name__ = Recording.__qualname__ = f"Recording{protocol.__name__}"
     return Recording
+
+
+def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
+    """DHMasking's key exchange, once: each passive party's 32-byte public key up, the K - 1 others' keys down."""
+    k_passive = len(model.passive)
+    out = {}
+    for k in model.passive:
+        out[(k, model.active, "keys")] = 32
+        out[(model.active, k, "keys")] = 32 * (k_passive - 1)
+    return out

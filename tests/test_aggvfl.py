@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties, recording
+from conftest import dh_key_ledger, make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
@@ -83,11 +83,8 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, aggregate, aggregation, sh
     model = aggvfl(4, aggregate, aggregation())
     make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
     expected = expected_epoch_ledger(model, dm, share_bytes)
-    k_passive = len(model.passive)
-    if aggregation is DHMasking:  # keys once: K public keys up, K(K-1) forwarded down, 32 bytes each
-        for k in model.passive:
-            expected[(k, model.active, "keys")] = 32
-            expected[(model.active, k, "keys")] = 32 * (k_passive - 1)
+    if aggregation is DHMasking:
+        expected.update(dh_key_ledger(model))
     assert dict(model.wire.bytes) == expected
     batches = len(dm.train_dataloader())
     for k in model.passive:

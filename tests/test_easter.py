@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import easter, make_trainer
+from conftest import dh_key_ledger, easter, make_trainer
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
@@ -133,11 +133,8 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, aggregation, share_bytes):
     model = easter(4, aggregation=aggregation(), embedding_dim=16)
     make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
     expected = expected_epoch_ledger(model, dm, share_bytes)
-    k_passive = len(model.passive)
-    if aggregation is DHMasking:  # keys once: K public keys up, K(K-1) forwarded down, 32 bytes each
-        for k in model.passive:
-            expected[(k, model.active, "keys")] = 32
-            expected[(model.active, k, "keys")] = 32 * (k_passive - 1)
+    if aggregation is DHMasking:
+        expected.update(dh_key_ledger(model))
     assert dict(model.wire.bytes) == expected
     assert model.wire.total_bytes() == sum(expected.values())
     batches = len(dm.train_dataloader())

@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from conftest import REPO, make_trainer, mlp_parties
+from conftest import REPO, dh_key_ledger, make_trainer, mlp_parties
 
 from lvfl.cli import build_cli
 from lvfl.datamodules import Digits
@@ -37,16 +37,15 @@ def pravfed(aggregation=None, embedding_dim: int = 8, local_epochs: int = 2, **k
 def expected_ledger(model: PraVFed, dm: Digits, share_bytes: int, label_bytes: int) -> dict:
     """Steps 1-3 once: Y' down, acc_k up and w_k down (4 bytes each), train and val E_p shares up; keys for DH."""
     n, n_val = len(dm.train_set), len(dm.val_set)
-    d, k_passive = model.embedding_dim, len(model.passive)
+    d = model.embedding_dim
     out = {}
     for k in model.passive:
         out[(model.active, k, "labels")] = n * label_bytes
         out[(k, model.active, "weights")] = 4
         out[(model.active, k, "weights")] = 4
         out[(k, model.active, "embeddings")] = (n + n_val) * d * share_bytes
-        if share_bytes == 8:  # DHMasking: K public keys up, K(K-1) forwarded down, 32 bytes each
-            out[(k, model.active, "keys")] = 32
-            out[(model.active, k, "keys")] = 32 * (k_passive - 1)
+    if share_bytes == 8:  # DHMasking
+        out.update(dh_key_ledger(model))
     return out
 
 

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties, recording
+from conftest import dh_key_ledger, make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.models import MLP
@@ -94,9 +94,8 @@ def expected_epoch_ledger(model: SplitNN, n: int, share_bytes: int, k_keys: int 
     for k in model.passive:
         out[(k, model.active, "embeddings")] = n * d * share_bytes
         out[(model.active, k, "gradients")] = n * d * 4
-        if k_keys:  # DHMasking: K public keys up, K(K-1) forwarded down, 32 bytes each, once
-            out[(k, model.active, "keys")] = 32
-            out[(model.active, k, "keys")] = 32 * (k_keys - 1)
+    if k_keys:  # DHMasking
+        out.update(dh_key_ledger(model))
     return out
 
 
