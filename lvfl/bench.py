@@ -1,30 +1,43 @@
 """`lvfl bench GRID.yaml`: run a grid of lvfl experiments and compare them on one harness.
 
-A grid file names protocols (each a config template with a `{dataset}` placeholder), datasets, seeds and config
-overrides shared by every cell::
+A grid file names protocols (each a config template with a `{dataset}` placeholder, optionally with overrides of
+its own), datasets, seeds and config overrides shared by every cell::
 
     name: digits
     protocols:
       EASTER: configs/easter/{dataset}.yaml
       SplitNN: configs/splitnn/{dataset}.yaml
+      PraVFed eps=1:                # a protocol entry may carry its own overrides (ablations)
+        config: configs/pravfed/{dataset}.yaml
+        overrides: ["--model.init_args.label_mechanism.init_args.epsilon=1.0"]
     datasets: [digits, breast_cancer]
     seeds: [0, 1, 2]
     overrides: ["--trainer.max_epochs=30"]
     target_accuracy: 0.9          # for "MB to target" (VFLAIR-style cost to reach an accuracy); or per dataset:
                                   # {digits: 0.9, breast_cancer: 0.95}
+    reference: SplitNN            # optional: report every protocol's MB to target relative to this one, in %
     out: runs/bench/digits        # where the cells (logs, result.json) go
     report: docs/results          # where table.md, results.csv and the plots go (default: `out`)
 
 Each cell (protocol x dataset x seed) is a normal lvfl fit + test of its config, run in a fresh process so its peak
 memory is its own; its logs stay in `<out>/cells/<protocol>/<dataset>/seed<k>/` with a `result.json`. A cell whose
-`result.json` matches the cell's fingerprint (config text, overrides, seed, lvfl version) is reused, so re-running a
-finished grid recomputes nothing. Every cell is parsed and instantiated before the first one runs, so a grid that
-names an unknown protocol config, dataset or override fails at once, naming the bad entry.
+`result.json` matches the cell's fingerprint (config text, overrides, seed, lvfl version, the bench's evaluation
+rule) is reused, so re-running a finished grid recomputes nothing. Every cell is parsed and instantiated before the
+first one runs, so a grid that names an unknown protocol config, dataset or override fails at once, naming the bad
+entry.
+
+Evaluation rule, the same for every protocol: each cell keeps the checkpoint of its best validation accuracy
+(`val/acc/mean`, the first epoch reaching the maximum) and reports the test accuracy of that checkpoint; the test
+accuracy after the last epoch is reported beside it. Model selection on validation data is what a practitioner
+does, and it keeps the comparison from rewarding whichever protocol happens to be at a good point at epoch T on
+small test splits (diabetes: 89 test samples).
 
 The summary reports, per protocol and dataset: test accuracy (mean +- std over seeds) of every party model and of
-their mean, total MB on the wire (10^6 bytes, all stages), MB of training traffic until the validation accuracy
-first reaches `target_accuracy` (blank if never), wall time per training epoch, and peak resident memory; and plots
-validation accuracy per epoch and against cumulative training MB, one line per protocol.
+their mean, the mean at the last epoch, total MB on the wire (10^6 bytes, all stages), MB until the validation
+accuracy first reaches `target_accuracy` (blank if never; it counts the set-up traffic, i.e. key exchange and
+one-shot transfers before the first training step, plus training traffic, validation excluded), wall time per
+training epoch, and peak resident memory; and plots validation accuracy per epoch and against cumulative MB, one
+line per protocol.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -47,8 +61,12 @@ from typing import Any
 
 import yaml
 
-GRID_KEYS = {"name", "protocols", "datasets", "seeds", "overrides", "target_accuracy", "out", "report"}
+GRID_KEYS = {"name", "protocols", "datasets", "seeds", "overrides", "target_accuracy", "reference", "out", "report"}
+PROTOCOL_KEYS = {"config", "overrides"}
 MB = 1e6
+#: The bench's evaluation rule; part of every cell's fingerprint, so changing it reruns finished cells.
+EVALUATION = "test at the best val/acc/mean checkpoint and after the last epoch; set-up bytes counted to target"
+MONITOR = "val/acc/mean"
 
 
 class GridError(ValueError):
@@ -68,7 +86,8 @@ class Cell:
     @property
     def key(self) -> str:
         """Its folder below `<out>/cells/`."""
-        return f"{self.protocol}/{self.dataset}/seed{self.seed}"
+        protocol = re.sub(r"[^A-Za-z0-9._-]+", "_", self.protocol)
+        return f"{protocol}/{self.dataset}/seed{self.seed}"
 
     def args(self, save_dir: str) -> list[str]:
         """The lvfl CLI arguments of this cell (without the subcommand)."""
@@ -80,9 +99,25 @@ class Cell:
             f"--trainer.logger.init_args.save_dir={save_dir}",
             "--trainer.logger.init_args.name=logs",
             "--trainer.enable_progress_bar=false",
-            "--trainer.enable_checkpointing=false",
-            '--trainer.callbacks=[{"class_path": "lvfl.callbacks.CommunicationMeter", '
-            '"init_args": {"print_summary": false}}]',
+            "--trainer.enable_checkpointing=true",
+            "--trainer.callbacks="
+            + json.dumps(
+                [
+                    {"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": False}},
+                    {
+                        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                        "init_args": {
+                            "dirpath": str(Path(save_dir) / "best"),
+                            "filename": "best",
+                            "monitor": MONITOR,
+                            "mode": "max",
+                            "save_top_k": 1,
+                            "save_last": False,
+                            "enable_version_counter": False,
+                        },
+                    },
+                ]
+            ),
             *self.overrides,
         ]
 
@@ -91,7 +126,7 @@ class Cell:
         from lvfl import __version__
 
         text = Path(self.config).read_text()
-        blob = json.dumps([text, list(self.overrides), self.seed, __version__])
+        blob = json.dumps([text, list(self.overrides), self.seed, __version__, EVALUATION])
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -107,6 +142,8 @@ class Grid:
     target_accuracy: float | dict[str, float] | None = None
     out: str = "runs/bench"
     report: str | None = None
+    protocol_overrides: dict[str, list[str]] = field(default_factory=dict)
+    reference: str | None = None
 
     def target(self, dataset: str) -> float | None:
         """The accuracy whose cost `MB to target` measures on `dataset`."""
@@ -124,7 +161,8 @@ class Grid:
                     raise GridError(
                         f"protocol {protocol!r} has no config for dataset {dataset!r}: {config} does not exist"
                     )
-                cells += [Cell(protocol, dataset, s, config, tuple(self.overrides)) for s in self.seeds]
+                overrides = (*self.overrides, *self.protocol_overrides.get(protocol, []))
+                cells += [Cell(protocol, dataset, s, config, overrides) for s in self.seeds]
         return cells
 
 
@@ -142,9 +180,26 @@ def load_grid(path: str | Path) -> Grid:
     protocols = raw["protocols"]
     if not isinstance(protocols, dict):
         raise GridError(f"{path}: `protocols` maps a label to a config template with {{dataset}}")
-    for label, template in protocols.items():
+    templates: dict[str, str] = {}
+    protocol_overrides: dict[str, list[str]] = {}
+    for label, entry in protocols.items():
+        template, own = entry, []
+        if isinstance(entry, dict):
+            unknown = set(entry) - PROTOCOL_KEYS
+            if unknown or "config" not in entry:
+                raise GridError(
+                    f"{path}: protocol {label!r}: an entry is a template or a mapping with keys "
+                    f"{sorted(PROTOCOL_KEYS)} (`config` required); got keys {sorted(entry)}"
+                )
+            template, own = entry["config"], entry.get("overrides") or []
+            _check_overrides(path, own, f"protocol {label!r}: ")
         if not isinstance(template, str) or "{dataset}" not in template:
             raise GridError(f"{path}: protocol {label!r}: template {template!r} must contain {{dataset}}")
+        templates[str(label)] = template
+        protocol_overrides[str(label)] = list(own)
+    reference = raw.get("reference")
+    if reference is not None and str(reference) not in templates:
+        raise GridError(f"{path}: `reference` {reference!r} is not one of the protocols {sorted(templates)}")
     seeds = raw["seeds"]
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise GridError(f"{path}: `seeds` must be integers, got {seeds}")
@@ -157,12 +212,12 @@ def load_grid(path: str | Path) -> Grid:
         if dataset and dataset not in raw["datasets"]:
             raise GridError(f"{path}: `target_accuracy` names dataset {dataset!r}, which is not in `datasets`")
     overrides = raw.get("overrides") or []
-    bad = [o for o in overrides if not (isinstance(o, str) and o.startswith("--"))]
-    if bad:
-        raise GridError(f"{path}: overrides are command-line options like '--trainer.max_epochs=5'; bad: {bad}")
+    _check_overrides(path, overrides)
     return Grid(
         name=str(raw.get("name", Path(path).stem)),
-        protocols={str(k): v for k, v in protocols.items()},
+        protocols=templates,
+        protocol_overrides=protocol_overrides,
+        reference=None if reference is None else str(reference),
         datasets=[str(d) for d in raw["datasets"]],
         seeds=list(seeds),
         overrides=list(overrides),
@@ -172,6 +227,14 @@ def load_grid(path: str | Path) -> Grid:
         out=str(raw.get("out", f"runs/bench/{Path(path).stem}")),
         report=None if raw.get("report") is None else str(raw["report"]),
     )
+
+
+def _check_overrides(path: str | Path, overrides: Any, where: str = "") -> None:
+    if not isinstance(overrides, list):
+        raise GridError(f"{path}: {where}`overrides` must be a list of command-line options, got {overrides!r}")
+    bad = [o for o in overrides if not (isinstance(o, str) and o.startswith("--"))]
+    if bad:
+        raise GridError(f"{path}: {where}overrides are command-line options like '--trainer.max_epochs=5'; bad: {bad}")
 
 
 def check_cells(cells: Sequence[Cell]) -> None:
@@ -215,15 +278,23 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     timer = EpochTimer()
     cli.trainer.callbacks.append(timer)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    (test,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    (last,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    wire_bytes = int(cli.model.wire.total_bytes())  # fit + one test pass (loading a checkpoint merges its ledger)
+    (keeper,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == MONITOR]
+    best_path = Path(keeper.best_model_path)
+    best_epoch = int(torch.load(best_path, map_location="cpu", weights_only=False)["epoch"])
+    (best,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False, ckpt_path=str(best_path))
+    best_path.unlink()  # the cell's figures are in result.json; its checkpoints would only fill the disk
     history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     return {
         "fingerprint": cell.fingerprint(),
         "cell": cell.key,
-        "test": {k: float(v) for k, v in test.items()},
-        "wire_bytes": int(cli.model.wire.total_bytes()),
+        "test": {k: float(v) for k, v in best.items()},
+        "test_last": {k: float(v) for k, v in last.items()},
+        "best_epoch": best_epoch + 1,
+        "wire_bytes": wire_bytes,
         "epoch_seconds": timer.times,
         "history": history,
         "peak_rss_mib": peak,
@@ -232,14 +303,17 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def read_history(metrics_csv: Path) -> dict[str, list[float]]:
-    """Per-epoch validation accuracy (mean of party models) and training bytes from a CSVLogger file."""
+    """Per-epoch validation accuracy (mean of party models), training bytes and the set-up bytes from a CSV log."""
     val: dict[int, float] = {}
     train_bytes: dict[int, float] = {}
+    setup_bytes = 0.0
     with metrics_csv.open() as f:
         for row in csv.DictReader(f):
             epoch = row.get("epoch")
             if not epoch:
                 continue
+            if row.get("train/comm/setup_bytes"):
+                setup_bytes = float(row["train/comm/setup_bytes"])
             if row.get("val/acc/mean"):
                 val[int(float(epoch))] = float(row["val/acc/mean"])
             if row.get("train/comm/epoch_bytes"):
@@ -249,6 +323,7 @@ def read_history(metrics_csv: Path) -> dict[str, list[float]]:
         "epoch": [e + 1 for e in epochs],
         "val_acc": [val[e] for e in epochs],
         "train_bytes": [train_bytes[e] for e in epochs],
+        "setup_bytes": setup_bytes,
     }
 
 
@@ -282,10 +357,10 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def mb_to_target(history: dict[str, list[float]], target: float | None) -> float | None:
-    """Cumulative training MB at the first epoch whose validation accuracy reaches `target`."""
+    """Cumulative MB (set-up, then training) at the first epoch whose validation accuracy reaches `target`."""
     if target is None:
         return None
-    total = 0.0
+    total = float(history.get("setup_bytes", 0.0))
     for acc, nbytes in zip(history["val_acc"], history["train_bytes"], strict=True):
         total += nbytes
         if acc >= target:
@@ -307,6 +382,8 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
                 values = [r["test"][f"test/acc/{party}"] for r in runs if f"test/acc/{party}" in r["test"]]
                 row[f"acc_{party}"] = _mean_std(values) if values else None
             row["parties"] = parties
+            last = [r["test_last"]["test/acc/mean"] for r in runs if "test/acc/mean" in r.get("test_last", {})]
+            row["acc_mean_last"] = _mean_std(last) if last else None
             row["mb_total"] = statistics.mean(r["wire_bytes"] for r in runs) / MB
             row["target"] = grid.target(dataset)
             to_target = [mb_to_target(r["history"], row["target"]) for r in runs]
@@ -316,6 +393,12 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
             row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
             rows.append(row)
+    if grid.reference is not None:
+        ref = {r["dataset"]: r["mb_to_target"] for r in rows if r["protocol"] == grid.reference}
+        for row in rows:
+            base = ref.get(row["dataset"])
+            mine = row["mb_to_target"]
+            row["vs_reference"] = None if base in (None, 0) or mine is None else 100 * (mine - base) / base
     return rows
 
 
@@ -326,7 +409,10 @@ def _fmt(cell: tuple[float, float] | None) -> str:
 def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     """Markdown table and CSV of the rows; returns the Markdown."""
     party_cols = sorted({p for r in rows for p in r["parties"]})
-    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "MB total", "MB to target"]
+    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "acc mean (last epoch)"]
+    head += ["MB total", "MB to target"]
+    if grid.reference is not None:
+        head.append(f"MB to target vs {grid.reference}")
     head += ["s/epoch", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     with (out / "results.csv").open("w", newline="") as f:
@@ -334,19 +420,26 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
         csv_head = ["protocol", "dataset", "seeds"]
         for p in [*party_cols, "mean"]:
             csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
-        writer.writerow([*csv_head, "mb_total", "target", "mb_to_target", "reached", "s_per_epoch", "peak_rss_mib"])
+        csv_head += ["acc_mean_last_mean", "acc_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
+        writer.writerow([*csv_head, "mb_to_target_vs_reference_pct", "s_per_epoch", "peak_rss_mib"])
         for r in rows:
             to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
             target = "–" if r["target"] is None else f"{to_target} (acc {r['target']:g}: {r['reached']} seeds)"
             cells = [r["protocol"], r["dataset"], *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
-            cells += [_fmt(r["acc_mean"]), f"{r['mb_total']:.2f}", target]
+            versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
+            cells += [_fmt(r["acc_mean"]), _fmt(r["acc_mean_last"]), f"{r['mb_total']:.2f}", target]
+            cells += [versus] if grid.reference is not None else []
             cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
             values = [r["protocol"], r["dataset"], r["seeds"]]
             for p in [*party_cols, "mean"]:
                 stat = r.get(f"acc_{p}")
                 values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
-            values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"], f"{r['s_per_epoch']:.6f}"]
+            stat = r["acc_mean_last"]
+            values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
+            values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"]]
+            pct = r.get("vs_reference")
+            values += ["" if pct is None else f"{pct:.4f}", f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}"])
     table = "\n".join(lines) + "\n"
     (out / "table.md").write_text(table)
@@ -370,11 +463,11 @@ def write_plots(grid: Grid, results: dict[Cell, dict[str, Any]], out: Path) -> l
             if n == 0:
                 continue
             acc = np.mean([h["val_acc"][:n] for h in runs], axis=0)
-            mb = np.mean([np.cumsum(h["train_bytes"][:n]) for h in runs], axis=0) / MB
+            mb = np.mean([h.get("setup_bytes", 0.0) + np.cumsum(h["train_bytes"][:n]) for h in runs], axis=0) / MB
             ax_epoch.plot(runs[0]["epoch"][:n], acc, label=protocol)
             ax_mb.plot(mb, acc, label=protocol)
         ax_epoch.set(xlabel="epoch", ylabel="validation accuracy (mean of party models)", title=dataset)
-        ax_mb.set(xlabel="cumulative training MB (10^6 bytes)", ylabel="validation accuracy", title=dataset)
+        ax_mb.set(xlabel="cumulative MB, set-up + training (10^6 bytes)", ylabel="validation accuracy", title=dataset)
         if any(ax_mb.get_lines()):
             ax_mb.set_xscale("symlog", linthresh=0.1)
         for ax in (ax_epoch, ax_mb):

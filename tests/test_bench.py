@@ -46,6 +46,12 @@ def no_cell_may_run(*args, **kwargs):
         ({"target_accuracy": 1.5}, r"target_accuracy"),
         ({"target_accuracy": {"wine": 0}}, r"target_accuracy`\['wine'\] must be in"),
         ({"target_accuracy": {"iris": 0.5}}, r"names dataset 'iris'"),
+        (
+            {"protocols": {"E": {"config": "configs/easter/{dataset}.yaml", "ovr": []}}},
+            r"protocol 'E'.*\['config', 'ovr'\]",
+        ),
+        ({"protocols": {"E": {"config": "configs/easter/{dataset}.yaml", "overrides": ["x=1"]}}}, r"protocol 'E'.*bad"),
+        ({"reference": "SplitNN"}, r"`reference` 'SplitNN' is not one of the protocols \['EASTER'\]"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
@@ -75,6 +81,12 @@ def test_grid_runs_then_reuses_every_cell(tmp_path, monkeypatch):
         assert len(r["epoch_seconds"]) == 2
         assert r["wire_bytes"] > 0
         assert r["peak_rss_mib"] > 0
+        val = r["history"]["val_acc"]
+        assert r["best_epoch"] == val.index(max(val)) + 1  # tested at the first best validation epoch
+        assert r["history"]["setup_bytes"] > 0  # DH key exchange (the wine config masks)
+        if r["best_epoch"] == 2:
+            assert r["test"] == r["test_last"]
+    assert not list(out.rglob("*.ckpt"))  # the best checkpoint is dropped once tested
     mean_acc = [r["test"]["test/acc/mean"] for r in results]
     expected = f"{sum(mean_acc) / 2:.4f}"
     assert expected in table
@@ -99,11 +111,50 @@ def test_changed_config_invalidates_the_cell(tmp_path):
     assert bench.cached_result(changed, out) is None
 
 
-def test_mb_to_target_counts_training_bytes_until_the_first_hit():
-    history = {"epoch": [1, 2, 3], "val_acc": [0.2, 0.6, 0.9], "train_bytes": [1e6, 2e6, 4e6]}
-    assert bench.mb_to_target(history, 0.5) == pytest.approx(3.0)
+def test_mb_to_target_counts_setup_and_training_bytes_until_the_first_hit():
+    history = {"epoch": [1, 2, 3], "val_acc": [0.2, 0.6, 0.9], "train_bytes": [1e6, 2e6, 4e6], "setup_bytes": 5e5}
+    assert bench.mb_to_target(history, 0.5) == pytest.approx(3.5)
+    assert bench.mb_to_target(history, 0.1) == pytest.approx(1.5)
     assert bench.mb_to_target(history, 0.95) is None
     assert bench.mb_to_target(history, None) is None
+
+
+def test_protocol_overrides_and_reference_column(tmp_path):
+    """A protocol entry's own overrides reach its cells only; `reference` adds MB-to-target deltas in percent."""
+    path = write_grid(
+        tmp_path,
+        protocols={
+            "A": "configs/easter/{dataset}.yaml",
+            "B eps=2": {"config": "configs/easter/{dataset}.yaml", "overrides": ["--trainer.max_epochs=3"]},
+        },
+        reference="A",
+    )
+    grid = bench.load_grid(path)
+    cells = {c.protocol: c for c in grid.cells()}
+    assert cells["A"].overrides == ("--trainer.max_epochs=2",)
+    assert cells["B eps=2"].overrides == ("--trainer.max_epochs=2", "--trainer.max_epochs=3")
+    assert cells["B eps=2"].key == "B_eps_2/wine/seed0"
+
+    def result(setup, per_epoch, acc):
+        history = {"epoch": [1, 2], "val_acc": [0.1, 0.9], "train_bytes": [per_epoch] * 2, "setup_bytes": setup}
+        test = {"test/acc/mean": acc, "test/acc/party0": acc}
+        return {
+            "test": test,
+            "test_last": test,
+            "wire_bytes": 1,
+            "history": history,
+            "epoch_seconds": [1.0],
+            "peak_rss_mib": 1.0,
+        }
+
+    results = {cells["A"]: result(0, 2e6, 0.9), cells["B eps=2"]: result(1e6, 0.5e6, 0.8)}
+    rows = {r["protocol"]: r for r in bench.summarize(grid, results)}
+    assert rows["A"]["mb_to_target"] == pytest.approx(4.0)  # the target (0.3) is reached at epoch 2
+    assert rows["B eps=2"]["mb_to_target"] == pytest.approx(2.0)  # 1 MB set-up + 2 x 0.5
+    assert rows["B eps=2"]["vs_reference"] == pytest.approx(-50.0)
+    table = bench.write_table(grid, list(rows.values()), tmp_path)
+    assert "MB to target vs A" in table
+    assert "-50.00%" in table
 
 
 def test_shipped_grids_name_existing_configs():

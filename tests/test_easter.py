@@ -269,3 +269,6 @@ def test_meter_epoch_bytes_count_training_only(tmp_path):
             v for (src, _, _), v in expected.items() if src == "party2"
         )
     assert model.wire.total_bytes() > 2 * sum(expected.values())  # validation and keys did cross the wire
+    (setup,) = [r for r in csv.DictReader(path.open()) if r.get("train/comm/setup_bytes")]
+    assert float(setup["train/comm/setup_bytes"]) == sum(dh_key_ledger(model).values())  # sanity-val excluded
+    assert float(setup["train/comm/setup_bytes/keys"]) == sum(dh_key_ledger(model).values())

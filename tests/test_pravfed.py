@@ -64,6 +64,24 @@ def test_ledger_is_one_shot(tmp_path, aggregation, share_bytes):
     assert not any(tag in {"gradients", "predictions", "global_embedding"} for _, _, tag in ledgers[3])
 
 
+def test_meter_counts_the_one_shot_transfers_as_setup(tmp_path):
+    """What crosses before training (Y', weights, the training E_p, keys) is `setup_bytes`; the epochs carry 0."""
+    import csv
+
+    dm = Digits(num_parties=4, batch_size=100)
+    model = pravfed(DHMasking(), embedding_dim=16)
+    make_trainer(tmp_path, max_epochs=2, num_sanity_val_steps=2).fit(model, datamodule=dm)
+    expected = expected_ledger(model, dm, share_bytes=8, label_bytes=dm.task.num_classes * 4)
+    for k in model.passive:  # the validation upload is validation traffic, not set-up
+        expected[(k, model.active, "embeddings")] = len(dm.train_set) * 16 * 8
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+    (setup,) = [r for r in rows if r.get("train/comm/setup_bytes")]
+    assert float(setup["train/comm/setup_bytes"]) == sum(expected.values())
+    assert float(setup["train/comm/setup_bytes/labels"]) == sum(v for (_, _, t), v in expected.items() if t == "labels")
+    epochs = [float(r["train/comm/epoch_bytes"]) for r in rows if r.get("train/comm/epoch_bytes")]
+    assert epochs == [0.0, 0.0]
+
+
 def test_randomized_response_labels_are_int64_on_the_wire(tmp_path):
     dm = Digits(num_parties=4, batch_size=256)
     model = pravfed(label_mechanism=RandomizedResponse(epsilon=1.0, seed=0), local_epochs=1)

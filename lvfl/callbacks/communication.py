@@ -7,6 +7,10 @@ the loggers directly (see `lvfl.loggers`: nothing monitors these figures, and `s
   `train/comm/bytes/<tag>` and `train/comm/bytes/<src>_to_<dst>`;
 - per training epoch: `train/comm/epoch_bytes` (bytes of training steps only, validation excluded) and its split
   by tag and by link; summed across ranks under DDP;
+- once per fresh (not resumed) fit, at the first training epoch: `train/comm/setup_bytes`, everything that crossed
+  before the first training step, validation excluded: the key exchange, and the one-shot transfers of protocols
+  that move data before training (PraVFed's label release and embedding upload). A cost-to-target figure that
+  left it out would flatter exactly those protocols;
 - at the end of fit and test: a printed summary (MB = 10^6 bytes).
 """
 
@@ -55,6 +59,7 @@ class CommunicationMeter(Callback):
         self.print_summary = print_summary
         self._mark: Counter[tuple[str, str, str]] = Counter()
         self._epoch: Counter[tuple[str, str, str]] = Counter()
+        self._setup_pending = False
 
     # -- train-epoch accounting: deltas of the ledger over training batches only -------------------------------
     def _accumulate(self, wire: Wire) -> None:
@@ -63,14 +68,30 @@ class CommunicationMeter(Callback):
         self._epoch.update(+delta)
         self._mark = wire.bytes.copy()
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Open the set-up span from an empty ledger (a resumed fit's ledger holds the restored history: no span)."""
+        self._setup_pending = trainer.ckpt_path is None
+        if self._setup_pending:
+            self._mark = Counter()
+            self._epoch = Counter()
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Start counting this epoch's training bytes."""
-        self._mark = _wire(pl_module).bytes.copy()
+        """Close the set-up span (first epoch of a fresh fit), then start counting this epoch's training bytes."""
+        wire = _wire(pl_module)
+        if self._setup_pending:
+            self._accumulate(wire)
+            log_to_loggers(
+                trainer,
+                self._reduced(trainer, pl_module, self._figures(self._epoch, "train/comm/setup_bytes")),
+                epoch=True,
+            )
+            self._setup_pending = False
+        self._mark = wire.bytes.copy()
         self._epoch = Counter()
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Close the training span before validation traffic starts."""
-        if trainer.training or (trainer.state.fn == "fit" and not trainer.sanity_checking):
+        """Close the training (or set-up) span before validation traffic starts."""
+        if trainer.training or (trainer.state.fn == "fit" and (self._setup_pending or not trainer.sanity_checking)):
             self._accumulate(_wire(pl_module))
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -97,11 +118,16 @@ class CommunicationMeter(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """This epoch's training bytes (total, per tag, per link), summed over ranks."""
         self._accumulate(_wire(pl_module))
-        figures = self._figures(self._epoch, "train/comm/epoch_bytes")
-        if trainer.world_size > 1:
-            values = torch.tensor(list(figures.values()), dtype=torch.float64, device=pl_module.device)
-            figures = dict(zip(figures, trainer.strategy.reduce(values, reduce_op="sum").tolist(), strict=True))
+        figures = self._reduced(trainer, pl_module, self._figures(self._epoch, "train/comm/epoch_bytes"))
         log_to_loggers(trainer, figures, epoch=True)
+
+    @staticmethod
+    def _reduced(trainer: Trainer, pl_module: LightningModule, figures: dict[str, float]) -> dict[str, float]:
+        """`figures` summed over ranks under DDP (every rank must hold the same keys: `_figures` sorts them)."""
+        if trainer.world_size <= 1:
+            return figures
+        values = torch.tensor(list(figures.values()), dtype=torch.float64, device=pl_module.device)
+        return dict(zip(figures, trainer.strategy.reduce(values, reduce_op="sum").tolist(), strict=True))
 
     def _print_summary(self, trainer: Trainer, pl_module: LightningModule, title: str) -> None:
         wire = _wire(pl_module)

@@ -52,6 +52,7 @@ from torch import nn
 
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
@@ -71,6 +72,8 @@ class AggVFL(VFLModule):
         embedding_dim: the width of each party's internal embedding (it never leaves the party here).
         aggregate: how the active party combines the logits: `sum`, `mean` (default) or `weighted` (softmax of a
             learned weight vector owned by the active party and updated by its optimizer).
+        label_mechanism: a label-DP mechanism: the gradients sent down to passive parties are computed against its
+            release; the active party's own model and the weights train on the true labels. None: true labels.
 
     Example:
         >>> from lvfl.datamodules import Digits
@@ -89,10 +92,11 @@ class AggVFL(VFLModule):
         aggregation: AggregationBackend | None = None,
         embedding_dim: int = 64,
         aggregate: Literal["sum", "mean", "weighted"] = "mean",
+        label_mechanism: LabelMechanism | None = None,
     ) -> None:
         if aggregate not in AGGREGATIONS:
             raise ValueError(f"model.aggregate must be one of {list(AGGREGATIONS)}, got aggregate={aggregate!r}")
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim)
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
         self.aggregate = aggregate
         self.weight_logits: nn.Parameter | None
         self.register_parameter("weight_logits", None)  # created by build() for `weighted` (C is known then)

@@ -414,7 +414,9 @@ class VFLModule(LightningModule):
         saved_parties = state.get("party_names")
         if self.built and saved_parties is not None and saved_parties != self.party_names:
             raise ValueError(f"checkpoint has parties {saved_parties}, this run has {self.party_names}")
-        self.mask_step = int(state["mask_step"])
+        # the step counter is a nonce: never move it back (loading an earlier checkpoint into this process, e.g. to
+        # test the best epoch after fit, would otherwise reuse masks that already went on the wire)
+        self.mask_step = max(self.mask_step, int(state["mask_step"]))
         self.wire.merge_state_dict(state["wire"])
         self.aggregation.load_state_dict(state.get("aggregation", {}))
         label_state = state.get("label_privacy")

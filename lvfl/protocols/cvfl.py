@@ -54,6 +54,7 @@ from lvfl.compression import CompressedTensor, Compressor
 from lvfl.models.base import PartyModelFactory, check_positive_int
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
@@ -79,6 +80,8 @@ class CVFL(VFLModule):
         top_hidden: the width of the top model's inner representation (its `embedding_dim`).
         local_iterations: Q, the local iterations per communication round (Algorithm 1); 1 is split learning.
         compressor: what every embedding goes through before it crosses the wire (default: nothing).
+        label_mechanism: a label-DP mechanism: the labels sent to passive parties for their local iterations are its
+            release (drawn once per run). None: they receive the true labels.
     """
 
     def __init__(
@@ -90,8 +93,9 @@ class CVFL(VFLModule):
         top_hidden: int = 64,
         local_iterations: int = 1,
         compressor: Compressor | None = None,
+        label_mechanism: LabelMechanism | None = None,
     ) -> None:
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim)
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
         self.top_model_factory = top_model
         self.top_hidden = check_positive_int("model.top_hidden", top_hidden)
         self.local_iterations = check_positive_int("model.local_iterations", local_iterations)
@@ -171,7 +175,9 @@ class CVFL(VFLModule):
             down = self.wire.send(active, k, {j: held[j] for j in self.party_names if j != k}, "global_embedding")
             others[k] = {j: c.decompress() for j, c in down.items()}
             top_at[k] = self.wire.send(active, k, self.top_snapshot(), "model")
-            labels[k] = self.wire.send(active, k, self.labels_for(k, batch).to(dtype), "labels").long()
+            y = self.labels_for(k, batch)  # class indices, or float rows of a Laplace release (sent as they are)
+            y = self.wire.send(active, k, y if y.is_floating_point() else y.to(dtype), "labels")
+            labels[k] = y if y.is_floating_point() else y.long()
 
         losses: dict[str, torch.Tensor] = {}
         for q in range(self.local_iterations):  # step 4

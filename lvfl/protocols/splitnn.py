@@ -15,6 +15,8 @@ every cross-party move on the wire:
 4. the active party sends dloss/dE_k back to each passive party k: the k-th slice of dloss/dZ (concat), or
    dloss/dZ itself, the same tensor for every party (sum/mean: under masking the active party only ever sees the
    sum, so it cannot tell the parties apart, which is exactly the protocol);
+   with a `label_mechanism`, these gradients come from the loss against the protected labels instead, while the
+   active party's own bottom and top models still learn from the true labels;
 5. one backward pass over the surrogate loss + sum_k <E_k, dloss/dE_k> gives the top model and each bottom model
    exactly its own gradient of the loss, and every party's optimizer steps.
 
@@ -41,6 +43,7 @@ from torch import nn
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
@@ -59,6 +62,9 @@ class SplitNN(VFLModule):
         embedding_dim: the width of every bottom model's output.
         top_hidden: the width of the top model's encoder output (its ``embedding_dim``).
         fusion: how the active party combines the embeddings: ``concat`` (Pyvertical), ``sum`` or ``mean``.
+        label_mechanism: a label-DP mechanism: the gradients sent down to passive parties are computed against its
+            release (a second gradient of the top model's output); the active party's bottom and top models train
+            on the true labels. None: every gradient comes from the true labels.
 
     Example:
         >>> from functools import partial
@@ -79,8 +85,9 @@ class SplitNN(VFLModule):
         embedding_dim: int = 64,
         top_hidden: int = 64,
         fusion: Fusion = "concat",
+        label_mechanism: LabelMechanism | None = None,
     ) -> None:
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim)
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
         if fusion not in get_args(Fusion):
             raise ValueError(f"model.fusion must be one of {list(get_args(Fusion))}, got fusion={fusion!r}")
         if isinstance(top_hidden, bool) or not isinstance(top_hidden, int) or top_hidden < 1:
@@ -174,12 +181,19 @@ class SplitNN(VFLModule):
 
         local = self.local_embeddings(batch)  # step 1
         z = self.gather(local).requires_grad_(True)  # steps 2-3: a leaf at the active party
-        loss = self.task_loss(self.top_logits(z), self.labels_for(self.active, batch))  # step 3
+        logits = self.top_logits(z)
+        loss = self.task_loss(logits, self.labels_for(self.active, batch))  # step 3
         (grad_z,) = torch.autograd.grad(loss, z, retain_graph=True)
+        true_grads = self.embedding_gradients(grad_z)
+        down = true_grads  # what goes to the passive parties: from the protected labels under a label mechanism
+        if self.label_mechanism is not None and self.passive:
+            protected = self.labels_for(self.passive[0], batch)  # one release, the same for every passive party
+            (grad_dp,) = torch.autograd.grad(self.task_loss(logits, protected), z, retain_graph=True)
+            down = self.embedding_gradients(grad_dp)
         surrogate = [loss]  # reaches the top model; each term below reaches only party k's bottom model
-        for k, grad_k in self.embedding_gradients(grad_z).items():
-            grad_at_k = grad_k if k == self.active else self.wire.send(self.active, k, grad_k, "gradients")  # step 4
-            surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dloss/dtheta_k
+        for k in self.party_names:
+            grad_at_k = true_grads[k] if k == self.active else self.wire.send(self.active, k, down[k], "gradients")
+            surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dloss/dtheta_k (step 4)
         self.manual_backward(torch.stack(surrogate).sum())  # step 5
         for opt in optimizers.values():
             opt.step()
