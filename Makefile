@@ -26,6 +26,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/accuracy.py
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/backends.py
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache

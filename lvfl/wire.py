@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 #: Tags used by the built-in protocols; any string is accepted.
-TAGS = ("keys", "embeddings", "global_embedding", "predictions", "gradients", "labels")
+TAGS = ("keys", "embeddings", "global_embedding", "predictions", "gradients", "labels", "he_aggregate", "he_decrypted")
 
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]

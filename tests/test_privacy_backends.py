@@ -309,7 +309,7 @@ def test_protect_and_combine_refuse_misuse():
 def test_plain_refuses_missing_share_after_setup():
     backend = Plain()
     set_up(backend, 2)
-    with pytest.raises(ValueError, match="one share from each passive party"):
+    with pytest.raises(ValueError, match=r"one share per passive party .*missing \[.p2.\]"):
         backend.combine(torch.zeros(2), {"p1": torch.ones(2)})
 
 

@@ -45,6 +45,45 @@ class AggregationBackend(ABC):
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`active_tensor` plus the sum of the tensors behind `shares` (one share per passive party)."""
 
+    def check_roles(self, parties: Sequence[PartySpec], active: str) -> tuple[str, ...]:
+        """Check names and roles before any key is made; returns the passive parties' names.
+
+        Names must be unique and `active` must be the active party. A backend with a `coordinator` (it holds the
+        secret key and could decrypt every share) needs it to be a separate party: absent from `parties`, or listed
+        as the only party of role "coordinator".
+        """
+        names = [p.name for p in parties]
+        if len(set(names)) != len(names):
+            raise ValueError(f"party names must be unique, got {names}")
+        roles = {p.name: p.role for p in parties}
+        if roles.get(active) != "active":
+            raise ValueError(f"active={active!r} is not an active party among {names}")
+        if self.coordinator is not None:
+            cls = type(self).__name__
+            role = roles.get(self.coordinator, "coordinator")
+            if role != "coordinator":
+                raise ValueError(
+                    f"{cls}: the coordinator {self.coordinator!r} is the {role} party; it holds the secret key and "
+                    f"could decrypt every share, so it must be a separate party (rename it with {cls}(coordinator=...))"
+                )
+            others = [p.name for p in parties if p.role == "coordinator" and p.name != self.coordinator]
+            if others:
+                raise ValueError(f"{cls}: the coordinator is {self.coordinator!r}, but {others} also have that role")
+        return tuple(p.name for p in parties if p.role == "passive")
+
+    @staticmethod
+    def check_one_per_party(
+        given: Mapping[str, Any], passive: Sequence[str], what: str = "share", why: str = ""
+    ) -> None:
+        """Refuse `given` unless it holds exactly one `what` per passive party; the message names the culprits."""
+        if set(given) != set(passive):
+            missing = sorted(set(passive) - set(given))
+            unknown = sorted(set(given) - set(passive))
+            raise ValueError(
+                f"combine needs exactly one {what} per passive party {list(passive)}: missing {missing}, "
+                f"unknown {unknown}{why}"
+            )
+
     def state_dict(self) -> dict[str, Any]:
         """Non-secret state to checkpoint. Private keys are never included."""
         return {}

@@ -195,13 +195,7 @@ class DHMasking(AggregationBackend):
         self._require_setup()
         if not isinstance(active_tensor, torch.Tensor) or not active_tensor.is_floating_point():
             raise TypeError("combine: active_tensor must be a floating-point tensor")
-        if set(shares) != set(self._passive):
-            missing = sorted(set(self._passive) - set(shares))
-            unknown = sorted(set(shares) - set(self._passive))
-            raise ValueError(
-                f"combine needs exactly one share per passive party {list(self._passive)}: missing {missing}, "
-                f"unknown {unknown} (without every share the masks do not cancel)"
-            )
+        self.check_one_per_party(shares, self._passive, why=" (without every share the masks do not cancel)")
         if not self._passive:
             return active_tensor
         for name in self._passive:

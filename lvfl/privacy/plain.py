@@ -36,8 +36,8 @@ class Plain(AggregationBackend):
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`active_tensor + sum(shares)`, summed in the passive parties' order."""
         passive = getattr(self, "_passive", None)
-        if passive is not None and set(shares) != set(passive):
-            raise ValueError(f"combine expects one share from each passive party {list(passive)}, got {sorted(shares)}")
+        if passive is not None:
+            self.check_one_per_party(shares, passive)
         order = passive if passive is not None else tuple(shares)
         out = active_tensor
         for name in order:

@@ -1,0 +1,603 @@
+"""`CKKS`: passive embeddings encrypted under a coordinator's CKKS key (TenSEAL), summed under encryption.
+
+Protocol (semi-honest parties; the coordinator and the active party do not collude):
+
+1. Setup. The coordinator creates a CKKS context (secret key, public key, relinearization keys) and sends its
+   *public* view to the active party and to every passive party (`tag="keys"`): a copy with the secret key dropped
+   (`make_context_public()`), serialized without Galois keys (no rotations are ever needed) and without
+   relinearization keys (no ciphertext-ciphertext product is ever computed), one message per receiving party.
+   Each party deserializes its own copy (`ts.context_from`); the secret key never leaves the coordinator's object.
+2. Protect. Passive party k flattens its embedding E_k to float64 and encrypts it with the public key, packed into
+   `ceil(numel / (N / 2))` ciphertexts of N/2 slots each (a 128 x 128 batch at N=8192: 4 ciphertexts).
+3. Combine. The active party adds the K ciphertexts slot-wise (optionally weighted, `sum_k w_k E_k`, by a
+   plaintext-scalar product and one rescale), adds a fresh real mask R drawn uniformly from [-M, M] per value
+   (`mask_bound=M`), and sends the masked aggregate to the coordinator (`tag="he_aggregate"`). The coordinator
+   decrypts it and returns `sum_k E_k + R` as float64 (`tag="he_decrypted"`, 8 bytes per value: float32 would round
+   at |R| * 2**-24, about 6e-5 for M = 2**10, a hundred times the CKKS error). The active party subtracts R and
+   adds its own embedding: `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
+
+What each party learns:
+    * A passive party: only the public key; it never receives a ciphertext or a decryption.
+    * The active party: the sum of the passive embeddings (which the protocol needs), never an individual one: it
+      holds the ciphertexts but no secret key.
+    * The coordinator: one masked aggregate per combine, never a passive party's share (it receives nothing from a
+      passive party). The mask hides the aggregate only *statistically*: a real value S in [-B, B] plus R uniform
+      in [-M, M] is within statistical distance B / M of S' + R for any other S' in range, i.e. about
+      log2(M / B) bits of hiding per value (with M = 2**10 and unit-size embeddings ~10 bits), unlike Paillier's
+      mask uniform mod n, which hides perfectly. Raise `mask_bound` for more hiding; it costs precision only
+      through double rounding (about M * 2**-50 per value), far below the CKKS noise at scale 2**40.
+    * Caveat (Li & Micciancio, EUROCRYPT 2021): CKKS decryptions carry the encryption noise, so a party that knows a
+      plaintext and sees its decryption learns a linear equation in the secret key. Here only the active party sees
+      decryptions, of sums of plaintexts it does not know; if it colluded with all passive parties it could mount
+      that attack (and would learn nothing it could not already compute). Noise flooding is not implemented.
+
+Security parameters. The total coefficient-modulus size must respect the HomomorphicEncryption.org standard bound
+for uniform ternary secrets and classical security (the same table SEAL enforces for 128 bits):
+
+    =============  =====  =====  =====  =====  =====  =====
+    N              1024   2048   4096   8192   16384  32768
+    =============  =====  =====  =====  =====  =====  =====
+    128-bit        27     54     109    218    438    881
+    192-bit        19     37     75     152    305    611
+    256-bit        14     29     58     118    237    476
+    =============  =====  =====  =====  =====  =====  =====
+
+Defaults: N=8192, primes (60, 40, 60) = 160 bits <= 218, scale 2**40: one 40-bit prime, i.e. one rescale, which is
+all a weighted sum by plaintext scalars needs (the (60, 40, 40, 60) chain often quoted for TenSEAL buys a second
+multiplication lvfl never does, at ~15% more encryption time and ~40% more bytes per ciphertext, measured with
+`benchmarks/backends.py --ckks-moduli 60 40 40 60`). The first prime leaves
+60 - 40 = 20 bits of integer headroom, so every decrypted value must stay below 2**19 in magnitude, which bounds
+`max_abs` (the largest embedding value a party may encrypt) and the mask: `K * max_abs + M < 2**19`.
+
+Precision: decryption error per value is bounded (with overwhelming probability) by
+`error_bound() = (sum_k |w_k| * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
+`B_clean = 8 sqrt(2) sigma N + 6 sigma sqrt(N) + 16 sigma sqrt(h N)` is the fresh-encryption noise bound and
+`B_scale = sqrt(N / 3) (3 + 8 sqrt(h))` the rounding bound of an encoding or a rescale (Cheon, Kim, Kim, Song,
+ASIACRYPT 2017, Lemmas 1-3; sigma = 3.2, h = 2N/3 for SEAL's uniform ternary secret). At the defaults this is
+about 6e-7 per passive party; observed errors are ~1e-8. A decrypted sum beyond `sum |w_k| * max_abs` plus that
+bound is refused as corrupted (wrong key or tampered ciphertexts).
+
+Cost (TenSEAL 0.3.18, one core, N=8192, primes (60, 40, 40, 60); the default chain is ~15% faster and ~30%
+smaller): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
+~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a decryption ~1 ms. So one
+128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties is
+dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one thread and holds the
+GIL. For unweighted sums only, `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit
+bound (109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60),
+with headroom 2**13 (so fewer parties or a smaller `max_abs`) and no rescale for `weights`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import numbers
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tenseal as ts
+import torch
+
+from lvfl.parties import PartySpec
+from lvfl.privacy.base import AggregationBackend
+from lvfl.wire import Wire
+
+#: HomomorphicEncryption.org standard: max total coefficient-modulus bits per N, by classical security level
+MAX_COEFF_MODULUS_BITS: dict[int, dict[int, int]] = {
+    128: {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881},
+    192: {1024: 19, 2048: 37, 4096: 75, 8192: 152, 16384: 305, 32768: 611},
+    256: {1024: 14, 2048: 29, 4096: 58, 8192: 118, 16384: 237, 32768: 476},
+}
+#: SEAL's limit on one prime of the coefficient modulus
+MAX_PRIME_BITS = 60
+#: standard deviation of SEAL's error distribution
+NOISE_SIGMA = 3.2
+#: packing layouts: "slots" fills every ciphertext (the default); "row" encrypts each leading-dim row separately
+PACKINGS = ("slots", "row")
+
+
+def fresh_noise_bound(poly_modulus_degree: int) -> float:
+    """B_clean: the canonical-embedding bound on a fresh public-key encryption's noise (Cheon et al. 2017)."""
+    n = poly_modulus_degree
+    h = 2 * n / 3  # expected Hamming weight of a uniform ternary secret
+    return 8 * math.sqrt(2) * NOISE_SIGMA * n + 6 * NOISE_SIGMA * math.sqrt(n) + 16 * NOISE_SIGMA * math.sqrt(h * n)
+
+
+def rounding_bound(poly_modulus_degree: int) -> float:
+    """B_scale: the canonical-embedding bound on the rounding error of an encoding or a rescale."""
+    n = poly_modulus_degree
+    return math.sqrt(n / 3) * (3 + 8 * math.sqrt(2 * n / 3))
+
+
+def uniform_mask(numel: int, bound: float) -> np.ndarray:
+    """`numel` float64 values uniform in [-bound, bound), from the OS CSPRNG (53 random bits each)."""
+    words = np.frombuffer(os.urandom(8 * numel), dtype=np.uint64)
+    unit = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    return (2.0 * unit - 1.0) * bound
+
+
+class CKKSShare:
+    """Ciphertexts of one flattened tensor (one CKKS vector per packed chunk) and the tensor's shape.
+
+    `wire_nbytes()` is the sum of the ciphertexts' real serialized lengths (TenSEAL protobuf, SEAL-compressed),
+    computed on first use and cached.
+    """
+
+    __slots__ = ("_nbytes", "key_id", "num_ciphertexts", "shape", "vectors")
+
+    def __init__(
+        self, vectors: Sequence[ts.CKKSVector], shape: torch.Size, key_id: bytes, num_ciphertexts: int
+    ) -> None:
+        self.vectors = tuple(vectors)
+        self.shape = torch.Size(shape)
+        self.key_id = key_id
+        self.num_ciphertexts = num_ciphertexts
+        self._nbytes: int | None = None
+
+    def wire_nbytes(self) -> int:
+        """Bytes on the wire: the summed lengths of `vec.serialize()` over the vectors."""
+        if self._nbytes is None:
+            self._nbytes = sum(len(vec.serialize()) for vec in self.vectors)
+        return self._nbytes
+
+    def __repr__(self) -> str:
+        return f"CKKSShare(shape={tuple(self.shape)}, ciphertexts={self.num_ciphertexts})"
+
+
+class CKKS(AggregationBackend):
+    """Aggregation of passive embeddings under CKKS public-key encryption, decrypted only by a coordinator.
+
+    See the module docstring for the protocol, what each party learns, the security table and the error bound.
+    The coordinator is a party of its own (it may appear in `parties` with role "coordinator", or not at all); it
+    must be neither the active party nor a passive one, since it could decrypt every share.
+
+    Secrets: the secret key lives only in the coordinator's context, which never enters `state_dict`, pickles,
+    `copy.copy` or `copy.deepcopy` (see `__getstate__`); neither do the parties' public contexts. A restored or
+    copied backend must be `setup` again, which creates fresh keys.
+
+    Args:
+        coordinator: name of the party that holds the secret key.
+        poly_modulus_degree: ring dimension N, a power of two in [1024, 32768]; N/2 slots per ciphertext.
+        coeff_mod_bit_sizes: bit sizes of the coefficient-modulus primes: first (precision headroom), middle ones
+            (one per rescale, equal to `scale_bits`), last (special prime, at least as large as every other).
+        scale_bits: log2 of the CKKS scale (fractional precision).
+        security_bits: classical security level, 128, 192 or 256 (HomomorphicEncryption.org table).
+        mask_bound: M, the active party's mask is uniform in [-M, M] per value (statistical hiding).
+        max_abs: largest magnitude a passive party may encrypt; larger values are refused.
+        packing: "slots" packs N/2 values per ciphertext; "row" one ciphertext per row (comparison only: ~30x
+            slower and larger for a 128 x 128 batch).
+        n_threads: TenSEAL thread-pool size of every context (vector encryption is sequential either way).
+
+    Example:
+        >>> import torch
+        >>> from lvfl.parties import PartySpec
+        >>> from lvfl.wire import Wire
+        >>> parties = [PartySpec("a", "active", (4,)), PartySpec("p1", "passive", (4,), 1),
+        ...            PartySpec("p2", "passive", (4,), 2)]
+        >>> backend, wire = CKKS(), Wire()
+        >>> backend.setup(parties, "a", wire)
+        >>> x = torch.tensor([0.5, -1.25], dtype=torch.float64)
+        >>> shares = {p: backend.protect(p, x, step=0) for p in ("p1", "p2")}
+        >>> out = backend.combine(torch.zeros(2, dtype=torch.float64), shares)
+        >>> bool(((out - 2 * x).abs() <= backend.error_bound(2)).all())
+        True
+    """
+
+    def __init__(
+        self,
+        coordinator: str = "coordinator",
+        poly_modulus_degree: int = 8192,
+        coeff_mod_bit_sizes: Sequence[int] = (60, 40, 60),
+        scale_bits: int = 40,
+        security_bits: int = 128,
+        mask_bound: float = 2.0**10,
+        max_abs: float = 2.0**10,
+        packing: str = "slots",
+        n_threads: int = 1,
+    ) -> None:
+        self.n_threads = self._validate_threads(n_threads)
+        self._configure(
+            coordinator,
+            poly_modulus_degree,
+            coeff_mod_bit_sizes,
+            scale_bits,
+            security_bits,
+            mask_bound,
+            max_abs,
+            packing,
+        )
+
+    def _configure(
+        self,
+        coordinator: str,
+        poly_modulus_degree: int,
+        coeff_mod_bit_sizes: Sequence[int],
+        scale_bits: int,
+        security_bits: int,
+        mask_bound: float,
+        max_abs: float,
+        packing: str,
+    ) -> None:
+        """Validate and set every parameter, and forget any key (a new configuration needs a new setup)."""
+        if not isinstance(coordinator, str) or not coordinator:
+            raise TypeError(f"CKKS(coordinator=...) must be a non-empty party name, got {coordinator!r}")
+        parameters = self._validate_parameters(poly_modulus_degree, coeff_mod_bit_sizes, scale_bits, security_bits)
+        mask_bound = self._positive(mask_bound, "mask_bound")
+        max_abs = self._positive(max_abs, "max_abs")
+        if packing not in PACKINGS:
+            raise ValueError(f"CKKS(packing=...) must be one of {PACKINGS}, got {packing!r}")
+        self.coordinator = coordinator
+        self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.scale_bits, self.security_bits = parameters
+        self.mask_bound, self.max_abs, self.packing = mask_bound, max_abs, packing
+        self._forget_keys()
+
+    # -- parameter validation -------------------------------------------------------------------------------------
+    @staticmethod
+    def _validate_parameters(
+        poly_modulus_degree: int, coeff_mod_bit_sizes: Sequence[int], scale_bits: int, security_bits: int
+    ) -> tuple[int, tuple[int, ...], int, int]:
+        def is_int(v: object) -> bool:
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+        if not is_int(security_bits) or int(security_bits) not in MAX_COEFF_MODULUS_BITS:
+            raise ValueError(
+                f"CKKS(security_bits=...) must be one of {sorted(MAX_COEFF_MODULUS_BITS)}, got {security_bits!r}"
+            )
+        table = MAX_COEFF_MODULUS_BITS[int(security_bits)]
+        if not is_int(poly_modulus_degree) or int(poly_modulus_degree) not in table:
+            raise ValueError(
+                f"CKKS(poly_modulus_degree=...) must be a power of two in {sorted(table)}, got {poly_modulus_degree!r}"
+            )
+        if not is_int(scale_bits) or not 1 <= scale_bits < MAX_PRIME_BITS:
+            raise ValueError(f"CKKS(scale_bits=...) must be an int in [1, {MAX_PRIME_BITS}), got {scale_bits!r}")
+        sizes = tuple(coeff_mod_bit_sizes)
+        if len(sizes) < 2 or not all(is_int(b) and 2 <= b <= MAX_PRIME_BITS for b in sizes):
+            raise ValueError(
+                f"CKKS(coeff_mod_bit_sizes=...) needs at least 2 primes of 2..{MAX_PRIME_BITS} bits "
+                f"(first, middle..., special), got {sizes}"
+            )
+        n, sizes, scale_bits = int(poly_modulus_degree), tuple(int(b) for b in sizes), int(scale_bits)
+        total, bound = sum(sizes), table[n]
+        if total > bound:
+            raise ValueError(
+                f"CKKS(coeff_mod_bit_sizes={sizes}): total {total} bits exceeds the {bound}-bit bound for "
+                f"{security_bits}-bit security at poly_modulus_degree={n} (HomomorphicEncryption.org standard); "
+                "use fewer or smaller primes, or a larger poly_modulus_degree"
+            )
+        first, middle, special = sizes[0], sizes[1:-1], sizes[-1]
+        if any(b != scale_bits for b in middle):
+            raise ValueError(
+                f"CKKS(coeff_mod_bit_sizes={sizes}): the middle primes must equal scale_bits={scale_bits}, so that "
+                "each rescale divides out exactly one scale factor"
+            )
+        if first <= scale_bits:
+            raise ValueError(
+                f"CKKS(coeff_mod_bit_sizes={sizes}): the first prime ({first} bits) must exceed scale_bits="
+                f"{scale_bits} to leave integer headroom for the decrypted values"
+            )
+        if special < max(sizes[:-1]):
+            raise ValueError(
+                f"CKKS(coeff_mod_bit_sizes={sizes}): the last (special) prime ({special} bits) must be at least as "
+                "large as every other prime"
+            )
+        return n, sizes, scale_bits, int(security_bits)
+
+    @staticmethod
+    def _validate_threads(n_threads: int) -> int:
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError(f"CKKS(n_threads=...) must be a positive int, got {n_threads!r}")
+        return n_threads
+
+    @staticmethod
+    def _positive(value: float, name: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
+            raise ValueError(f"CKKS({name}=...) must be a positive finite number, got {value!r}")
+        return float(value)
+
+    @property
+    def slots(self) -> int:
+        """Values per ciphertext: N / 2."""
+        return self.poly_modulus_degree // 2
+
+    @property
+    def public_context_bytes(self) -> bytes:
+        """The serialized public context the coordinator sent to every party at setup (no secret key)."""
+        self._require_setup()
+        return self._public_blob
+
+    @property
+    def headroom(self) -> float:
+        """Every decrypted value (sum plus mask) must stay below this: 2**(first prime - scale bits - 1)."""
+        return 2.0 ** (self.coeff_mod_bit_sizes[0] - self.scale_bits - 1)
+
+    def num_ciphertexts(self, shape: Sequence[int]) -> int:
+        """How many ciphertexts a tensor of `shape` is packed into."""
+        numel = math.prod(shape)
+        if self.packing == "row" and len(shape) > 1 and numel:
+            return shape[0] * math.ceil(numel // shape[0] / self.slots)
+        return math.ceil(numel / self.slots)
+
+    def error_bound(self, num_parties: int | None = None, weights: Mapping[str, float] | None = None) -> float:
+        """Bound on |decoded passive sum - exact sum| per value, for `num_parties` passive parties (or `weights`).
+
+        Holds with overwhelming probability (see the module docstring). Defaults to this backend's passive parties.
+        """
+        if weights is not None:
+            weight_sum, terms = sum(abs(float(w)) for w in weights.values()), len(weights) + 1  # + the rescale
+        else:
+            k = len(self._passive) if num_parties is None else int(num_parties)
+            weight_sum, terms = k, k
+        magnitude = weight_sum * self.max_abs + self.mask_bound
+        n = self.poly_modulus_degree
+        noise = weight_sum * fresh_noise_bound(n) + (terms + 2) * rounding_bound(n)
+        weight_rounding = 0.0 if weights is None else len(weights) * self.max_abs * 2.0 ** -(self.scale_bits + 1)
+        return noise * 2.0**-self.scale_bits + weight_rounding + magnitude * 2.0**-50
+
+    # -- keys ----------------------------------------------------------------------------------------------------
+    def _forget_keys(self) -> None:
+        self._secret_context: ts.Context | None = None  # the coordinator's: never pickled, never checkpointed
+        self._secret_key: Any = None
+        self._contexts: dict[str, ts.Context] | None = None  # each party's deserialized public context
+        self._passive: tuple[str, ...] = ()
+        self._public_blob = b""  # the serialized public context, as sent to every party
+        self._key_id = b""
+        self._rescale_factor = 1.0  # q_last / 2**scale_bits: the true scale after one rescale, relative
+
+    def _require_setup(self) -> None:
+        if self._contexts is None:
+            raise RuntimeError(
+                "CKKS has no keys: call setup(parties, active, wire, rank) first "
+                "(keys are never checkpointed or pickled, so a restored backend must be set up again)"
+            )
+
+    # -- 1. setup: the coordinator's key, the public view to every party, every byte on the wire ------------------
+    def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:
+        """Create a fresh key pair at the coordinator and send the public context to every other party.
+
+        Raises:
+            ValueError: on duplicate party names, an `active` that is not the active party, or a coordinator that
+                is also the active or a passive party, or that is in `parties` with another role.
+        """
+        passive = self.check_roles(parties, active)
+        if self.headroom <= len(passive) * self.max_abs + self.mask_bound:
+            raise ValueError(
+                f"CKKS: {len(passive)} passive parties x max_abs={self.max_abs} + mask_bound={self.mask_bound} "
+                f"exceeds the headroom 2**{int(math.log2(self.headroom))} of coeff_mod_bit_sizes="
+                f"{self.coeff_mod_bit_sizes} with scale_bits={self.scale_bits}; lower max_abs or mask_bound, or use "
+                "a larger first prime"
+            )
+
+        super().setup(parties, active, wire, rank)
+        self._forget_keys()
+        # at the coordinator: the secret context, and its public view without rotation or relinearization keys
+        secret = ts.context(
+            ts.SCHEME_TYPE.CKKS,
+            poly_modulus_degree=self.poly_modulus_degree,
+            coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
+            n_threads=self.n_threads,
+        )
+        secret.global_scale = 2.0**self.scale_bits
+        public = secret.copy()
+        public.make_context_public()
+        blob = public.serialize(
+            save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
+        )
+        del public
+        contexts = {}
+        for party in (active, *passive):  # coordinator -> every party: the public context, one message each
+            received = wire.send(self.coordinator, party, blob, tag="keys")
+            contexts[party] = ts.context_from(received, n_threads=self.n_threads)
+        self._secret_context = secret
+        self._secret_key = secret.secret_key()
+        self._contexts = contexts
+        self._passive = passive
+        self._public_blob = blob
+        self._key_id = hashlib.sha256(blob).digest()[:16]
+        self._rescale_factor = self._last_prime(contexts[active]) / 2.0**self.scale_bits
+
+    @staticmethod
+    def _last_prime(context: ts.Context) -> int:
+        """The prime the first rescale divides by (public parameter)."""
+        import tenseal.sealapi  # noqa: F401 - registers seal::Modulus with pybind
+
+        return context.data.seal_context().first_context_data().parms().coeff_modulus()[-1].value()
+
+    # -- 2. protect: at passive party k, public key only ------------------------------------------------------------
+    def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> CKKSShare:
+        """The CKKS encryption of `tensor` under the coordinator's public key, packed N/2 values per ciphertext.
+
+        CKKS encryption is randomized afresh on every call, so `step` and `index` are not needed for freshness.
+
+        Raises:
+            ValueError: if `party` is not a passive party, or `tensor` holds NaN/inf or values beyond `max_abs`
+                (the message names the party).
+        """
+        self._require_setup()
+        if party not in self._passive:
+            raise ValueError(f"party {party!r} is not a passive party of this backend; passive: {list(self._passive)}")
+        if not isinstance(tensor, torch.Tensor) or tensor.is_complex():
+            raise TypeError(f"party {party!r}: protect expects a real tensor, got {type(tensor).__name__}")
+        values = tensor.detach().to("cpu", torch.float64).reshape(-1).numpy()
+        if not np.isfinite(values).all():
+            raise ValueError(f"party {party!r}: the tensor holds NaN or inf, which CKKS cannot encrypt")
+        peak = float(np.abs(values).max()) if values.size else 0.0
+        if peak > self.max_abs:
+            raise ValueError(
+                f"party {party!r}: |value| up to {peak:.6g} exceeds max_abs={self.max_abs:g}; the decrypted sum "
+                f"would lose precision or overflow the headroom 2**{int(math.log2(self.headroom))} (raise max_abs "
+                "within the headroom, or scale the embedding)"
+            )
+        context = self._contexts[party]
+        vectors = [self._encrypt(context, chunk) for chunk in self._chunks(values, tensor.shape)]
+        return CKKSShare(vectors, tensor.shape, self._key_id, self.num_ciphertexts(tensor.shape))
+
+    def _chunks(self, values: np.ndarray, shape: Sequence[int]) -> list[np.ndarray]:
+        if self.packing == "row" and len(shape) > 1 and values.size:
+            return list(values.reshape(shape[0], -1))
+        return [values[i : i + self.slots] for i in range(0, values.size, self.slots)]
+
+    @staticmethod
+    def _encrypt(context: ts.Context, chunk: np.ndarray) -> ts.CKKSVector:
+        # TenSEAL's public constructor; its private native one (ts._ts_cpp.CKKSVector) skips a PlainTensor round
+        # trip and measured ~6% faster, not worth depending on a private API that a TenSEAL release may change
+        return ts.ckks_vector(context, chunk.tolist())
+
+    # -- 3. combine: at the active party, decryption at the coordinator ---------------------------------------------
+    def combine(
+        self,
+        active_tensor: torch.Tensor,
+        shares: Mapping[str, Any],
+        weights: Mapping[str, float] | None = None,
+    ) -> torch.Tensor:
+        """`active_tensor + sum_k w_k E_k` (w_k = 1 without `weights`), in `active_tensor`'s dtype and device.
+
+        The active party adds the ciphertexts (after a plaintext-scalar product and rescale if `weights` are
+        given), masks the sum, and has the coordinator decrypt it; the result is within `error_bound()` of the
+        exact sum. Gradients flow to `active_tensor` only.
+
+        Raises:
+            ValueError: if a passive party's share (or weight) is missing or unknown, has the wrong shape, or was
+                encrypted under another key; if the weighted sum could overflow the headroom.
+            TypeError: if a share is not a `CKKSShare`. RuntimeError: if the decrypted sum is corrupted.
+        """
+        self._require_setup()
+        if not isinstance(active_tensor, torch.Tensor) or not active_tensor.is_floating_point():
+            raise TypeError("combine: active_tensor must be a floating-point tensor")
+        self.check_one_per_party(shares, self._passive, "share")
+        if weights is not None:
+            self.check_one_per_party(weights, self._passive, "weight")
+            if len(self.coeff_mod_bit_sizes) < 3:
+                raise ValueError(
+                    f"combine: weights need one rescale, i.e. a middle prime in coeff_mod_bit_sizes, got "
+                    f"{self.coeff_mod_bit_sizes}"
+                )
+            weights = {name: float(weights[name]) for name in self._passive}
+            if not all(math.isfinite(w) for w in weights.values()):
+                raise ValueError(f"combine: weights must be finite, got {weights}")
+            if sum(abs(w) for w in weights.values()) * self.max_abs + self.mask_bound >= self.headroom:
+                raise ValueError(
+                    f"combine: weights {weights} x max_abs={self.max_abs:g} + mask_bound={self.mask_bound:g} could "
+                    f"overflow the headroom 2**{int(math.log2(self.headroom))}"
+                )
+        if not self._passive:
+            return active_tensor
+        for name in self._passive:
+            share = shares[name]
+            if not isinstance(share, CKKSShare):
+                raise TypeError(f"combine: share of party {name!r} must be a CKKSShare from CKKS.protect")
+            if share.shape != active_tensor.shape:
+                raise ValueError(
+                    f"combine: share of party {name!r} has shape {tuple(share.shape)}, "
+                    f"the active tensor {tuple(active_tensor.shape)}"
+                )
+            if share.key_id != self._key_id:
+                raise ValueError(f"combine: share of party {name!r} was encrypted under another key (an earlier setup)")
+        numel = active_tensor.numel()
+        if numel == 0:
+            return active_tensor + torch.zeros_like(active_tensor)
+
+        # at the active party: homomorphic (weighted) sum, then the mask
+        mask = uniform_mask(numel, self.mask_bound)
+        aggregate = self._masked_sum(shares, weights, self._chunks(mask, active_tensor.shape))
+        payload = CKKSShare(aggregate, active_tensor.shape, self._key_id, len(aggregate))
+        at_coordinator = self.wire.send(self.active, self.coordinator, payload, tag="he_aggregate")
+
+        # at the coordinator: decrypt with the secret key; float64 because the mask dominates the range
+        decrypted = self._decrypt(at_coordinator)
+        received = self.wire.send(self.coordinator, self.active, decrypted, tag="he_decrypted")
+
+        # at the active party: remove the mask (and the rescale's scale drift), check, add its own embedding
+        passive_sum = received.numpy() - mask
+        if weights is not None:
+            passive_sum *= self._rescale_factor
+        self._check_decrypted(passive_sum, weights)
+        decoded = torch.from_numpy(passive_sum).reshape(active_tensor.shape)
+        return active_tensor + decoded.to(active_tensor)
+
+    def _masked_sum(
+        self, shares: Mapping[str, CKKSShare], weights: Mapping[str, float] | None, mask: list[np.ndarray]
+    ) -> list[ts.CKKSVector]:
+        first, *rest = self._passive
+        if weights is None:  # add(mask) makes the new vector (a C++ copy, far cheaper than CKKSVector.copy())
+            out = [vec.add(m.tolist()) for vec, m in zip(shares[first].vectors, mask, strict=True)]
+            for name in rest:
+                for acc, vec in zip(out, shares[name].vectors, strict=True):
+                    acc.add_(vec)
+            return out
+        # plaintext-scalar products at scale 2**scale_bits, each followed by one rescale (TenSEAL auto_rescale)
+        out = [vec.mul(weights[first]) for vec in shares[first].vectors]
+        for name in rest:
+            for acc, vec in zip(out, shares[name].vectors, strict=True):
+                acc.add_(vec.mul(weights[name]))
+        for acc, m in zip(out, mask, strict=True):
+            acc.add_(m.tolist())
+        return out
+
+    def _decrypt(self, payload: CKKSShare) -> torch.Tensor:
+        """At the coordinator: the decrypted values of the aggregate, float64."""
+        values = np.concatenate(
+            [np.asarray(vec.decrypt(self._secret_key), dtype=np.float64) for vec in payload.vectors]
+        )
+        return torch.from_numpy(values)
+
+    def _check_decrypted(self, passive_sum: np.ndarray, weights: Mapping[str, float] | None) -> None:
+        weight_sum = len(self._passive) if weights is None else sum(abs(w) for w in weights.values())
+        limit = weight_sum * self.max_abs + self.error_bound(weights=weights)
+        if not np.isfinite(passive_sum).all() or float(np.abs(passive_sum).max()) > limit:
+            raise RuntimeError(
+                f"combine: the aggregate decrypted by coordinator {self.coordinator!r} is corrupted (values beyond "
+                f"{limit:.6g} = sum |w| x max_abs + error bound): wrong key, tampered ciphertexts, or overflow"
+            )
+
+    # -- checkpoints and pickling: never any key material --------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Non-secret configuration only; keys are created afresh by `setup` after a restore."""
+        return {
+            "coordinator": self.coordinator,
+            "poly_modulus_degree": self.poly_modulus_degree,
+            "coeff_mod_bit_sizes": list(self.coeff_mod_bit_sizes),
+            "scale_bits": self.scale_bits,
+            "security_bits": self.security_bits,
+            "mask_bound": self.mask_bound,
+            "max_abs": self.max_abs,
+            "packing": self.packing,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the configuration saved by `state_dict` (validated again); keys must be set up again."""
+        merged = {**self.state_dict(), **state}
+        self._configure(
+            merged["coordinator"],
+            merged["poly_modulus_degree"],
+            tuple(merged["coeff_mod_bit_sizes"]),
+            merged["scale_bits"],
+            merged["security_bits"],
+            merged["mask_bound"],
+            merged["max_abs"],
+            merged["packing"],
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle without the secret context, the secret key or the parties' contexts (TenSEAL objects)."""
+        state = self.__dict__.copy()
+        state.update(
+            _secret_context=None,
+            _secret_key=None,
+            _contexts=None,
+            _passive=(),
+            _public_blob=b"",
+            _key_id=b"",
+            _rescale_factor=1.0,
+        )
+        return state
+
+    def __repr__(self) -> str:
+        ready = "set up" if self._contexts is not None else "not set up"
+        return (
+            f"CKKS(coordinator={self.coordinator!r}, poly_modulus_degree={self.poly_modulus_degree}, "
+            f"coeff_mod_bit_sizes={self.coeff_mod_bit_sizes}, scale_bits={self.scale_bits}, "
+            f"security_bits={self.security_bits}, mask_bound={self.mask_bound:g}, max_abs={self.max_abs:g}, "
+            f"packing={self.packing!r}) [{ready}]"
+        )

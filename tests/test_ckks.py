@@ -1,0 +1,270 @@
+"""CKKS aggregation: sums against a plain float reference within the stated bound, packing, parameter checks,
+the exact ledger (the coordinator only ever sees the masked aggregate), and secrets kept out of checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+
+import pytest
+import tenseal as ts
+import torch
+
+from lvfl.parties import PartySpec
+from lvfl.privacy.ckks import CKKS, CKKSShare
+from lvfl.wire import Wire
+
+SLOTS = 4096  # N / 2 at the default N = 8192
+
+
+def make_parties(k: int) -> list[PartySpec]:
+    return [PartySpec("a", "active", (1,))] + [PartySpec(f"p{i}", "passive", (1,), i) for i in range(1, k + 1)]
+
+
+def set_up(k: int, **kwargs) -> tuple[CKKS, Wire]:
+    backend, wire = CKKS(**kwargs), Wire()
+    backend.setup(make_parties(k), "a", wire)
+    return backend, wire
+
+
+@pytest.fixture(scope="module")
+def three() -> tuple[CKKS, Wire]:
+    """One default backend with three passive parties, set up once for the module (setup makes keys)."""
+    return set_up(3)
+
+
+def passive_names(backend: CKKS) -> list[str]:
+    return [p.name for p in backend.parties if p.role == "passive"]
+
+
+# -- sums against the plain float sum --------------------------------------------------------------------------
+@pytest.mark.parametrize("k", range(1, 11))
+def test_sum_matches_plain_float_sum_within_bound(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    shape = (int(torch.randint(1, 40, (1,), generator=gen)), int(torch.randint(1, 300, (1,), generator=gen)))
+    backend, _ = set_up(k)
+    xs = {p: 4 * torch.randn(shape, generator=gen, dtype=torch.float64) for p in passive_names(backend)}
+    active = torch.randn(shape, generator=gen, dtype=torch.float64)
+    shares = {p: backend.protect(p, x, step=0) for p, x in xs.items()}
+    out = backend.combine(active, shares)
+    reference = active + sum(xs.values())
+    bound = backend.error_bound()
+    assert bound == backend.error_bound(k) < 2e-6 * k
+    assert (out - reference).abs().max().item() <= bound
+    assert out.dtype == torch.float64
+    assert out.shape == active.shape
+
+
+def test_sum_across_several_ciphertexts_keeps_dtype_and_gradient(three) -> None:
+    backend, _ = three
+    gen = torch.Generator().manual_seed(0)
+    xs = {p: torch.randn(3, 4097, generator=gen) for p in passive_names(backend)}  # 12291 values: 4 ciphertexts
+    active = torch.randn(3, 4097, generator=gen, requires_grad=True)
+    shares = {p: backend.protect(p, x, step=0) for p, x in xs.items()}
+    assert all(s.num_ciphertexts == 4 for s in shares.values())
+    out = backend.combine(active, shares)
+    assert out.dtype == torch.float32
+    reference = active.double() + sum(x.double() for x in xs.values())
+    float32_rounding = reference.abs().max().item() * 2.0**-24
+    assert (out.double() - reference).abs().max().item() <= backend.error_bound() + float32_rounding
+    out.sum().backward()
+    assert torch.equal(active.grad, torch.ones_like(active))
+
+
+def test_weighted_sum_by_plaintext_scalars(three) -> None:
+    backend, _ = three
+    gen = torch.Generator().manual_seed(1)
+    names = passive_names(backend)
+    weights = dict(zip(names, (0.5, -2.0, 1.25), strict=True))
+    xs = {p: torch.randn(50, 100, generator=gen, dtype=torch.float64) for p in names}
+    active = torch.randn(50, 100, generator=gen, dtype=torch.float64)
+    out = backend.combine(active, {p: backend.protect(p, x, step=0) for p, x in xs.items()}, weights=weights)
+    reference = active + sum(w * xs[p] for p, w in weights.items())
+    assert (out - reference).abs().max().item() <= backend.error_bound(weights=weights)
+
+
+def test_weights_must_name_every_passive_party_and_need_a_middle_prime(three) -> None:
+    backend, _ = three
+    shares = {p: backend.protect(p, torch.ones(2), step=0) for p in passive_names(backend)}
+    with pytest.raises(ValueError, match=r"weight.*missing \['p3'\]"):
+        backend.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
+    no_rescale, _ = set_up(2, poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55))
+    shares = {p: no_rescale.protect(p, torch.ones(2), step=0) for p in ("p1", "p2")}
+    with pytest.raises(ValueError, match="middle prime"):
+        no_rescale.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
+    out = no_rescale.combine(torch.zeros(2, dtype=torch.float64), shares)  # unweighted sums need no rescale
+    assert (out - 2).abs().max().item() <= no_rescale.error_bound()
+
+
+# -- packing ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(1,), (SLOTS,), (SLOTS + 1,), (128, 128), (3, 5, 7), (0, 4)])
+def test_ciphertext_count_is_ceil_numel_over_slots(three, shape: tuple[int, ...]) -> None:
+    backend, _ = three
+    share = backend.protect("p1", torch.zeros(shape), step=0)
+    expected = math.ceil(math.prod(shape) / SLOTS)
+    assert share.num_ciphertexts == len(share.vectors) == backend.num_ciphertexts(shape) == expected
+    assert all(v.size() <= SLOTS for v in share.vectors)
+    assert share.wire_nbytes() == sum(len(v.serialize()) for v in share.vectors)
+
+
+def test_row_packing_uses_one_ciphertext_per_row() -> None:
+    backend, _ = set_up(2, packing="row")
+    x = torch.randn(5, 7, dtype=torch.float64)
+    shares = {p: backend.protect(p, x, step=0) for p in ("p1", "p2")}
+    assert shares["p1"].num_ciphertexts == len(shares["p1"].vectors) == 5
+    out = backend.combine(torch.zeros_like(x), shares)
+    assert (out - 2 * x).abs().max().item() <= backend.error_bound()
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"coeff_mod_bit_sizes": (60, 60, 60, 60, 60)}, r"coeff_mod_bit_sizes.*total 300 bits exceeds the 218-bit"),
+        (
+            {"poly_modulus_degree": 4096, "coeff_mod_bit_sizes": (60, 40, 40, 60)},
+            r"coeff_mod_bit_sizes.*total 200 bits exceeds the 109-bit",
+        ),
+        (
+            {"security_bits": 192, "coeff_mod_bit_sizes": (60, 40, 40, 60)},
+            r"coeff_mod_bit_sizes.*total 200 bits exceeds the 152-bit bound for 192-bit",
+        ),
+        ({"security_bits": 192}, r"coeff_mod_bit_sizes.*total 160 bits exceeds the 152-bit bound for 192-bit"),
+        ({"security_bits": 80}, r"security_bits"),
+        ({"poly_modulus_degree": 3000}, r"poly_modulus_degree.*power of two"),
+        ({"poly_modulus_degree": 65536}, r"poly_modulus_degree"),
+        ({"coeff_mod_bit_sizes": (60,)}, r"coeff_mod_bit_sizes.*at least 2 primes"),
+        ({"coeff_mod_bit_sizes": (60, 30, 40, 60)}, r"middle primes must equal scale_bits=40"),
+        ({"coeff_mod_bit_sizes": (40, 40, 60)}, r"first prime \(40 bits\) must exceed scale_bits=40"),
+        ({"coeff_mod_bit_sizes": (60, 40, 40, 50)}, r"special\) prime"),
+        ({"mask_bound": 0.0}, r"mask_bound"),
+        ({"max_abs": float("inf")}, r"max_abs"),
+        ({"packing": "diagonal"}, r"packing"),
+    ],
+)
+def test_weak_or_inconsistent_parameters_raise_naming_the_option(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        CKKS(**kwargs)
+
+
+def test_stronger_security_levels_accept_parameters_within_their_bound() -> None:
+    assert CKKS(security_bits=192, coeff_mod_bit_sizes=(50, 40, 60)).security_bits == 192
+    assert CKKS(security_bits=256, poly_modulus_degree=16384, coeff_mod_bit_sizes=(60, 40, 40, 60)).slots == 8192
+
+
+def test_headroom_too_small_for_the_parties_raises() -> None:
+    backend = CKKS(poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55))  # headroom 2**13
+    with pytest.raises(ValueError, match="headroom"):
+        backend.setup(make_parties(8), "a", Wire())
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 2.0**10 + 1])
+def test_nan_inf_and_out_of_range_values_raise_naming_the_party(three, bad: float) -> None:
+    backend, _ = three
+    with pytest.raises(ValueError, match="party 'p2'"):
+        backend.protect("p2", torch.tensor([0.0, bad]), step=0)
+
+
+# -- the wire -------------------------------------------------------------------------------------------------
+def test_ledger_coordinator_sees_only_the_masked_aggregate() -> None:
+    backend, wire = set_up(3)
+    names = passive_names(backend)
+    key_bytes = len(backend.public_context_bytes)
+    assert dict(wire.bytes) == {("coordinator", p, "keys"): key_bytes for p in ["a", *names]}
+    assert wire.total_messages() == 4
+
+    inbox: list = []
+    wire.subscribe(lambda src, dst, tag, payload: inbox.append((src, tag, payload)) if dst == "coordinator" else None)
+    wire.reset()
+    xs = {p: torch.randn(128, 128) for p in names}
+    shares = {p: wire.send(p, "a", backend.protect(p, x, step=0), tag="embeddings") for p, x in xs.items()}
+    backend.combine(torch.zeros(128, 128), shares)
+
+    into_coordinator = {k: n for k, n in wire.messages.items() if k[1] == "coordinator"}
+    assert into_coordinator == {("a", "coordinator", "he_aggregate"): 1}
+    [(src, tag, aggregate)] = inbox
+    assert isinstance(aggregate, CKKSShare)
+    assert aggregate.num_ciphertexts == 4
+    assert not {id(v) for v in aggregate.vectors} & {id(v) for s in shares.values() for v in s.vectors}
+    for p in names:
+        assert wire.bytes[(p, "a", "embeddings")] == sum(len(v.serialize()) for v in shares[p].vectors)
+        assert wire.bytes[(p, "a", "embeddings")] > 4 * 200_000  # 4 real ciphertexts, not a placeholder size
+    assert wire.bytes[("a", "coordinator", "he_aggregate")] == aggregate.wire_nbytes()
+    assert wire.bytes[("coordinator", "a", "he_decrypted")] == 8 * 128 * 128
+    assert set(wire.bytes_by_tag()) == {"embeddings", "he_aggregate", "he_decrypted"}
+
+
+def test_parties_hold_only_public_contexts(three) -> None:
+    backend, _ = three
+    assert backend._secret_context.is_private()
+    for party, context in backend._contexts.items():
+        assert not context.is_private(), party
+        assert not context.has_galois_keys()
+        assert not context.has_relin_keys()
+    assert not ts.context_from(backend.public_context_bytes).is_private()
+
+
+def test_secret_key_never_in_state_dict_pickle_or_copies(three) -> None:
+    backend, _ = three
+    state = backend.state_dict()
+    assert all(isinstance(v, str | int | float | list) for v in state.values())
+    blob = pickle.dumps(backend)
+    assert len(blob) < 4096  # a CKKS secret key alone serializes to ~100 KB at N=8192
+    for restored in (pickle.loads(blob), copy.copy(backend), copy.deepcopy(backend)):  # noqa: S301 - our own bytes
+        assert restored._secret_context is None
+        assert restored._secret_key is None
+        assert restored._contexts is None
+        with pytest.raises(RuntimeError, match="setup"):
+            restored.protect("p1", torch.ones(2), step=0)
+    assert backend._secret_context is not None  # the original keeps its keys
+    fresh = CKKS(mask_bound=1.0)
+    fresh.load_state_dict(state)
+    assert fresh.state_dict() == state
+
+
+# -- errors in combine ----------------------------------------------------------------------------------------
+def test_missing_or_unknown_share_raises_naming_the_party(three) -> None:
+    backend, _ = three
+    shares = {p: backend.protect(p, torch.ones(3), step=0) for p in passive_names(backend)}
+    with pytest.raises(ValueError, match=r"missing \['p2'\], unknown \[\]"):
+        backend.combine(torch.zeros(3), {p: s for p, s in shares.items() if p != "p2"})
+    with pytest.raises(ValueError, match=r"missing \[\], unknown \['eve'\]"):
+        backend.combine(torch.zeros(3), {**shares, "eve": shares["p1"]})
+    with pytest.raises(ValueError, match="share of party 'p1' has shape"):
+        backend.combine(torch.zeros(4), shares)
+    with pytest.raises(TypeError, match="share of party 'p3'"):
+        backend.combine(torch.zeros(3), {**shares, "p3": torch.ones(3)})
+    with pytest.raises(ValueError, match="'eve' is not a passive party"):
+        backend.protect("eve", torch.ones(3), step=0)
+
+
+def test_stale_shares_and_corrupted_decryption_raise() -> None:
+    backend, _ = set_up(2)
+    old = {p: backend.protect(p, torch.ones(3), step=0) for p in ("p1", "p2")}
+    backend.setup(make_parties(2), "a", Wire())  # fresh keys
+    with pytest.raises(ValueError, match="share of party 'p1' was encrypted under another key"):
+        backend.combine(torch.zeros(3), old)
+    shares = {p: backend.protect(p, torch.ones(3), step=0) for p in ("p1", "p2")}
+    other = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 60], n_threads=1)
+    backend._secret_key = other.secret_key()  # the coordinator decrypts with the wrong key
+    with pytest.raises(RuntimeError, match="corrupted"):
+        backend.combine(torch.zeros(3), shares)
+
+
+def test_coordinator_must_be_a_separate_party() -> None:
+    with pytest.raises(ValueError, match="coordinator 'p1' is the passive party"):
+        CKKS(coordinator="p1").setup(make_parties(2), "a", Wire())
+    parties = [*make_parties(2), PartySpec("coordinator", "coordinator", (1,))]
+    CKKS().setup(parties, "a", Wire())  # listed with its own role: fine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_come_back_on_the_active_device(three) -> None:
+    backend, _ = three
+    xs = {p: torch.randn(8, 8, device="cuda") for p in passive_names(backend)}
+    active = torch.randn(8, 8, device="cuda")
+    out = backend.combine(active, {p: backend.protect(p, x, step=0) for p, x in xs.items()})
+    assert out.device == active.device
+    assert (out - active - sum(xs.values())).abs().max().item() <= 1e-5
