@@ -97,14 +97,8 @@ class DHMasking(AggregationBackend):
             ValueError: on duplicate party names, an `active` that is not the active party, a rank outside
                 [0, 2**16), or fewer than two passive parties without `allow_insecure=True`.
         """
-        names = [p.name for p in parties]
-        if len(set(names)) != len(names):
-            raise ValueError(f"party names must be unique, got {names}")
-        roles = {p.name: p.role for p in parties}
-        if roles.get(active) != "active":
-            raise ValueError(f"active={active!r} is not an active party among {names}")
+        passive = self.check_roles(parties, active)
         rank = prg.check_uint(rank, "rank", prg.MAX_RANK)
-        passive = tuple(p.name for p in parties if p.role == "passive")
         if len(passive) < 2:
             why = (
                 f"DHMasking needs at least two passive parties, got {len(passive)} ({list(passive)}): with one "
