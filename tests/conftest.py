@@ -86,3 +86,22 @@ def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
         out[(k, model.active, "keys")] = 32
         out[(model.active, k, "keys")] = 32 * (k_passive - 1)
     return out
+
+
+def run_ddp(config: str, save_dir, *extra: str) -> str:
+    """`lvfl fit` of `config` for one epoch under DDP with 2 CPU processes (gloo); returns its output, which holds
+    the CommunicationMeter's summary summed over the ranks. Fails the test if the run fails."""
+    import subprocess
+    import sys
+
+    args = [
+        sys.executable, "-m", "lvfl", "fit", "--config", config, "--trainer.strategy=ddp", "--trainer.devices=2",
+        "--trainer.accelerator=cpu", "--trainer.max_epochs=1", f"--trainer.logger.init_args.save_dir={save_dir}",
+        "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+        '--trainer.callbacks=[{"class_path": "lvfl.callbacks.CommunicationMeter"}]', *extra,
+    ]  # fmt: skip
+    proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)  # noqa: S603
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "summed over 2 ranks" in output
+    return output

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import dh_key_ledger, easter, make_trainer
+from conftest import dh_key_ledger, easter, make_trainer, run_ddp
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
@@ -272,3 +272,10 @@ def test_meter_epoch_bytes_count_training_only(tmp_path):
     (setup,) = [r for r in csv.DictReader(path.open()) if r.get("train/comm/setup_bytes")]
     assert float(setup["train/comm/setup_bytes"]) == sum(dh_key_ledger(model).values())  # sanity-val excluded
     assert float(setup["train/comm/setup_bytes/keys"]) == sum(dh_key_ledger(model).values())
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tmp_path):
+    """EASTER with DH masking under DDP: per-rank masks and nonces, one backward per step, the ledger summed."""
+    output = run_ddp("configs/easter/wine.yaml", tmp_path)
+    assert "tag  global_embedding" in output

@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from conftest import REPO, dh_key_ledger, make_trainer, mlp_parties
+from conftest import REPO, dh_key_ledger, make_trainer, mlp_parties, run_ddp
 
 from lvfl.cli import build_cli
 from lvfl.datamodules import Digits
@@ -216,3 +216,10 @@ def test_resume_neither_pretrains_nor_uploads_again(tmp_path):
     after = {key: v for key, v in resumed.wire.bytes.items() if key[2] != "keys"}  # a resume agrees on fresh keys
     assert after == before
     assert resumed.privacy_ledger.total_epsilon == 1.0
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tmp_path):
+    """Under DDP the frozen passive models are not registered with DDP (it would stop on them) and the run ends."""
+    output = run_ddp("configs/pravfed/breast_cancer.yaml", tmp_path, "--model.init_args.local_epochs=1")
+    assert "tag  labels" in output

@@ -3,5 +3,6 @@
 from lvfl.callbacks.checkpoint import ExperimentCheckpoint
 from lvfl.callbacks.communication import CommunicationMeter
 from lvfl.callbacks.label_audit import LabelLeakageAudit
+from lvfl.callbacks.student import StudentDistillation
 
-__all__ = ["CommunicationMeter", "ExperimentCheckpoint", "LabelLeakageAudit"]
+__all__ = ["CommunicationMeter", "ExperimentCheckpoint", "LabelLeakageAudit", "StudentDistillation"]

@@ -1,6 +1,7 @@
 """Vertically partitioned datasets: `VerticalDataModule`, partitioners and the bundled datasets."""
 
 from lvfl.datamodules.base import IndexTensorBatchSampler, VerticalDataModule, VerticalTensorDataset, party_name
+from lvfl.datamodules.clickthrough import ClickThrough
 from lvfl.datamodules.embedded import BreastCancer, Diabetes, Digits, Synthetic, Wine
 from lvfl.datamodules.partition import (
     ContiguousColumns,
@@ -13,6 +14,7 @@ from lvfl.datamodules.partition import (
 
 __all__ = [
     "BreastCancer",
+    "ClickThrough",
     "ContiguousColumns",
     "Diabetes",
     "Digits",

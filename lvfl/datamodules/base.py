@@ -8,6 +8,14 @@ The pipeline, run once (lazily, by `setup()` or by the first read of `party_spec
 4. Scaling fitted on the training rows only, then applied to every split.
 5. Each party's slice copied once into a contiguous float32 tensor; batches are made by indexing those tensors with
    a whole batch of indices at a time, so the data pipeline costs microseconds per step, not per sample.
+
+Partial overlap (`overlap` = alpha < 1; non-overlapping inference): after the split, a seeded, stratified fraction
+alpha of each split's samples is chosen to exist at every party; the rest exist at the active party only (its
+features and labels). The VFL views (`train_set`, `val_set`, `test_set` and their loaders) hold the overlap only,
+so every protocol trains and evaluates on samples all parties hold, unchanged. The active party's view of every
+sample of a split is `active_set(split)`, the samples it holds alone `active_only_set(split)`, and which IDs a party
+holds `party_ids(party, split)`. A passive party's scaler is fitted on the training rows it holds (the overlap);
+the active party's on all training rows. With alpha = 1 (the default) everything is exactly as without overlap.
 """
 
 from __future__ import annotations
@@ -113,7 +121,12 @@ class _Prepared:
     columns: list[list[int]]
     party_specs: list[PartySpec]
     task: TaskInfo
-    splits: dict[str, VerticalTensorDataset]
+    splits: dict[str, VerticalTensorDataset]  # VFL views: samples every participating party holds
+    active_splits: dict[str, VerticalTensorDataset]  # the active party's slice of every sample of each split
+    overlap: dict[str, np.ndarray]  # per split, boolean mask over `active_splits[split]`: held by every party
+
+
+_SPLITS = ("train", "val", "test")
 
 
 class VerticalDataModule(pl.LightningDataModule, ABC):
@@ -140,6 +153,11 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         num_workers: DataLoader worker processes; 0 is fastest for in-memory data.
         scale: standardize features with statistics of the training rows only (tabular: per column; images: one
             mean/std per party over its own training pixels).
+        overlap: alpha in (0, 1], the fraction of every split's samples that exists at every party (chosen per
+            split with `seed`, stratified by label); the rest exist at the active party only. The VFL loaders
+            serve the overlap only. When `participants` is the active party alone, nothing is missing from any
+            participant, so the VFL views hold every sample (how a `participants: [0]` Local run sees all of its
+            samples); the overlap IDs are the same either way.
     """
 
     num_classes: int | None = None
@@ -156,6 +174,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         seed: int = 0,
         num_workers: int = 0,
         scale: bool = True,
+        overlap: float = 1.0,
     ) -> None:
         # No save_hyperparameters(): Lightning merges datamodule and module hparams and raises when a shared key
         # (seed, batch_size) differs; LightningCLI already records the full config of every run.
@@ -179,6 +198,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 < overlap <= 1.0:
+            raise ValueError(f"overlap must be in (0, 1] (the fraction of samples every party holds), got {overlap!r}")
         self.partitioner = partitioner if partitioner is not None else self.default_partitioner()
         self.batch_size = batch_size
         self.val_fraction = val_fraction
@@ -186,6 +207,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         self.seed = seed
         self.num_workers = num_workers
         self.scale = scale
+        self.overlap = float(overlap)
         self._prepared: _Prepared | None = None
 
     # ----------------------------------------------------------------------------------------------- subclass hooks
@@ -251,6 +273,83 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def test_set(self) -> VerticalTensorDataset:
         """The test split (also served by `predict_dataloader`)."""
         return self._prepare().splits["test"]
+
+    # ----------------------------------------------------------------------------------------------- partial overlap
+    @property
+    def active_party_name(self) -> str:
+        """The name of the active party (the key of its slice in every batch)."""
+        return party_name(self.active_party)
+
+    def active_set(self, split: str = "train") -> VerticalTensorDataset:
+        """Every sample of `split` as the active party holds it: its own slice only, with labels, sorted by ID.
+
+        This is what a student model or the Local baseline trains on (overlapping and active-only samples alike).
+        """
+        return self._prepare().active_splits[self._check_split(split)]
+
+    def overlap_mask(self, split: str = "train") -> torch.Tensor:
+        """Boolean mask over `active_set(split)`: True where every party holds the sample."""
+        return torch.from_numpy(self._prepare().overlap[self._check_split(split)].copy())
+
+    def active_only_set(self, split: str = "train") -> VerticalTensorDataset:
+        """The samples of `split` that only the active party holds (its slice and labels); empty when alpha = 1."""
+        full = self.active_set(split)
+        index = torch.from_numpy(np.flatnonzero(~self._prepare().overlap[split]))
+        return VerticalTensorDataset(
+            ids=full.ids.index_select(0, index),
+            features={k: v.index_select(0, index) for k, v in full.features.items()},
+            labels=full.labels.index_select(0, index),
+        )
+
+    @property
+    def active_only_train_set(self) -> VerticalTensorDataset:
+        """The training samples only the active party holds."""
+        return self.active_only_set("train")
+
+    @property
+    def active_only_val_set(self) -> VerticalTensorDataset:
+        """The validation samples only the active party holds."""
+        return self.active_only_set("val")
+
+    @property
+    def active_only_test_set(self) -> VerticalTensorDataset:
+        """The test samples only the active party holds."""
+        return self.active_only_set("test")
+
+    def overlap_ids(self, split: str | None = None) -> torch.Tensor:
+        """Sorted IDs of the samples every party holds, in `split` or (None) in all splits."""
+        return self.party_ids(None, split)
+
+    def party_ids(self, party: str | int | None, split: str | None = None) -> torch.Tensor:
+        """Sorted IDs of the samples `party` (name or index) holds, in `split` or (None) in all splits.
+
+        The active party holds every sample; a passive party (participating or not) the overlapping ones only.
+        `party=None` gives the overlap (what every party holds).
+        """
+        prepared = self._prepare()
+        if party is not None:
+            index = party if isinstance(party, int) else self._party_index(party)
+            if not 0 <= index < self.num_parties:
+                raise ValueError(f"party {party!r} is out of range for num_parties={self.num_parties}")
+        held_all = party is not None and index == self.active_party
+        splits = _SPLITS if split is None else (self._check_split(split),)
+        parts = [
+            prepared.active_splits[s].ids if held_all else prepared.active_splits[s].ids[prepared.overlap[s]]
+            for s in splits
+        ]
+        return torch.sort(torch.cat(parts)).values
+
+    def _party_index(self, name: str) -> int:
+        for k in range(self.num_parties):
+            if party_name(k) == name:
+                return k
+        raise ValueError(f"unknown party {name!r}; parties are {[party_name(k) for k in range(self.num_parties)]}")
+
+    @staticmethod
+    def _check_split(split: str) -> str:
+        if split not in _SPLITS:
+            raise ValueError(f"split must be one of {list(_SPLITS)}, got {split!r}")
+        return split
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move a `VFLBatch` tensor by tensor: Lightning's generic dataclass walk costs ~0.2 ms a step."""
@@ -379,13 +478,34 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         num_classes = self._check_labels(labels)
         labels = labels.astype(np.int64)
 
+        overlap = {split: self._choose_overlap(labels[idx], i) for i, (split, idx) in enumerate(rows.items())}
+        shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
+        vfl_all = len(self.participants) == 1  # no passive participant: nothing is missing from anyone
+        vfl_rows = rows if vfl_all else shared
         splits: dict[str, VerticalTensorDataset] = {}
-        slices = {k: self._scaled_slices(x, columns[k], rows, is_image) for k in self.participants}
+        active_splits: dict[str, VerticalTensorDataset] = {}
+        slices = {}
+        for k in self.participants:  # each party's slice of the rows it holds, scaled by its own training rows
+            held = rows if k == self.active_party or vfl_all else shared
+            slices[k] = self._scaled_slices(x, columns[k], held, is_image)
+        active = self.active_party
+        active_full = slices[active]  # the active party always participates and holds every row
         for split, idx in rows.items():
-            splits[split] = VerticalTensorDataset(
+            active_splits[split] = VerticalTensorDataset(
                 ids=torch.from_numpy(idx.copy()),
-                features={party_name(k): slices[k][split] for k in self.participants},
+                features={party_name(active): active_full[split]},
                 labels=torch.from_numpy(labels[idx]),
+            )
+            vidx = vfl_rows[split]
+            positions = None if len(vidx) == len(idx) else torch.from_numpy(np.flatnonzero(overlap[split]))
+            features = {}
+            for k in self.participants:
+                part = slices[k][split]
+                if k == active and positions is not None:  # the active slice holds every row: keep the shared ones
+                    part = part.index_select(0, positions)
+                features[party_name(k)] = part
+            splits[split] = VerticalTensorDataset(
+                ids=torch.from_numpy(vidx.copy()), features=features, labels=torch.from_numpy(labels[vidx])
             )
         specs = [
             PartySpec(
@@ -397,8 +517,40 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             for k in self.participants
         ]
         task = TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")
-        self._prepared = _Prepared(columns=columns, party_specs=specs, task=task, splits=splits)
+        self._prepared = _Prepared(
+            columns=columns,
+            party_specs=specs,
+            task=task,
+            splits=splits,
+            active_splits=active_splits,
+            overlap=overlap,
+        )
         return self._prepared
+
+    def _choose_overlap(self, labels: np.ndarray, split_index: int) -> np.ndarray:
+        """Boolean mask of the rows every party holds: round(alpha * n) rows (at least 1), stratified by label.
+
+        Each class gets its share by largest remainders (so the total is exact), and the rows within a class are
+        drawn with a generator seeded by (`seed`, split), independent of the split's own seeding.
+        """
+        n = len(labels)
+        if self.overlap >= 1.0 or n == 0:
+            return np.ones(n, dtype=bool)
+        total = min(n, max(1, round(self.overlap * n)))
+        classes, counts = np.unique(labels, return_counts=True)
+        quota = self.overlap * counts
+        take = np.floor(quota).astype(np.int64)
+        remainder = quota - take
+        for c in np.argsort(-remainder, kind="stable")[: total - int(take.sum())]:
+            take[c] += 1
+        while take.sum() > total:  # only when rounding `total` down; drop from the largest share
+            take[int(np.argmax(take))] -= 1
+        rng = np.random.default_rng([self.seed, split_index, 0x0E71A9])
+        mask = np.zeros(n, dtype=bool)
+        for c, k in zip(classes, take, strict=True):
+            members = np.flatnonzero(labels == c)
+            mask[rng.permutation(members)[:k]] = True
+        return mask
 
     def _scaled_slices(
         self, x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray], is_image: bool

@@ -35,7 +35,9 @@ receive nothing during training: no embeddings, predictions or gradients, so the
 ever see is Y' (and w_k). The epsilon is spent once (one release, on the `PrivacyLedger`).
 
 Known limits: pre-training runs inside `on_fit_start` on every rank, each over the whole training set (under DDP
-ranks hold all parties and see the same data order, so they pre-train alike, but it is not sharded). A resumed
+ranks hold all parties, start from the same weights and see the same data order, so they pre-train alike, but the
+work is not sharded, and each rank uploads E_p for the whole training set, so a DDP run's ledger (summed over
+ranks) counts the one-shot upload once per rank). A resumed
 run restores the passive models, weights and E_p from the checkpoint and does not pre-train or upload again.
 """
 
@@ -146,6 +148,16 @@ class PraVFed(VFLModule):
         return {self.active: opts[0] if isinstance(opts, list) else opts}
 
     # ------------------------------------------------------------------------------------------------ steps 1-3
+    def setup(self, stage: str) -> None:
+        """Build the parties (base), then freeze the passive models before a strategy wraps the module.
+
+        DDP registers the parameters that require a gradient when it wraps the module (after `setup`, before
+        `on_fit_start`); the passive models never take part in a training step, so they must not be registered, or
+        DDP stops on parameters that receive no gradient. Pre-training unfreezes them in its own local loop only.
+        """
+        super().setup(stage)
+        self.freeze_passive()
+
     def on_fit_start(self) -> None:
         """Steps 1-3 once per run: release and send Y', pre-train, exchange weights, upload the training E_p."""
         super().on_fit_start()  # the base draws the release Y' once (or keeps a checkpointed one)
@@ -182,6 +194,7 @@ class PraVFed(VFLModule):
         scheduler = cfg.lr_scheduler(optimizer) if cfg.lr_scheduler is not None else None
         was_training = model.training
         model.train()
+        model.requires_grad_(True)  # frozen from setup on (see `setup`); only this local loop trains it
         for _ in range(self.local_epochs):
             for batch in self.trainer.datamodule.train_dataloader():
                 x = batch.features[party].to(self.device)
@@ -194,6 +207,7 @@ class PraVFed(VFLModule):
                 scheduler.step()
         model.train(was_training)
         optimizer.zero_grad(set_to_none=True)
+        model.requires_grad_(False)
 
     @torch.no_grad()
     def passive_accuracy_on_release(self, party: str) -> float:

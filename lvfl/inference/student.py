@@ -1,0 +1,602 @@
+"""Student distillation: a model on the active party's features alone, for samples the passive parties do not hold.
+
+A VFL model can only answer for samples every party holds. For the rest, the active party needs a model of its own;
+training it on its own labels gives the Local model, training it also on the VFL model's soft labels for the
+overlapping samples gives the *student* (non-overlapping inference paper, Sec. 4.2, Eq. 3, Algorithms 1-2).
+
+Objective, per training sample i of the active party (overlapping or not), averaged over a batch of B samples:
+
+    overlap i:      l_i = (1 - lam) * CE(y_i, f_s(x_i)) + lam * L_d(y~_i, f_s(x_i))
+    active-only i:  l_i = CE(y_i, f_s(x_i))
+
+with lam in [0, 1]. Convention: **lam weighs the distillation term** (lam = 0 is the Local model trained the same way,
+lam = 1 learns the overlap from the teacher only). The paper's Algorithm 2 writes lam on the real-label term; this
+follows the issue's convention instead, which is also how the paper's Fig. 10 reads ("lam is the weight of the loss
+labelled by the VFL model").
+
+- `L_d` is the soft-label cross-entropy on the student's softmax, `-sum_j y~_j log softmax(z)_j`. Its gradient in the
+  logits is `softmax(z) - y~`, *linear in y~*, which is what lets the encrypted path compute it on ciphertexts.
+- `y~` (the teacher's soft labels) is the VFL model's predicted class distribution for the sample: the mean over the
+  protocol's predicting parties of `softmax(party_logits(batch)[k])`. For EASTER that is the mean of every party
+  model's probabilities; for SplitNN (one predicting party) the top model's softmax; for any other protocol the
+  mean over whatever `party_logits` returns.
+
+Two paths give the same student for a linear student (up to fixed-point resolution):
+
+- **plain**: `y~` crosses the wire in the clear (float32, tag "soft_labels") and the whole student is trained by
+  autograd on the objective above.
+- **paillier** (Algorithms 1-2): see `PaillierDistillation`. The gradient of the distillation term reaches the
+  student's *last linear layer* only; layers below it (if any) train on the plain real-label loss, the mean
+  cross-entropy over the batch, because the active party cannot backpropagate through `y~` it never sees. For a
+  linear / logistic student (`LogisticRegression`) the last layer is the whole model, and both paths train the same
+  student.
+
+Where `y~` comes from (the simulation): the teacher's forward pass runs in this process on a scratch `Wire` (its
+inference messages are not metered here: in a deployment the joint inference is arranged so that only the
+*producer*, by default the first passive party as in the paper's Stage two, learns `y~`). The producer then sends
+`y~` to the active party over the protocol's wire, in the clear or encrypted under the coordinator's public key.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gmpy2
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+import torchmetrics
+from phe import paillier as phe_paillier
+from torch import nn
+
+from lvfl.models.base import PartyModel, PartyModelFactory
+from lvfl.parties import VFLBatch
+from lvfl.wire import Wire
+
+__all__ = [
+    "Encryption",
+    "LogisticRegression",
+    "PaillierDistillation",
+    "StudentData",
+    "StudentFit",
+    "build_student",
+    "check_lam",
+    "distillation_loss",
+    "evaluate_student",
+    "fit_student",
+    "student_data",
+    "student_loss",
+    "teacher_soft_labels",
+]
+
+Encryption = Literal["plain", "paillier"]
+
+#: the smallest Paillier modulus accepted (112-bit security), as for the aggregation backend; no override
+MIN_KEY_SIZE = 2048
+#: probabilities are clamped here before the log in the encrypted loss (the exponent must be finite)
+_LOG_EPS = 1e-12
+
+
+# -- validation --------------------------------------------------------------------------------------------------
+def check_lam(lam: float) -> float:
+    """Return `lam` as a float if it is in [0, 1], else raise a ValueError naming the option."""
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0.0 <= float(lam) <= 1.0:
+        raise ValueError(f"lam must be in [0, 1] (the weight of the distillation term), got lam={lam!r}")
+    return float(lam)
+
+
+# -- the student models ------------------------------------------------------------------------------------------
+class LogisticRegression(PartyModel):
+    """A linear student: `head = Linear(input_width, num_outputs)` on the flattened features, softmax on top.
+
+    The encoder is only `Flatten`, so `embedding_dim` is ignored (the attribute holds the input width instead);
+    the argument is kept so that it builds like every party model, `LogisticRegression(input_shape, dim, classes)`.
+    Under the Paillier path the whole model is the last linear layer, so it learns exactly the plain objective.
+    """
+
+    def __init__(self, input_shape: tuple[int, ...], embedding_dim: int, num_outputs: int) -> None:
+        super().__init__(input_shape, embedding_dim, num_outputs)
+        width = math.prod(self.input_shape)
+        self.embedding_dim = width
+        self.encoder = nn.Flatten()
+        self.head = nn.Linear(width, num_outputs)
+
+
+def last_linear(model: nn.Module) -> nn.Linear:
+    """The student's output layer: its `head` if that is a Linear, or the head's last module.
+
+    Raises:
+        ValueError: if the model's output does not come from an `nn.Linear` with a bias.
+    """
+    head = getattr(model, "head", model)
+    layer = head[-1] if isinstance(head, nn.Sequential) and len(head) else head
+    if not isinstance(layer, nn.Linear) or layer.bias is None:
+        raise ValueError(
+            f"the Paillier student path needs a model whose last layer is an nn.Linear with a bias, got "
+            f"{type(layer).__name__}"
+        )
+    return layer
+
+
+# -- the objective (functional core) -----------------------------------------------------------------------------
+def distillation_loss(logits: torch.Tensor, soft_labels: torch.Tensor) -> torch.Tensor:
+    """Per-sample soft-label cross-entropy `-sum_j y~_j log softmax(z)_j` (B x M -> B)."""
+    return -(soft_labels.to(logits.dtype) * logits.log_softmax(-1)).sum(-1)
+
+
+def student_loss(
+    logits: torch.Tensor, labels: torch.Tensor, soft_labels: torch.Tensor, overlap: torch.Tensor, lam: float
+) -> torch.Tensor:
+    """The student objective on a batch: mean over samples of (1 - lam) CE + lam L_d (overlap) or CE (the rest).
+
+    Args:
+        logits: (B, M) student logits.
+        labels: (B,) true class indices.
+        soft_labels: (B, M) teacher distributions; rows of non-overlapping samples are ignored (any values).
+        overlap: (B,) bool, True where the sample is held by every party (has a soft label).
+        lam: the weight of the distillation term, in [0, 1].
+    """
+    lam = check_lam(lam)
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    if lam == 0.0:  # no teacher term at all (not even 0 * NaN from unused rows)
+        return ce.mean()
+    soft = torch.where(overlap[:, None], soft_labels.to(logits.dtype), torch.zeros_like(logits))
+    weight = overlap.to(logits.dtype) * lam
+    return ((1.0 - weight) * ce + weight * distillation_loss(logits, soft)).mean()
+
+
+# -- the teacher -------------------------------------------------------------------------------------------------
+@contextmanager
+def _scratch_wire(module: Any) -> Iterator[Wire]:
+    """Swap the protocol's (and its backend's) wire for a scratch one, so the teacher's inference is not metered."""
+    scratch = Wire()
+    backend = getattr(module, "aggregation", None)
+    saved = module.wire, getattr(backend, "wire", None)
+    module.wire = scratch
+    if backend is not None and hasattr(backend, "wire"):
+        backend.wire = scratch
+    try:
+        yield scratch
+    finally:
+        module.wire = saved[0]
+        if backend is not None and hasattr(backend, "wire"):
+            backend.wire = saved[1]
+
+
+@torch.no_grad()
+def teacher_soft_labels(teacher: Any, batch: VFLBatch) -> torch.Tensor:
+    """The VFL model's soft labels for `batch`: the mean over predicting parties of their softmax (B x M, on CPU).
+
+    Runs `teacher.party_logits` in eval mode on a scratch wire (see the module docstring), then restores the
+    teacher's mode and wire.
+    """
+    was_training = teacher.training
+    teacher.eval()
+    try:
+        with _scratch_wire(teacher):
+            logits = teacher.party_logits(batch.to(teacher.device))
+    finally:
+        teacher.train(was_training)
+    probs = torch.stack([v.float().softmax(-1) for v in logits.values()])
+    return probs.mean(0).cpu()
+
+
+# -- data --------------------------------------------------------------------------------------------------------
+@dataclass
+class StudentData:
+    """The active party's training view: all its samples, which of them overlap, and the overlap's soft labels.
+
+    Attributes:
+        features: (N, ...) the active party's features.
+        labels: (N,) class indices.
+        overlap: (N,) bool, True where every party holds the sample.
+        soft_labels: (N, M) teacher distributions; rows where `overlap` is False are zero.
+    """
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    overlap: torch.Tensor
+    soft_labels: torch.Tensor
+
+    def __post_init__(self) -> None:
+        n = self.features.shape[0]
+        if not (self.labels.shape == (n,) and self.overlap.shape == (n,) and self.soft_labels.shape[0] == n):
+            raise ValueError(
+                f"StudentData: features {tuple(self.features.shape)}, labels {tuple(self.labels.shape)}, overlap "
+                f"{tuple(self.overlap.shape)} and soft_labels {tuple(self.soft_labels.shape)} must share N"
+            )
+        self.overlap = self.overlap.bool()
+
+    @property
+    def num_classes(self) -> int:
+        """M: the width of the soft labels."""
+        return int(self.soft_labels.shape[1])
+
+
+# -- Paillier roles (Algorithms 1-2) -----------------------------------------------------------------------------
+def _to_bytes(values: Sequence[int], width: int) -> bytes:
+    return b"".join(int(v).to_bytes(width, "big") for v in values)
+
+
+def _from_bytes(data: bytes, width: int) -> list[int]:
+    return [int.from_bytes(data[i : i + width], "big") for i in range(0, len(data), width)]
+
+
+class PaillierDistillation:
+    """The encrypted soft-label channel and the coordinator of Algorithms 1-2, on a protocol's `Wire`.
+
+    Roles and messages (every cross-party move on `wire`):
+
+    0. Setup (coordinator): a fresh Paillier key pair (g = n + 1, `key_size` bits); n goes to the active party and
+       to the producer (tag "keys"). The secret key stays in this object, used only by the coordinator's methods.
+    1. Producer (Stage two, step 1): encodes each overlapping sample's soft labels to fixed point,
+       `round(y~ * 2**frac_bits)`, encrypts one value per ciphertext under n, and sends [[y~]] to the active party
+       (tag "soft_labels"): N_overlap x M ciphertexts of `2 * key_bytes` each. No packing: the active party raises
+       each ciphertext to a different plaintext power per gradient coordinate, and a packed ciphertext would scale
+       all its slots by the same power (and signed slot sums would need offsets); values here are few.
+    2. Active party, each step (Algorithm 2): with h_i the input of the student's last linear layer (bias as a
+       constant 1), the distillation gradient's unknown part is `-lam / B * sum_{i in overlap} y~_ij h_ik`; it
+       computes [[sum_i y~_ij q(h_ik)]] = prod_i [[y~_ij]]^q(h_ik) (a negative exponent through the ciphertext's
+       inverse), with q(h) = round(h * 2**frac_bits), adds a uniform mask r in Z_n to each coordinate
+       (`c * (1 + r n) mod n**2`) and sends them to the coordinator (tag "student_grad"). It also sends the batch's
+       encrypted loss sum [[sum_i l_i]] (tag "student_loss"), formed the same way from `-log softmax` exponents
+       plus the plaintext real-label part.
+    3. Coordinator (Algorithm 1): decrypts and returns the masked gradient (tag "student_grad_decrypted"); decrypts
+       the loss, sums it over the epoch and, at the epoch's end, sends `converged` (one byte, tag
+       "student_converged") when the epoch-mean loss moved less than `tol` (per epoch rather than per step, so the
+       stopping rule does not depend on batch order).
+    4. Active party: subtracts r mod n, reads values above n/2 as negative, decodes at scale 2**(2 * frac_bits),
+       multiplies by -lam / B and adds its plaintext part of the gradient.
+
+    What each party learns: the active party sees ciphertexts only (semantically secure without the secret key)
+    and its own decrypted gradient, which it must learn to update the student; the coordinator sees uniformly
+    masked gradient coordinates and the per-step loss sums (as in Algorithm 1). As for every coordinator-based HE
+    scheme, a coordinator colluding with the active party could decrypt [[y~]]: stated, not defended.
+
+    Args:
+        wire: the protocol's wire.
+        active: the active party's name.
+        producer: the party that forms the VFL prediction and encrypts it.
+        coordinator: the key holder's name.
+        key_size: bits of n; at least 2048 (no override).
+        frac_bits: fixed-point fractional bits of y~ and h (each term's resolution is 2**-frac_bits).
+    """
+
+    def __init__(
+        self,
+        wire: Wire,
+        active: str,
+        producer: str,
+        coordinator: str = "coordinator",
+        key_size: int = MIN_KEY_SIZE,
+        frac_bits: int = 16,
+    ) -> None:
+        if isinstance(key_size, bool) or not isinstance(key_size, int) or key_size < MIN_KEY_SIZE or key_size % 256:
+            raise ValueError(f"key_size must be an int >= {MIN_KEY_SIZE} and a multiple of 256, got {key_size!r}")
+        if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 1 <= frac_bits <= 30:
+            raise ValueError(f"frac_bits must be an int in [1, 30], got {frac_bits!r}")
+        if len({active, producer, coordinator}) != 3:
+            raise ValueError(
+                f"active={active!r}, producer={producer!r} and coordinator={coordinator!r} must be distinct parties"
+            )
+        self.wire, self.active, self.producer, self.coordinator = wire, active, producer, coordinator
+        self.key_size, self.frac_bits = key_size, frac_bits
+        self._secret: phe_paillier.PaillierPrivateKey | None = None  # the coordinator's; never serialized
+        self._n_at: dict[str, int] = {}
+        self._loss_sum = 0.0
+        self._prev_epoch_loss: float | None = None
+
+    # -- 0. setup -------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Generate the coordinator's key pair and send n to the active party and the producer (tag "keys")."""
+        public, secret = phe_paillier.generate_paillier_keypair(n_length=self.key_size)
+        n_bytes = public.n.to_bytes((public.n.bit_length() + 7) // 8, "big")
+        for party in (self.active, self.producer):
+            self._n_at[party] = int.from_bytes(self.wire.send(self.coordinator, party, n_bytes, tag="keys"), "big")
+        self._secret = secret
+        self._loss_sum, self._prev_epoch_loss = 0.0, None
+
+    def _n(self, party: str) -> int:
+        if party not in self._n_at:
+            raise RuntimeError("PaillierDistillation has no keys: call setup() first")
+        return self._n_at[party]
+
+    @property
+    def ciphertext_nbytes(self) -> int:
+        """Wire size of one ciphertext (an integer mod n**2 at fixed width)."""
+        return -(-2 * self._n(self.active).bit_length() // 8)
+
+    @property
+    def plaintext_nbytes(self) -> int:
+        """Wire size of one plaintext (an integer mod n at fixed width)."""
+        return -(-self._n(self.active).bit_length() // 8)
+
+    def encode(self, x: torch.Tensor) -> np.ndarray:
+        """Fixed point: `round(x * 2**frac_bits)` as int64 (exact in float64 for the values used here)."""
+        return torch.round(x.detach().double().cpu() * 2.0**self.frac_bits).to(torch.int64).numpy()
+
+    # -- 1. producer ----------------------------------------------------------------------------------------------
+    def send_soft_labels(self, soft_labels: torch.Tensor) -> list[list[int]]:
+        """At the producer: encrypt (N_o, M) soft labels and send them; returns [[y~]] as the active party holds it."""
+        n = gmpy2.mpz(self._n(self.producer))
+        n2 = n * n
+        q = self.encode(soft_labels)
+        if (q < 0).any():
+            raise ValueError("soft labels must be probabilities (non-negative)")
+        flat = [int((1 + int(m) * n) * gmpy2.powmod(secrets.randbelow(int(n) - 1) + 1, n, n2) % n2) for m in q.ravel()]
+        received = self.wire.send(self.producer, self.active, _to_bytes(flat, self.ciphertext_nbytes), "soft_labels")
+        values = _from_bytes(received, self.ciphertext_nbytes)
+        m = q.shape[1]
+        return [values[i : i + m] for i in range(0, len(values), m)]
+
+    # -- 2.-4. active party <-> coordinator -----------------------------------------------------------------------
+    def _powers(self, rows: Sequence[Sequence[int]], exponents: np.ndarray) -> list[Any]:
+        """[[sum_i y~_ij e_ik]] for every (j, k): prod_i c_ij^e_ik mod n**2, flattened j-major. exponents: (B_o, K)."""
+        n = gmpy2.mpz(self._n(self.active))
+        n2 = n * n
+        cts = [[gmpy2.mpz(c) for c in row] for row in rows]
+        inverses = [[None] * len(row) for row in rows]
+        out = []
+        num_classes = len(rows[0]) if rows else 0
+        for j in range(num_classes):
+            for k in range(exponents.shape[1]):
+                acc = gmpy2.mpz(1)
+                for i, row in enumerate(cts):
+                    e = int(exponents[i, k])
+                    if e == 0:
+                        continue
+                    base = row[j]
+                    if e < 0:  # c^-|e| = (c^-1)^|e|: a short exponent instead of n - |e|
+                        if inverses[i][j] is None:
+                            inverses[i][j] = gmpy2.invert(base, n2)
+                        base, e = inverses[i][j], -e
+                    acc = acc * gmpy2.powmod(base, e, n2) % n2
+                out.append(acc)
+        return out
+
+    def _mask_and_decrypt(self, ciphertexts: Sequence[Any], tag: str) -> list[int]:
+        """Active: mask, send; coordinator: decrypt, send back; active: unmask. Returns signed plaintexts."""
+        n_int = self._n(self.active)
+        n = gmpy2.mpz(n_int)
+        n2 = n * n
+        masks = [secrets.randbelow(n_int) for _ in ciphertexts]
+        masked = [int(c * (1 + r * n) % n2) for c, r in zip(ciphertexts, masks, strict=True)]
+        at_coordinator = self.wire.send(self.active, self.coordinator, _to_bytes(masked, self.ciphertext_nbytes), tag)
+        plain = [self._decrypt(c) for c in _from_bytes(at_coordinator, self.ciphertext_nbytes)]
+        back = self.wire.send(
+            self.coordinator, self.active, _to_bytes(plain, self.plaintext_nbytes), f"{tag}_decrypted"
+        )
+        values = [(v - r) % n_int for v, r in zip(_from_bytes(back, self.plaintext_nbytes), masks, strict=True)]
+        return [v - n_int if v > n_int // 2 else v for v in values]
+
+    def _decrypt(self, ciphertext: int) -> int:
+        if self._secret is None:
+            raise RuntimeError("PaillierDistillation has no keys: call setup() first")
+        return int(self._secret.raw_decrypt(int(ciphertext)))
+
+    def distillation_gradient(self, rows: Sequence[Sequence[int]], h: torch.Tensor) -> torch.Tensor:
+        """`sum_{i} y~_i h_i^T` (M x (K + 1), last column the bias) from [[y~]] rows and plaintext h (B_o x K).
+
+        Computed homomorphically at the active party, masked, decrypted blind by the coordinator, unmasked.
+        """
+        ones = torch.ones(h.shape[0], 1, dtype=h.dtype, device=h.device)
+        exponents = self.encode(torch.cat([h, ones], dim=1))
+        values = self._mask_and_decrypt(self._powers(rows, exponents), "student_grad")
+        scale = 2.0 ** (-2 * self.frac_bits)
+        return torch.tensor(values, dtype=torch.float64).mul_(scale).reshape(len(rows[0]), exponents.shape[1])
+
+    def report_loss(self, rows: Sequence[Sequence[int]], weighted_neg_log_p: torch.Tensor, plain_part: float) -> None:
+        """Active: send [[sum_i l_i]] = prod [[y~_ij]]^q(lam * -log p_ij) * g^q2(plain_part); coordinator sums it."""
+        n_int = self._n(self.active)
+        n = gmpy2.mpz(n_int)
+        n2 = n * n
+        acc = gmpy2.mpz(1)
+        if rows:
+            exponents = self.encode(weighted_neg_log_p)  # (B_o, M), all >= 0
+            for row, exps in zip(rows, exponents, strict=True):
+                for c, e in zip(row, exps, strict=True):
+                    acc = acc * gmpy2.powmod(gmpy2.mpz(c), int(e), n2) % n2
+        plain_q = round(plain_part * 2.0 ** (2 * self.frac_bits)) % n_int
+        acc = acc * (1 + plain_q * n) % n2  # + plain part, homomorphically (g**m = 1 + m n)
+        at_coordinator = self.wire.send(
+            self.active, self.coordinator, _to_bytes([int(acc)], self.ciphertext_nbytes), "student_loss"
+        )
+        value = self._decrypt(_from_bytes(at_coordinator, self.ciphertext_nbytes)[0])
+        value = value - n_int if value > n_int // 2 else value
+        self._loss_sum += value * 2.0 ** (-2 * self.frac_bits)
+
+    def end_epoch(self, num_samples: int, tol: float | None) -> tuple[float, bool]:
+        """Coordinator: the epoch-mean loss and whether it converged; sends the flag to the active party."""
+        loss = self._loss_sum / max(num_samples, 1)
+        converged = tol is not None and self._prev_epoch_loss is not None and abs(loss - self._prev_epoch_loss) < tol
+        self._prev_epoch_loss, self._loss_sum = loss, 0.0
+        flag = self.wire.send(self.coordinator, self.active, bytes([int(converged)]), "student_converged")
+        return loss, bool(flag[0])
+
+
+# -- training ----------------------------------------------------------------------------------------------------
+@dataclass
+class StudentFit:
+    """The result of `fit_student`: the student and its epoch-mean training losses (as the coordinator saw them)."""
+
+    model: nn.Module
+    losses: list[float] = field(default_factory=list)
+    converged_epoch: int | None = None
+
+
+def build_student(
+    factory: PartyModelFactory, input_shape: tuple[int, ...], embedding_dim: int, num_classes: int, seed: int
+) -> nn.Module:
+    """The student, initialised from `seed` without touching the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory(tuple(input_shape), embedding_dim, num_classes)
+
+
+def fit_student(
+    model: nn.Module,
+    data: StudentData,
+    lam: float,
+    epochs: int = 20,
+    batch_size: int = 64,
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None,
+    seed: int = 0,
+    paillier: PaillierDistillation | None = None,
+    tol: float | None = None,
+) -> StudentFit:
+    """Train `model` (in place, on CPU) on `data` with the student objective; plain, or through `paillier`.
+
+    Batches are drawn from all of the active party's samples in an order seeded by `seed`, so the plain and the
+    encrypted path see the same batches. With `paillier`, [[y~]] of the overlap are sent once by the producer,
+    and each step follows Algorithm 2 (see `PaillierDistillation`). With `tol`, training stops after the first
+    epoch whose mean loss moved less than `tol` (Algorithm 1's convergence check).
+
+    Args:
+        model: the student (for `paillier`, its last layer must be an `nn.Linear`, see `last_linear`).
+        data: the active party's training view with soft labels.
+        lam: weight of the distillation term, in [0, 1].
+        epochs: passes over the data.
+        batch_size: samples per step.
+        optimizer: callable making the optimizer from the parameters; default Adam, lr 0.01.
+        seed: seed of the batch order.
+        paillier: the encrypted channel (already `setup`), or None for the plain path.
+        tol: convergence threshold on the epoch-mean loss, or None to run every epoch.
+    """
+    lam = check_lam(lam)
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"epochs must be an integer >= 1, got {epochs!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    model = model.cpu().train()
+    opt = optimizer(model.parameters()) if optimizer is not None else torch.optim.Adam(model.parameters(), lr=0.01)
+    n = data.features.shape[0]
+    generator = torch.Generator().manual_seed(seed)
+    fit = StudentFit(model=model)
+
+    rows_at_active: list[list[int]] = []
+    cipher_row = torch.full((n,), -1, dtype=torch.long)
+    layer: nn.Linear | None = None
+    if paillier is not None:
+        layer = last_linear(model)
+        overlap_pos = torch.nonzero(data.overlap).flatten()
+        cipher_row[overlap_pos] = torch.arange(overlap_pos.numel())
+        if lam > 0 and overlap_pos.numel():
+            rows_at_active = paillier.send_soft_labels(data.soft_labels[overlap_pos])
+
+    for epoch in range(epochs):
+        total = 0.0
+        for index in torch.randperm(n, generator=generator).split(batch_size):
+            opt.zero_grad(set_to_none=True)
+            x, y, o = data.features[index], data.labels[index], data.overlap[index]
+            if paillier is None or layer is None:
+                loss = student_loss(model(x), y, data.soft_labels[index], o, lam)
+                loss.backward()
+                total += float(loss.detach()) * len(index)
+            else:
+                _encrypted_step(model, layer, paillier, x, y, o, cipher_row[index], rows_at_active, lam)
+            opt.step()
+        if paillier is not None:
+            mean, converged = paillier.end_epoch(n, tol)
+        else:
+            mean = total / n
+            converged = tol is not None and bool(fit.losses) and abs(mean - fit.losses[-1]) < tol
+        fit.losses.append(mean)
+        if converged:
+            fit.converged_epoch = epoch
+            break
+    return fit
+
+
+def _encrypted_step(
+    model: nn.Module,
+    layer: nn.Linear,
+    paillier: PaillierDistillation,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    overlap: torch.Tensor,
+    cipher_rows: torch.Tensor,
+    rows_at_active: list[list[int]],
+    lam: float,
+) -> None:
+    """Set every parameter's `.grad` for one step of Algorithm 2 (the caller steps the optimizer).
+
+    The distillation term `lam * (logsumexp(z) - y~ . z)` splits into a part the active party knows,
+    `lam * logsumexp(z)`, and one linear in y~. The known parts (real-label CE and `lam * logsumexp`) go through
+    autograd to the last layer; the y~ part comes back from the coordinator. Layers below the last one get the
+    gradient of the plain real-label loss (mean cross-entropy over the batch) only.
+    """
+    captured: list[torch.Tensor] = []
+    hook = layer.register_forward_hook(lambda _m, inputs, _out: captured.append(inputs[0]))
+    try:
+        logits = model(x)
+    finally:
+        hook.remove()
+    h = captured[0].detach()
+    batch = x.shape[0]
+    weight = overlap.to(logits.dtype) * lam
+    ce = F.cross_entropy(logits, y, reduction="none")
+    known = ((1.0 - weight) * ce + weight * torch.logsumexp(logits, -1)).mean()
+    last = [layer.weight, layer.bias]
+    lower = [p for p in model.parameters() if all(p is not q for q in last)]
+    grad_w, grad_b = torch.autograd.grad(known, last, retain_graph=bool(lower))
+    if lower:
+        lower_grads = torch.autograd.grad(ce.mean(), lower, allow_unused=True)
+        for p, g in zip(lower, lower_grads, strict=True):
+            p.grad = g
+    o_idx = torch.nonzero(overlap).flatten()
+    rows = [rows_at_active[int(r)] for r in cipher_rows[o_idx]] if lam > 0 else []
+    if rows:
+        enc = paillier.distillation_gradient(rows, h[o_idx])  # sum_i y~_i [h_i, 1]^T, M x (K + 1)
+        enc = enc.mul_(-lam / batch).to(grad_w.dtype)
+        grad_w = grad_w + enc[:, :-1]
+        grad_b = grad_b + enc[:, -1]
+    layer.weight.grad, layer.bias.grad = grad_w, grad_b
+    # Algorithm 2's [[Loss]]: the batch's loss sum, the soft-label part under encryption
+    with torch.no_grad():
+        neg_log_p = -logits.softmax(-1).clamp_min(_LOG_EPS).log()
+        plain_part = float(((1.0 - weight) * ce).sum())
+        paillier.report_loss(rows, lam * neg_log_p[o_idx] if rows else neg_log_p[:0], plain_part)
+
+
+# -- evaluation --------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate_student(model: nn.Module, features: torch.Tensor, labels: torch.Tensor, num_classes: int) -> dict:
+    """Accuracy (and AUROC for binary tasks, when both classes occur) of `model` on a set, via torchmetrics."""
+    if features.shape[0] == 0:
+        return {}
+    model = model.cpu().eval()
+    probs = model(features).softmax(-1)
+    out = {"acc": float(torchmetrics.functional.accuracy(probs, labels, task="multiclass", num_classes=num_classes))}
+    if num_classes == 2 and labels.unique().numel() == 2:
+        out["auroc"] = float(torchmetrics.functional.auroc(probs[:, 1], labels, task="binary"))
+    return out
+
+
+# -- assembling the active party's view --------------------------------------------------------------------------
+def student_data(teacher: Any, datamodule: Any, split: str = "train", batch_size: int = 256) -> StudentData:
+    """The active party's samples of `split` with the teacher's soft labels on the overlap (as the producer holds them).
+
+    The soft labels come from `teacher_soft_labels` on the datamodule's VFL view of the split (overlap only),
+    matched to the active party's samples by ID; rows of active-only samples are zero.
+    """
+    full = datamodule.active_set(split)
+    overlap = datamodule.overlap_mask(split)
+    vfl = {"train": datamodule.train_set, "val": datamodule.val_set, "test": datamodule.test_set}[split]
+    shared_ids = full.ids[overlap]
+    if not torch.equal(vfl.ids, shared_ids):
+        raise ValueError(
+            f"the datamodule's VFL {split} set holds {len(vfl)} samples, not the {int(overlap.sum())} overlapping "
+            "samples of the active party's view (a participants restriction that drops every passive party?)"
+        )
+    num_classes = datamodule.task.num_classes
+    soft = torch.zeros(len(full), num_classes)
+    if len(vfl):
+        parts = [teacher_soft_labels(teacher, vfl[idx]) for idx in torch.arange(len(vfl)).split(batch_size)]
+        soft[overlap] = torch.cat(parts)
+    name = datamodule.active_party_name
+    return StudentData(features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft)

@@ -1,0 +1,158 @@
+"""Student distillation (`lvfl.inference.student`, `lvfl.callbacks.student`) against hand-written references."""
+
+from __future__ import annotations
+
+import csv
+import math
+from functools import partial
+
+import pytest
+import torch
+from conftest import easter, make_trainer
+
+from lvfl.callbacks.student import StudentDistillation
+from lvfl.datamodules import BreastCancer
+from lvfl.inference.student import (
+    LogisticRegression,
+    PaillierDistillation,
+    StudentData,
+    build_student,
+    check_lam,
+    fit_student,
+    student_data,
+    student_loss,
+    teacher_soft_labels,
+)
+from lvfl.models import MLP
+from lvfl.wire import Wire
+
+
+def _toy(n: int = 12, features: int = 3, seed: int = 0) -> StudentData:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    y = (x[:, 0] + 0.5 * torch.randn(n, generator=g) > 0).long()
+    overlap = torch.arange(n) % 2 == 0
+    soft = torch.rand(n, 2, generator=g).softmax(-1) * overlap[:, None]
+    return StudentData(features=x, labels=y, overlap=overlap, soft_labels=soft)
+
+
+@pytest.mark.parametrize("lam", [-0.1, 1.01, "0.5", None])
+def test_lam_outside_unit_interval_raises_naming_it(lam):
+    with pytest.raises(ValueError, match="lam must be in"):
+        check_lam(lam)
+    with pytest.raises(ValueError, match="lam must be in"):
+        StudentDistillation(lam=lam)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 1.0])
+def test_student_loss_matches_hand_written_reference(lam):
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, dtype=torch.float64)
+    labels = torch.tensor([0, 2, 1, 1, 0])
+    overlap = torch.tensor([True, False, True, True, False])
+    soft = torch.rand(5, 3, dtype=torch.float64).softmax(-1)
+    total = 0.0
+    for i in range(5):
+        z = logits[i].tolist()
+        log_norm = math.log(sum(math.exp(v) for v in z))
+        log_p = [v - log_norm for v in z]
+        ce = -log_p[int(labels[i])]
+        if overlap[i]:
+            kd = -sum(float(soft[i, j]) * log_p[j] for j in range(3))
+            total += (1 - lam) * ce + lam * kd
+        else:
+            total += ce
+    got = student_loss(logits, labels, soft, overlap, lam)
+    assert float(got) == pytest.approx(total / 5, rel=1e-12)
+
+
+def test_lam_zero_has_no_teacher_term_and_is_a_local_model():
+    data = _toy(n=20)
+    other = StudentData(data.features, data.labels, data.overlap, torch.rand(20, 2))
+    opt = partial(torch.optim.SGD, lr=0.3)
+    fits = []
+    for d in (data, other):
+        model = build_student(partial(MLP, hidden=[4]), (3,), 4, 2, seed=7)
+        fits.append(fit_student(model, d, lam=0.0, epochs=3, batch_size=8, optimizer=opt, seed=1).model)
+    # a Local model: plain cross-entropy on every sample, same initialisation and batch order
+    ref = build_student(partial(MLP, hidden=[4]), (3,), 4, 2, seed=7)
+    ref_opt = opt(ref.parameters())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        for idx in torch.randperm(20, generator=g).split(8):
+            ref_opt.zero_grad()
+            torch.nn.functional.cross_entropy(ref(data.features[idx]), data.labels[idx]).backward()
+            ref_opt.step()
+    for a, b, r in zip(fits[0].parameters(), fits[1].parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(a, r)
+
+
+def test_teacher_soft_labels_are_the_mean_of_party_probabilities_and_leave_the_wire_alone():
+    dm = BreastCancer(num_parties=2, overlap=0.5)
+    torch.manual_seed(0)
+    model = easter(2)
+    model.build(dm.party_specs, dm.task)
+    batch = dm.train_set[list(range(6))]
+    before = dict(model.wire.bytes)
+    soft = teacher_soft_labels(model, batch)
+    assert dict(model.wire.bytes) == before
+    with torch.no_grad():
+        e = sum(model.party_models[k].encoder(batch.features[k]) for k in model.party_names) / 2
+        ref = sum(model.party_models[k].head(e).softmax(-1) for k in model.party_names) / 2
+    torch.testing.assert_close(soft, ref)
+    data = student_data(model, dm)
+    assert data.features.shape[0] == len(dm.active_set("train"))
+    assert int(data.overlap.sum()) == len(dm.train_set)
+    assert float(data.soft_labels[~data.overlap].abs().sum()) == 0.0
+    torch.testing.assert_close(data.soft_labels[data.overlap].sum(-1), torch.ones(len(dm.train_set)))
+
+
+@pytest.mark.parametrize("lam", [0.5, 1.0])
+def test_paillier_student_equals_plain_student(lam):
+    data = _toy(n=12, features=3)
+    opt = partial(torch.optim.SGD, lr=0.5)
+    plain = build_student(LogisticRegression, (3,), 1, 2, seed=3)
+    fit_plain = fit_student(plain, data, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5)
+
+    wire = Wire()
+    he = PaillierDistillation(wire, active="party0", producer="party1")
+    he.setup()
+    secure = build_student(LogisticRegression, (3,), 1, 2, seed=3)
+    fit_he = fit_student(secure, data, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5, paillier=he)
+
+    for a, b in zip(fit_plain.model.parameters(), fit_he.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    assert fit_he.losses == pytest.approx(fit_plain.losses, abs=1e-4)
+    tags = wire.bytes_by_tag()
+    ct = he.ciphertext_nbytes
+    assert tags["keys"] == 2 * 256
+    assert tags["soft_labels"] == 6 * 2 * ct  # 6 overlapping samples x 2 classes, one value per ciphertext
+    steps = 4
+    assert tags["student_grad"] == steps * 2 * (3 + 1) * ct  # M x (K + 1) coordinates per step
+    assert tags["student_grad_decrypted"] == steps * 2 * (3 + 1) * he.plaintext_nbytes
+    assert tags["student_loss"] == steps * ct
+    assert tags["student_converged"] == 2
+
+
+def test_paillier_refuses_short_keys():
+    with pytest.raises(ValueError, match="key_size must be"):
+        PaillierDistillation(Wire(), "party0", "party1", key_size=1024)
+
+
+def test_callback_logs_student_metrics_to_csv(tmp_path):
+    dm = BreastCancer(num_parties=2, overlap=0.5, batch_size=64)
+    cb = StudentDistillation(lam=0.5, epochs=3, model=partial(MLP, hidden=[8]), embedding_dim=4)
+    trainer = make_trainer(tmp_path, callbacks=[cb])
+    torch.manual_seed(0)
+    model = easter(2)
+    trainer.fit(model, datamodule=dm)
+    (path,) = tmp_path.rglob("metrics.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    keys = {k for row in rows for k, v in row.items() if v not in ("", None)}
+    for key in ("acc", "auroc", "acc/overlap", "auroc/overlap", "acc/active_only", "auroc/active_only"):
+        assert f"student/test/{key}" in keys
+        assert 0.5 < cb.metrics[f"student/test/{key}"] <= 1.0
+    assert "student/train/loss" in keys
+    assert model.wire.bytes_by_tag()["soft_labels"] == len(dm.train_set) * 2 * 4  # float32 soft labels, plain
