@@ -1,5 +1,7 @@
-"""Inference for samples the passive parties do not hold: student distillation (and, elsewhere, oblivious lookup)."""
+"""Inference for samples the passive parties do not hold: student distillation, the oblivious lookup, the router."""
 
+from lvfl.inference.oblivious import ObliviousInference, ObliviousTable
+from lvfl.inference.router import RoutedPredictions, Router
 from lvfl.inference.student import (
     LogisticRegression,
     PaillierDistillation,
@@ -16,6 +18,10 @@ from lvfl.inference.student import (
 
 __all__ = [
     "LogisticRegression",
+    "ObliviousInference",
+    "ObliviousTable",
+    "RoutedPredictions",
+    "Router",
     "PaillierDistillation",
     "StudentData",
     "StudentFit",

@@ -211,6 +211,22 @@ class AggVFL(VFLModule):
         agg, received, _ = self.aggregate_logits(self.local_logits(batch))
         return {**received, AGGREGATE: agg}
 
+    def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
+        """Party `party`'s logits on its own features (what it sends up)."""
+        return self.party_models[party](features)
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The aggregate of the active party's logits and the fetched passive logits (sum, mean or weighted)."""
+        own = self.party_models[self.active](active_features)
+        if self.aggregate == "weighted":
+            w = self.aggregation_weights()
+            logits = {self.active: own, **{k: v.to(own) for k, v in contributions.items()}}
+            return sum(w[i] * logits[k] for i, k in enumerate(self.party_names))
+        total = self.plain_sum(own, contributions, self.passive)
+        return total * (1.0 / self.num_parties if self.aggregate == "mean" else 1.0)
+
     def _log_aggregate_as_mean(self, stage: str) -> None:
         for metric in ("acc", "auroc"):
             key = f"{stage}_{metric}_{AGGREGATE}"

@@ -347,6 +347,33 @@ class VFLModule(LightningModule):
         """Each party's prediction for the batch, as the active party receives it. Protocols override."""
         raise NotImplementedError(f"{type(self).__name__} must implement party_logits")
 
+    # ------------------------------------------------------------------------------------------------ inference
+    # ID-private inference (`lvfl.inference.router`) splits a prediction in two: each passive party precomputes its
+    # contribution for the IDs it holds (from its own features alone), the active party fetches it obliviously and
+    # completes the prediction. A protocol supports it by overriding both hooks; they must reproduce the active
+    # party's `party_logits` exactly under Plain aggregation (tests check it).
+    def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
+        """What passive `party` contributes to the prediction of samples with `features`: default, its embedding."""
+        return self.party_models[party].encoder(features)
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: Mapping[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The active party's logits from its own features and every passive party's contribution."""
+        raise TypeError(
+            f"{type(self).__name__} does not support split (ID-private) inference: it has no complete_prediction"
+        )
+
+    @staticmethod
+    def plain_sum(
+        active: torch.Tensor, contributions: Mapping[str, torch.Tensor], order: Sequence[str]
+    ) -> torch.Tensor:
+        """`active + sum_k contributions[k]` in `order`, exactly as `Plain.combine` adds the shares."""
+        out = active
+        for k in order:
+            out = out + contributions[k].to(active)
+        return out
+
     def _eval_step(self, batch: VFLBatch, stage: str) -> None:
         logits = self.party_logits(batch)
         for name, out in logits.items():

@@ -206,3 +206,14 @@ class CVFL(VFLModule):
             for k in self.passive
         }
         return {self.active: self.top(self.concat_view(self.active, local[self.active], received))}
+
+    def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
+        """Party `party`'s embedding as the active party receives it: compressed, then decompressed."""
+        return self.compressor.compress(self.party_models[party](features)).decompress()
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The top model on the active party's fresh embedding and the fetched passive ones, in their slots."""
+        own = self.party_models[self.active](active_features)
+        return self.top(self.concat_view(self.active, own, {k: v.to(own) for k, v in contributions.items()}))

@@ -79,3 +79,11 @@ class EASTER(VFLModule):
             r_k = self.party_models[k].head(e_at[k])
             out[k] = r_k if k == self.active else self.wire.send(k, self.active, r_k, "predictions")
         return out
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The active party's head on E = (E_a + sum_k E_k) / C, its `party_logits` from fetched embeddings."""
+        model = self.party_models[self.active]
+        e = self.plain_sum(model.encoder(active_features), contributions, self.passive) / self.num_parties
+        return model.head(e)

@@ -330,6 +330,19 @@ class PraVFed(VFLModule):
         self.upload([batch])
         return {self.active: self.active_logits(batch)}
 
+    def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
+        """w_k E_k: what passive `party` uploads for these samples (step 3)."""
+        return self.passive_weights[party] * self.embed(party, features)
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The active party's head on E_a + sum_k w_k E_k (Algorithm 2) from fetched contributions."""
+        model = self.party_models[self.active]
+        e_a = model.encoder(active_features)
+        e_p = self.plain_sum(torch.zeros_like(e_a), contributions, self.passive)
+        return model.head(e_a + e_p)
+
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also save acc_k, w_k and E_p: a resume must not pre-train, upload (or spend epsilon) again."""

@@ -203,3 +203,14 @@ class SplitNN(VFLModule):
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """The top model's prediction on the fused embeddings, held by the active party."""
         return {self.active: self.top_logits(self.gather(self.local_embeddings(batch)))}
+
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The top model on the fused embeddings: the active party's own and the fetched passive ones."""
+        own = self.party_models[self.active].encoder(active_features)
+        if self.fusion == "concat":
+            z = torch.cat([own if k == self.active else contributions[k].to(own) for k in self.party_names], dim=1)
+        else:
+            z = self.plain_sum(own, contributions, self.passive)
+        return self.top_logits(z)

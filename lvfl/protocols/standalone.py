@@ -142,6 +142,12 @@ class Local(SingleSite):
         """The active party's own slice (the only slice it can read)."""
         return batch.features[self.active]
 
+    def complete_prediction(
+        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
+        """The active party's own model on its own features (there are no passive contributions)."""
+        return self.party_models[self.active](active_features)
+
 
 class Central(SingleSite):
     """Centralised training (the upper bound): every party's slice pooled at one site, in one model.

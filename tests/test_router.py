@@ -1,0 +1,129 @@
+"""The router: VFL answers equal the model's own predictions for overlapping IDs, the student answers the rest."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from conftest import make_trainer, mlp_parties
+
+from lvfl.callbacks import StudentDistillation
+from lvfl.compression import Compressor
+from lvfl.datamodules import Digits
+from lvfl.inference.router import Router
+from lvfl.models import MLP
+from lvfl.privacy import LaplaceLabels
+from lvfl.protocols import CVFL, EASTER, AggVFL, Local, PraVFed, SplitNN
+
+PROTOCOLS = {
+    "EASTER": lambda: EASTER(parties=mlp_parties(4), embedding_dim=8),
+    "SplitNN-concat": lambda: SplitNN(parties=mlp_parties(4), top_model=partial(MLP, hidden=[]), embedding_dim=8),
+    "SplitNN-sum": lambda: SplitNN(
+        parties=mlp_parties(4), top_model=partial(MLP, hidden=[]), embedding_dim=8, fusion="sum"
+    ),
+    "CVFL": lambda: CVFL(
+        parties=mlp_parties(4), top_model=partial(MLP, hidden=[8]), embedding_dim=8, compressor=Compressor(bits=8)
+    ),
+    "AggVFL-mean": lambda: AggVFL(parties=mlp_parties(4), embedding_dim=8, aggregate="mean"),
+    "AggVFL-weighted": lambda: AggVFL(parties=mlp_parties(4), embedding_dim=8, aggregate="weighted"),
+    "PraVFed": lambda: PraVFed(
+        parties=mlp_parties(4), embedding_dim=8, label_mechanism=LaplaceLabels(epsilon=1.0, seed=0), local_epochs=1
+    ),
+    "Local": lambda: Local(parties=mlp_parties(4), embedding_dim=8),
+}
+
+
+@pytest.mark.parametrize("name", list(PROTOCOLS))
+def test_split_prediction_equals_the_protocols_own(tmp_path, name):
+    """complete_prediction(own features, passive contributions) == party_logits[active], under Plain."""
+    model = PROTOCOLS[name]()
+    dm = Digits(num_parties=4, batch_size=64)
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0)
+    trainer.fit(model, datamodule=dm)
+    model.eval()
+    batch = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        own = model.party_logits(batch)["aggregate" if isinstance(model, AggVFL) else model.active]
+        contributions = {k: model.passive_contribution(k, batch.features[k]) for k in model.passive}
+        split = model.complete_prediction(batch.features[model.active], contributions)
+    assert torch.allclose(split, own, atol=1e-6, rtol=0), (split - own).abs().max()
+    assert torch.equal(split.argmax(-1), own.argmax(-1))
+
+
+def test_central_refuses_split_inference(tmp_path):
+    from lvfl.protocols import Central
+
+    model = Central(parties=mlp_parties(1), embedding_dim=8)
+    with pytest.raises(TypeError, match="Central does not support split"):
+        model.complete_prediction(torch.zeros(1, 2), {})
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    """EASTER fitted on the half of digits every party holds, with a student for the rest."""
+    torch.manual_seed(0)
+    dm = Digits(num_parties=4, batch_size=64, overlap=0.5)
+    model = EASTER(parties=mlp_parties(4), embedding_dim=8)
+    distill = StudentDistillation(epochs=2, lam=0.5)
+    trainer = make_trainer(tmp_path_factory.mktemp("fit"), max_epochs=2, limit_val_batches=0, callbacks=[distill])
+    trainer.fit(model, datamodule=dm)
+    return model, dm, distill.student
+
+
+def test_router_answers_overlap_by_vfl_and_the_rest_by_the_student(fitted):
+    model, dm, student = fitted
+    router = Router(model, dm, student, bucket_size=16)
+    test = dm.active_set("test")
+    overlap = dm.overlap_mask("test")
+    ids = test.ids[:40]
+    answer = router.predict(ids.tolist())
+    assert answer.path == tuple("vfl" if bool(o) else "student" for o in overlap[:40])
+    assert 0 < answer.path.count("vfl") < 40
+
+    model.eval()
+    student.eval()
+    vfl_rows = [i for i, p in enumerate(answer.path) if p == "vfl"]
+    held = dm.test_set  # the overlap, with every party's features
+    position = {int(i): n for n, i in enumerate(held.ids.tolist())}
+    rows = torch.tensor([position[int(ids[i])] for i in vfl_rows])
+    batch_features = {k: v.index_select(0, rows) for k, v in held.features.items()}
+    with torch.no_grad():
+        local = {k: model.party_models[k].encoder(batch_features[k]) for k in model.party_names}
+        e = (local[model.active] + local["party1"] + local["party2"] + local["party3"]) / 4
+        expected_vfl = model.party_models[model.active].head(e)
+        expected_student = student(test.features[model.active][[i for i, p in enumerate(answer.path) if p != "vfl"]])
+    # the same computation on other batch shapes: equal up to float32 summation order, the same classes
+    assert torch.allclose(answer.logits[vfl_rows], expected_vfl, atol=1e-6, rtol=0)
+    assert torch.equal(answer.predictions[vfl_rows], expected_vfl.argmax(-1))
+    # and the fetched embeddings are the passive parties' own (computed over the split, as the table was), exactly
+    first = int(ids[vfl_rows[0]])
+    with torch.no_grad():
+        for k in model.passive:
+            own = model.passive_contribution(k, held.features[k])[position[first]]
+            assert torch.equal(router.lookups[k].lookup(first), own)
+    student_rows = [i for i, p in enumerate(answer.path) if p == "student"]
+    assert torch.allclose(answer.logits[student_rows], expected_student, atol=1e-6)
+
+
+def test_router_meters_one_round_per_party_and_query(fitted):
+    model, dm, student = fitted
+    router = Router(model, dm, student, bucket_size=16)
+    router.predict([int(dm.active_set("test").ids[0])])
+    queries = {k: router.wire.messages[(model.active, k, "ot_query")] for k in model.passive}
+    answers = {k: router.wire.messages[(k, model.active, "ot_answer")] for k in model.passive}
+    assert queries == answers == dict.fromkeys(model.passive, 1)  # every passive party is asked, hit or miss
+    for k in model.passive:
+        layout = router.lookups[k].table.layout
+        assert router.wire.bytes[(k, model.active, "ot_answer")] == layout.answer_bytes  # N * l
+
+
+def test_unknown_id_and_missing_student_fail_clearly(fitted):
+    model, dm, _ = fitted
+    router = Router(model, dm, None, bucket_size=16)
+    with pytest.raises(ValueError, match=r"sample IDs \[99999\] are held by no party"):
+        router.predict([99999])
+    test = dm.active_set("test")
+    active_only = int(test.ids[~dm.overlap_mask("test")][0])
+    with pytest.raises(ValueError, match=f"sample ID {active_only} is not held by every passive party"):
+        router.predict([active_only])
