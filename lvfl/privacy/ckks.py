@@ -44,8 +44,8 @@ for uniform ternary secrets and classical security (the same table SEAL enforces
 
 Defaults: N=8192, primes (60, 40, 60) = 160 bits <= 218, scale 2**40: one 40-bit prime, i.e. one rescale, which is
 all a weighted sum by plaintext scalars needs (the (60, 40, 40, 60) chain often quoted for TenSEAL buys a second
-multiplication lvfl never does, at ~15% more encryption time and ~40% more bytes per ciphertext, measured with
-`benchmarks/backends.py --ckks-moduli 60 40 40 60`). The first prime leaves
+multiplication lvfl never does, at 45% more protect + combine time and 40% more bytes per 128 x 128 batch: 81.4 vs
+56.2 ms, 5.43 vs 3.89 MB, measured with `benchmarks/backends.py [--ckks-moduli 60 40 40 60]`). The first prime leaves
 60 - 40 = 20 bits of integer headroom, so every decrypted value must stay below 2**19 in magnitude, which bounds
 `max_abs` (the largest embedding value a party may encrypt) and the mask: `K * max_abs + M < 2**19`.
 
@@ -57,8 +57,8 @@ ASIACRYPT 2017, Lemmas 1-3; sigma = 3.2, h = 2N/3 for SEAL's uniform ternary sec
 about 6e-7 per passive party; observed errors are ~1e-8. A decrypted sum beyond `sum |w_k| * max_abs` plus that
 bound is refused as corrupted (wrong key or tampered ciphertexts).
 
-Cost (TenSEAL 0.3.18, one core, N=8192, primes (60, 40, 40, 60); the default chain is ~15% faster and ~30%
-smaller): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
+Cost (TenSEAL 0.3.18, one core, N=8192, primes (60, 40, 40, 60); the default chain is faster and smaller, see
+above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
 ~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a decryption ~1 ms. So one
 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties is
 dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one thread and holds the
