@@ -57,7 +57,7 @@ def metric(tmp_path, name: str) -> list[float]:
 
 def release_by_id(model: EASTER) -> dict[int, object]:
     """The protected label of every training sample, keyed by ID (Laplace rows as tuples)."""
-    ids, labels = model._release_ids.cpu(), model._release_labels.cpu()
+    ids, labels = model.label_release.ids.cpu(), model.label_release.labels.cpu()
     return {int(i): (tuple(y.tolist()) if y.dim() else int(y)) for i, y in zip(ids, labels, strict=True)}
 
 
@@ -176,8 +176,8 @@ def test_laplace_labels_train_passive_parties_on_noisy_rows(tmp_path):
     model = recording(LaplaceLabels(epsilon=1.0, seed=0))
     make_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(model, datamodule=dm)
     m = dm.task.num_classes
-    assert model._release_labels.shape == (len(dm.train_set), m)
-    assert model._release_labels.is_floating_point()
+    assert model.label_release.labels.shape == (len(dm.train_set), m)
+    assert model.label_release.labels.is_floating_point()
     for _, batch, used in model.steps:
         assert torch.equal(used[model.active], batch.labels)
         for k in model.passive:

@@ -8,6 +8,7 @@ leaves the active party.
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.ckks import CKKS
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels, PrivacyLedger, RandomizedResponse
+from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.masking import DHMasking
 from lvfl.privacy.paillier import Paillier
 from lvfl.privacy.plain import Plain
@@ -17,6 +18,7 @@ __all__ = [
     "CKKS",
     "DHMasking",
     "LabelMechanism",
+    "LabelRelease",
     "LaplaceLabels",
     "Paillier",
     "Plain",

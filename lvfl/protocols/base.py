@@ -28,6 +28,7 @@ from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
+from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
 from lvfl.wire import Wire
 
@@ -92,9 +93,7 @@ class VFLModule(LightningModule):
         self.aggregation = aggregation if aggregation is not None else Plain()
         self.embedding_dim = embedding_dim
         self.label_mechanism = label_mechanism
-        self.privacy_ledger = PrivacyLedger()
-        self._release_ids: torch.Tensor | None = None  # sorted training sample IDs
-        self._release_labels: torch.Tensor | None = None  # their protected labels, same order
+        self.label_release = LabelRelease(label_mechanism)
         self.wire = Wire()
         self.mask_step = 0
         self.party_specs: list[PartySpec] = []
@@ -270,9 +269,14 @@ class VFLModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ label privacy
     @property
+    def privacy_ledger(self) -> PrivacyLedger:
+        """The epsilon spent by this run's label releases (basic composition)."""
+        return self.label_release.ledger
+
+    @property
     def has_label_release(self) -> bool:
         """Whether the protected training labels have been drawn (or restored from a checkpoint)."""
-        return self._release_labels is not None
+        return self.label_release.drawn
 
     def on_fit_start(self) -> None:
         """Draw the label release once for the datamodule's training set (a resume keeps the checkpointed one)."""
@@ -282,7 +286,7 @@ class VFLModule(LightningModule):
         self.release_labels(train.ids, train.labels)
 
     def release_labels(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
-        """Draw the protected labels for training samples `ids` once and record the release on the ledger.
+        """Draw the protected labels for training samples `ids` once (see `LabelRelease.draw`).
 
         No-op when there is nothing to protect (no mechanism or no passive party) or when a release for the same
         samples exists (a resume: redrawing would spend epsilon again); a release for other samples raises.
@@ -291,43 +295,19 @@ class VFLModule(LightningModule):
             return
         if self.task is None:
             raise RuntimeError("release_labels needs the task: call it after setup/build")
-        ids = ids.detach().long().cpu()
-        order = torch.argsort(ids)
-        ids, labels = ids[order], labels.detach().long().cpu()[order]
-        if self._release_ids is not None:
-            if not torch.equal(self._release_ids.cpu(), ids):
-                raise ValueError(
-                    "the existing label release (drawn earlier or checkpointed) covers other training samples than "
-                    "this datamodule's "
-                    f"({self._release_ids.numel()} vs {ids.numel()} IDs); use the same data split and seed, since a "
-                    "new release would spend the label privacy budget again"
-                )
-            return
         trainer = self._trainer
-        rank = trainer.global_rank if trainer is not None else 0
-        if rank == 0:
-            protected = self.privacy_ledger.release(self.label_mechanism, labels, self.task.num_classes, tag="train")
-        else:  # the release is rank 0's, broadcast below; every rank's ledger records it once
-            self.privacy_ledger.record(self.label_mechanism, int(labels.shape[0]), tag="train")
-            protected = None
-        if trainer is not None and trainer.world_size > 1:
-            protected = trainer.strategy.broadcast(protected, src=0)
-        self._release_ids, self._release_labels = ids, protected.cpu()
+        distributed = trainer is not None and trainer.world_size > 1
+        self.label_release.draw(
+            ids,
+            labels,
+            self.task.num_classes,
+            rank=trainer.global_rank if trainer is not None else 0,
+            broadcast=(lambda obj: trainer.strategy.broadcast(obj, src=0)) if distributed else None,
+        )
 
     def protected_labels(self, ids: torch.Tensor) -> torch.Tensor:
         """The released labels of training samples `ids` (raises for IDs outside the release)."""
-        if self._release_ids is None or self._release_labels is None:
-            raise RuntimeError(
-                "a passive party's loss needs the protected labels, which are drawn at fit start (release_labels)"
-            )
-        if self._release_ids.device != ids.device:  # move the lookup once, not every step
-            self._release_ids = self._release_ids.to(ids.device)
-            self._release_labels = self._release_labels.to(ids.device)
-        ids = ids.long()
-        pos = torch.searchsorted(self._release_ids, ids).clamp(max=self._release_ids.numel() - 1)
-        if not torch.equal(self._release_ids[pos], ids):
-            raise ValueError("protected labels exist only for training samples; the batch has IDs outside the release")
-        return self._release_labels[pos]
+        return self.label_release.lookup(ids)
 
     def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
         """Accumulate the step's losses and write them on the logging cadence (see `lvfl.loggers`).
@@ -426,11 +406,7 @@ class VFLModule(LightningModule):
             "wire": self.wire.state_dict(),
             "aggregation": self.aggregation.state_dict(),
             "party_names": self.party_names,
-            "label_privacy": {
-                "ledger": self.privacy_ledger.state_dict(),
-                "ids": None if self._release_ids is None else self._release_ids.cpu(),
-                "labels": None if self._release_labels is None else self._release_labels.cpu(),
-            },
+            "label_privacy": self.label_release.state_dict(),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -448,5 +424,4 @@ class VFLModule(LightningModule):
         self.aggregation.load_state_dict(state.get("aggregation", {}))
         label_state = state.get("label_privacy")
         if label_state is not None:
-            self.privacy_ledger.load_state_dict(label_state["ledger"])
-            self._release_ids, self._release_labels = label_state["ids"], label_state["labels"]
+            self.label_release.load_state_dict(label_state)

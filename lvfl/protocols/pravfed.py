@@ -171,11 +171,12 @@ class PraVFed(VFLModule):
 
     def send_labels(self) -> None:
         """Step 1: the release Y' goes once to every passive party, rows in ascending sample-ID order (no IDs)."""
-        if self._release_ids is None or self._release_labels is None:
+        release = self.label_release
+        if release.ids is None or release.labels is None:
             raise RuntimeError("PraVFed sends the label release drawn at fit start; release_labels has not run")
-        self._labels_ids = self._release_ids.cpu()
+        self._labels_ids = release.ids.cpu()
         for k in self.passive:
-            self._labels_at[k] = self.wire.send(self.active, k, self._release_labels.cpu(), "labels")
+            self._labels_at[k] = self.wire.send(self.active, k, release.labels.cpu(), "labels")
 
     def passive_labels(self, party: str, ids: torch.Tensor) -> torch.Tensor:
         """Y' of training samples `ids` as passive `party` holds it (what it received in step 1)."""
