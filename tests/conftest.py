@@ -105,3 +105,18 @@ def run_ddp(config: str, save_dir, *extra: str) -> str:
     assert proc.returncode == 0, output[-3000:]
     assert "summed over 2 ranks" in output
     return output
+
+
+def bad_labels_datamodule(num_parties: int = 4):
+    """A 3-class datamodule whose labels run 0..3: class 3 is out of range, which every protocol must refuse."""
+    import numpy as np
+
+    from lvfl.datamodules import VerticalDataModule
+
+    class BadLabels(VerticalDataModule):
+        num_classes = 3
+
+        def load(self):
+            return np.random.default_rng(0).normal(size=(120, 8)), np.arange(120) % 4
+
+    return BadLabels(num_parties=num_parties)

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import dh_key_ledger, easter, make_trainer, run_ddp
+from conftest import bad_labels_datamodule, dh_key_ledger, easter, make_trainer, run_ddp
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
@@ -226,16 +226,8 @@ def test_nan_features_fail_before_training(tmp_path):
 
 
 def test_labels_outside_class_range_fail(tmp_path):
-    import numpy as np
-
-    class BadLabels(VerticalDataModule):
-        num_classes = 3
-
-        def load(self):
-            return np.random.default_rng(0).normal(size=(120, 8)), np.arange(120) % 4
-
     with pytest.raises(ValueError, match="3"):
-        make_trainer(tmp_path).fit(easter(4), datamodule=BadLabels(num_parties=4))
+        make_trainer(tmp_path).fit(easter(4), datamodule=bad_labels_datamodule())
 
 
 def test_out_of_range_embedding_names_the_party():

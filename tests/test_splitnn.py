@@ -8,9 +8,9 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import dh_key_ledger, make_trainer, mlp_parties, recording
+from conftest import bad_labels_datamodule, dh_key_ledger, make_trainer, mlp_parties, recording
 
-from lvfl.datamodules import Digits, VerticalDataModule
+from lvfl.datamodules import Digits
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols.splitnn import SplitNN
@@ -189,13 +189,5 @@ def test_bad_top_hidden_names_the_option():
 
 
 def test_labels_outside_class_range_fail(tmp_path):
-    import numpy as np
-
-    class BadLabels(VerticalDataModule):
-        num_classes = 3
-
-        def load(self):
-            return np.random.default_rng(0).normal(size=(120, 8)), np.arange(120) % 4
-
     with pytest.raises(ValueError, match="3"):
-        make_trainer(tmp_path).fit(splitnn(4), datamodule=BadLabels(num_parties=4))
+        make_trainer(tmp_path).fit(splitnn(4), datamodule=bad_labels_datamodule())
