@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -55,12 +56,18 @@ def build_cli(args: list[str], run: bool = True) -> VFLCLI:
 
 
 def run_experiment(
-    config: str, seed: int, overrides: list[str] | None = None, save_dir: str | None = None, test: bool = True
+    config: str,
+    seed: int,
+    overrides: list[str] | None = None,
+    save_dir: str | None = None,
+    test: bool = True,
+    before_fit: Callable[[VFLCLI], Any] | None = None,
 ) -> tuple[dict[str, float], VFLCLI]:
     """Fit `config` with `seed` (model init and data split), then test it; returns the test metrics and the CLI.
 
     Progress bar, checkpoints and default callbacks are off (the metrics come back directly); the test metrics
-    gain `wire_bytes`, the run's total on the wire. Used by the benchmark scripts and the accuracy tests.
+    gain `wire_bytes`, the run's total on the wire. `before_fit(cli)` runs on the instantiated, unfitted CLI (e.g.
+    to keep an unbuilt copy of the model). Used by the benchmark scripts and the accuracy tests.
     """
     with tempfile.TemporaryDirectory() as tmp:
         args = [
@@ -75,6 +82,8 @@ def run_experiment(
             *(overrides or []),
         ]
         cli = build_cli(args, run=False)
+        if before_fit is not None:
+            before_fit(cli)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         metrics: dict[str, float] = {}
         if test:

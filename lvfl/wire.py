@@ -48,13 +48,14 @@ def payload_nbytes(payload: Any) -> int:
     )
 
 
-def _arrive(payload: Any) -> Any:
+def arrive(payload: Any) -> Any:
+    """`payload` as its receiver holds it: tensors detached (autograd never crosses a party boundary)."""
     if isinstance(payload, torch.Tensor):
         return payload.detach()
     if isinstance(payload, dict):
-        return {k: _arrive(v) for k, v in payload.items()}
+        return {k: arrive(v) for k, v in payload.items()}
     if isinstance(payload, list | tuple):
-        return type(payload)(_arrive(v) for v in payload)
+        return type(payload)(arrive(v) for v in payload)
     return payload
 
 
@@ -111,7 +112,7 @@ class Wire:
         key = (src, dst, tag)
         self.bytes[key] += payload_nbytes(payload)
         self.messages[key] += 1
-        received = _arrive(payload)
+        received = arrive(payload)
         if self._observers:
             for fn in tuple(self._observers.values()):  # a copy: an observer may unsubscribe itself
                 fn(src, dst, tag, received)

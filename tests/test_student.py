@@ -88,15 +88,19 @@ def test_lam_zero_has_no_teacher_term_and_is_a_local_model():
         assert torch.equal(a, r)
 
 
-def test_teacher_soft_labels_are_the_mean_of_party_probabilities_and_leave_the_wire_alone():
+def _ledger_delta(wire: Wire, run) -> dict[tuple[str, str, str], int]:
+    before = dict(wire.bytes)
+    run()
+    return {k: n - before.get(k, 0) for k, n in wire.bytes.items() if n != before.get(k, 0)}
+
+
+def test_teacher_soft_labels_are_the_mean_of_party_probabilities():
     dm = BreastCancer(num_parties=2, overlap=0.5)
     torch.manual_seed(0)
     model = easter(2)
     model.build(dm.party_specs, dm.task)
     batch = dm.train_set[list(range(6))]
-    before = dict(model.wire.bytes)
     soft = teacher_soft_labels(model, batch)
-    assert dict(model.wire.bytes) == before
     with torch.no_grad():
         e = sum(model.party_models[k].encoder(batch.features[k]) for k in model.party_names) / 2
         ref = sum(model.party_models[k].head(e).softmax(-1) for k in model.party_names) / 2
@@ -106,6 +110,37 @@ def test_teacher_soft_labels_are_the_mean_of_party_probabilities_and_leave_the_w
     assert int(data.overlap.sum()) == len(dm.train_set)
     assert float(data.soft_labels[~data.overlap].abs().sum()) == 0.0
     torch.testing.assert_close(data.soft_labels[data.overlap].sum(-1), torch.ones(len(dm.train_set)))
+
+
+@pytest.mark.parametrize("num_parties", [2, 3])
+def test_teacher_inference_is_metered_with_predictions_delivered_to_the_producer(num_parties):
+    """Reference: the protocol's own `party_logits` ledger for the same batch, tags prefixed; with a passive
+    producer, the passive predictions go to it instead of the active party and the active one's own is forwarded."""
+    dm = BreastCancer(num_parties=num_parties, overlap=0.5)
+    torch.manual_seed(0)
+    model = easter(num_parties)
+    model.build(dm.party_specs, dm.task)
+    model.eval()
+    batch = dm.train_set[list(range(6))]
+    with torch.no_grad():
+        protocol = _ledger_delta(model.wire, lambda: model.party_logits(batch))
+    assert protocol  # EASTER's inference sends embeddings and predictions
+    prefixed = {(s, d, "teacher/" + t): n for (s, d, t), n in protocol.items()}
+    at_active = _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch))
+    assert at_active == prefixed
+
+    producer = "party1"
+    at_producer = _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch, producer=producer))
+    expected = dict(prefixed)
+    row = 6 * 2 * 4  # one party's float32 logits for 6 samples, 2 classes
+    for k in model.passive:
+        assert expected.pop((k, "party0", "teacher/predictions")) == row
+        if k != producer:
+            expected[(k, producer, "teacher/predictions")] = row
+    expected[("party0", producer, "teacher/predictions")] = row  # the active party's own model's prediction
+    assert at_producer == expected
+    with pytest.raises(ValueError, match="producer must be one of the parties"):
+        teacher_soft_labels(model, batch, producer="party9")
 
 
 @pytest.mark.parametrize("lam", [0.5, 1.0])
@@ -155,4 +190,8 @@ def test_callback_logs_student_metrics_to_csv(tmp_path):
         assert f"student/test/{key}" in keys
         assert 0.5 < cb.metrics[f"student/test/{key}"] <= 1.0
     assert "student/train/loss" in keys
-    assert model.wire.bytes_by_tag()["soft_labels"] == len(dm.train_set) * 2 * 4  # float32 soft labels, plain
+    tags = model.wire.bytes_by_tag()
+    assert tags["soft_labels"] == len(dm.train_set) * 2 * 4  # float32 soft labels, plain
+    # the teacher's inference over the overlap, predictions delivered to the producer (party1): party0's forwarded
+    assert tags["teacher/predictions"] == len(dm.train_set) * 2 * 4
+    assert tags["teacher/embeddings"] > 0

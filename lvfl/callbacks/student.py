@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import OptimizerCallable
 
+from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_labels, untrained_copy
 from lvfl.inference.student import (
     Encryption,
     LogisticRegression,
@@ -62,6 +63,11 @@ class StudentDistillation(Callback):
         tol: stop when the epoch-mean loss moves less than this (Algorithm 1's check); None runs every epoch.
         seed: seed of the student's initialisation and batch order.
         teacher_batch_size: samples per teacher forward pass.
+        cross_fit: None (the fitted teacher's own predictions on its training samples) or K >= 2: cross-fitted soft
+            labels, each overlapping sample's from one of K fold teachers that did not train on it (K more VFL
+            trainings, same epochs, metered under `cross_fit/<tag>`; see `lvfl.inference.cross_fit`). The fitted
+            teacher's own soft labels on its training samples are nearly the hard labels, so cross-fitting is what
+            gives the student the teacher's uncertainty.
 
     Example:
         >>> cb = StudentDistillation(lam=0.5, epochs=5)
@@ -85,6 +91,7 @@ class StudentDistillation(Callback):
         tol: float | None = None,
         seed: int = 0,
         teacher_batch_size: int = 256,
+        cross_fit: int | None = None,
     ) -> None:
         self.lam = check_lam(lam)
         if encryption not in ("plain", "paillier"):
@@ -102,9 +109,18 @@ class StudentDistillation(Callback):
         self.key_size, self.frac_bits = key_size, frac_bits
         self.producer, self.coordinator = producer, coordinator
         self.tol, self.seed = tol, seed
+        self.cross_fit = None if cross_fit is None else check_folds(cross_fit)
+        self._template: LightningModule | None = None
         self.student: torch.nn.Module | None = None
         self.losses: list[float] = []
         self.metrics: dict[str, float] = {}
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Keep an unbuilt copy of the protocol for the fold teachers (callbacks set up before the module builds)."""
+        if self.cross_fit is not None and stage == "fit" and self._template is None:
+            if trainer.world_size > 1:
+                raise ValueError("cross_fit runs its fold teachers in one process: use it without DDP")
+            self._template = untrained_copy(pl_module)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Fit the student on the fitted teacher, evaluate it on the test split and log the figures."""
@@ -114,7 +130,23 @@ class StudentDistillation(Callback):
         active = dm.active_party_name
         passive = [name for name in getattr(pl_module, "passive", [])]
         producer = self.producer if self.producer is not None else (passive[0] if passive else active)
-        data = student_data(pl_module, dm, "train", self.teacher_batch_size)  # soft labels as the producer holds them
+        soft = None
+        if self.cross_fit is not None:
+            if self._template is None:
+                raise RuntimeError("cross_fit: the protocol was not captured before it was built (setup not called)")
+            soft = cross_fitted_soft_labels(
+                self._template,
+                dm,
+                self.cross_fit,
+                trainer.max_epochs,
+                pl_module.wire,
+                producer=producer,
+                seed=self.seed,
+                accelerator="cpu" if pl_module.device.type == "cpu" else "auto",
+                batch_size=self.teacher_batch_size,
+            )
+        # y~ as the producer holds it
+        data = student_data(pl_module, dm, "train", self.teacher_batch_size, producer, soft_labels=soft)
 
         paillier = None
         if self.encryption == "paillier":

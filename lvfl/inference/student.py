@@ -31,10 +31,17 @@ Two paths give the same student for a linear student (up to fixed-point resoluti
   linear / logistic student (`LogisticRegression`) the last layer is the whole model, and both paths train the same
   student.
 
-Where `y~` comes from (the simulation): the teacher's forward pass runs in this process on a scratch `Wire` (its
-inference messages are not metered here: in a deployment the joint inference is arranged so that only the
-*producer*, by default the first passive party as in the paper's Stage two, learns `y~`). The producer then sends
-`y~` to the active party over the protocol's wire, in the clear or encrypted under the coordinator's public key.
+Where `y~` comes from: the teacher's joint inference on the overlap, metered on the protocol's wire under
+`teacher/<tag>`. The protocol's own inference messages (`party_logits`: embeddings, masked shares, ...) flow as in any
+prediction, except that the *predictions themselves* are delivered to the *producer* (by default the first passive
+party, as in the paper's Stage two) instead of the active party, and predictions the active party computes (its own
+model's, a top model's or an aggregate) are forwarded to the producer (`teacher/predictions`). The producer forms
+`y~` and sends it to the active party, in the clear (plain) or encrypted under the coordinator's public key
+(paillier). With `producer` set to the active party, the predictions stay where the protocol delivers them and no
+`soft_labels` message is sent. Caveat: in protocols where the active party computes the prediction (SplitNN, C_VFL,
+PraVFed's top model, Agg_VFL's aggregate), it learns the teacher's output anyway, so the encrypted channel protects
+only the other parties' own predictions (EASTER's passive models) -- as during training, where those protocols also
+show the active party every prediction.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ from torch import nn
 
 from lvfl.models.base import PartyModel, PartyModelFactory
 from lvfl.parties import VFLBatch
-from lvfl.wire import Wire
+from lvfl.wire import Wire, arrive
 
 __all__ = [
     "Encryption",
@@ -151,17 +158,38 @@ def student_loss(
 
 
 # -- the teacher -------------------------------------------------------------------------------------------------
+TEACHER_TAG = "teacher/"
+
+
+class _Recorder:
+    """Stands in for the protocol's wire during the teacher's inference.
+
+    Holds every message until its final destination is known (see `teacher_soft_labels`) and returns the payload as
+    the receiver would get it.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any, str, Any]] = []
+
+    def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
+        if src == dst:
+            raise ValueError(f"party {src!r} sent a message to itself (tag {tag!r})")
+        received = arrive(payload)
+        self.sent.append((src, dst, payload, tag, received))
+        return received
+
+
 @contextmanager
-def _scratch_wire(module: Any) -> Iterator[Wire]:
-    """Swap the protocol's (and its backend's) wire for a scratch one, so the teacher's inference is not metered."""
-    scratch = Wire()
+def _recording(module: Any) -> Iterator[_Recorder]:
+    """Swap the protocol's (and its backend's) wire for a recorder for the duration of the block."""
+    recorder = _Recorder()
     backend = getattr(module, "aggregation", None)
     saved = module.wire, getattr(backend, "wire", None)
-    module.wire = scratch
+    module.wire = recorder
     if backend is not None and hasattr(backend, "wire"):
-        backend.wire = scratch
+        backend.wire = recorder
     try:
-        yield scratch
+        yield recorder
     finally:
         module.wire = saved[0]
         if backend is not None and hasattr(backend, "wire"):
@@ -169,19 +197,37 @@ def _scratch_wire(module: Any) -> Iterator[Wire]:
 
 
 @torch.no_grad()
-def teacher_soft_labels(teacher: Any, batch: VFLBatch) -> torch.Tensor:
+def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = None) -> torch.Tensor:
     """The VFL model's soft labels for `batch`: the mean over predicting parties of their softmax (B x M, on CPU).
 
-    Runs `teacher.party_logits` in eval mode on a scratch wire (see the module docstring), then restores the
-    teacher's mode and wire.
+    Runs `teacher.party_logits` in eval mode and meters its messages on the teacher's wire under `teacher/<tag>`,
+    with the predictions delivered to `producer` (default: the active party, i.e. as the protocol delivers them; see
+    the module docstring). Restores the teacher's mode.
     """
+    active = teacher.active
+    producer = active if producer is None else producer
+    if producer not in teacher.party_names:
+        raise ValueError(f"producer must be one of the parties {list(teacher.party_names)}, got producer={producer!r}")
     was_training = teacher.training
     teacher.eval()
     try:
-        with _scratch_wire(teacher):
+        with _recording(teacher) as recorder:
             logits = teacher.party_logits(batch.to(teacher.device))
     finally:
         teacher.train(was_training)
+    # a message whose arrival *is* one of the returned predictions delivered that prediction: it goes to the producer
+    delivered = {id(v) for v in logits.values()}
+    arrived = set()
+    for src, dst, payload, tag, received in recorder.sent:
+        if id(received) in delivered and dst == active:
+            arrived.add(id(received))
+            dst = producer
+        if src != dst:  # the producer's own prediction, redirected to itself, does not cross the wire
+            teacher.wire.send(src, dst, payload, TEACHER_TAG + tag)
+    if producer != active:  # what the active party computed itself (own model, top model, aggregate) is forwarded
+        own = {k: v for k, v in logits.items() if id(v) not in arrived}
+        if own:
+            teacher.wire.send(active, producer, own, TEACHER_TAG + "predictions")
     probs = torch.stack([v.float().softmax(-1) for v in logits.values()])
     return probs.mean(0).cpu()
 
@@ -578,10 +624,19 @@ def evaluate_student(model: nn.Module, features: torch.Tensor, labels: torch.Ten
 
 
 # -- assembling the active party's view --------------------------------------------------------------------------
-def student_data(teacher: Any, datamodule: Any, split: str = "train", batch_size: int = 256) -> StudentData:
-    """The active party's samples of `split` with the teacher's soft labels on the overlap (as the producer holds them).
+def student_data(
+    teacher: Any,
+    datamodule: Any,
+    split: str = "train",
+    batch_size: int = 256,
+    producer: str | None = None,
+    soft_labels: torch.Tensor | None = None,
+) -> StudentData:
+    """The active party's samples of `split` with the teacher's soft labels on the overlap (as `producer` holds them).
 
-    The soft labels come from `teacher_soft_labels` on the datamodule's VFL view of the split (overlap only),
+    The soft labels come from `teacher_soft_labels` on the datamodule's VFL view of the split (overlap only; its
+    messages metered on the teacher's wire, predictions delivered to `producer`, default the active party), or are
+    given as `soft_labels` (N_o, M) in the VFL view's order (cross-fitted ones, `lvfl.inference.cross_fit`);
     matched to the active party's samples by ID; rows of active-only samples are zero.
     """
     full = datamodule.active_set(split)
@@ -595,8 +650,15 @@ def student_data(teacher: Any, datamodule: Any, split: str = "train", batch_size
         )
     num_classes = datamodule.task.num_classes
     soft = torch.zeros(len(full), num_classes)
-    if len(vfl):
-        parts = [teacher_soft_labels(teacher, vfl[idx]) for idx in torch.arange(len(vfl)).split(batch_size)]
+    if soft_labels is not None:
+        if tuple(soft_labels.shape) != (len(vfl), num_classes):
+            raise ValueError(
+                f"soft_labels has shape {tuple(soft_labels.shape)}, expected ({len(vfl)}, {num_classes}): one row per "
+                f"overlapping {split} sample"
+            )
+        soft[overlap] = soft_labels.float().cpu()
+    elif len(vfl):
+        parts = [teacher_soft_labels(teacher, vfl[idx], producer) for idx in torch.arange(len(vfl)).split(batch_size)]
         soft[overlap] = torch.cat(parts)
     name = datamodule.active_party_name
     return StudentData(features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft)
