@@ -114,3 +114,11 @@ def test_callback_with_cross_fit_logs_the_student_and_meters_the_folds(tmp_path)
     tags = model.wire.bytes_by_tag()
     assert tags["cross_fit/embeddings"] > 0
     assert tags["soft_labels"] == len(dm.train_set) * 2 * 4
+
+
+def test_cross_fit_needs_a_trainer_with_max_epochs(tmp_path):
+    dm = BreastCancer(num_parties=2, overlap=0.5, batch_size=64)
+    cb = StudentDistillation(epochs=1, cross_fit=2)
+    trainer = make_trainer(tmp_path, callbacks=[cb], max_epochs=-1, max_steps=2)
+    with pytest.raises(ValueError, match="trainer.max_epochs"):
+        trainer.fit(easter(2), datamodule=dm)

@@ -134,6 +134,11 @@ class StudentDistillation(Callback):
         if self.cross_fit is not None:
             if self._template is None:
                 raise RuntimeError("cross_fit: the protocol was not captured before it was built (setup not called)")
+            if not isinstance(trainer.max_epochs, int) or trainer.max_epochs < 1:
+                raise ValueError(
+                    f"cross_fit trains each fold teacher for trainer.max_epochs, which is {trainer.max_epochs!r}: "
+                    "set trainer.max_epochs"
+                )
             soft = cross_fitted_soft_labels(
                 self._template,
                 dm,
