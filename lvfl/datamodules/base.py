@@ -74,6 +74,11 @@ class VerticalTensorDataset(Dataset):
             labels=self.labels.index_select(0, index),
         )
 
+    def subset(self, index: torch.Tensor) -> VerticalTensorDataset:
+        """The rows at positions `index` as a dataset of their own (every party's slice, labels and IDs)."""
+        batch = self.__getitems__(index)
+        return VerticalTensorDataset(ids=batch.ids, features=dict(batch.features), labels=batch.labels)
+
     def __getitem__(self, index: int | Sequence[int]) -> VFLBatch:
         """One sample as a batch of one (or a batch, given a sequence), keeping the `VFLBatch` structure."""
         return self.__getitems__([index] if isinstance(index, (int, np.integer)) else index)
@@ -295,11 +300,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """The samples of `split` that only the active party holds (its slice and labels); empty when alpha = 1."""
         full = self.active_set(split)
         index = torch.from_numpy(np.flatnonzero(~self._prepare().overlap[split]))
-        return VerticalTensorDataset(
-            ids=full.ids.index_select(0, index),
-            features={k: v.index_select(0, index) for k, v in full.features.items()},
-            labels=full.labels.index_select(0, index),
-        )
+        return full.subset(index)
 
     @property
     def active_only_train_set(self) -> VerticalTensorDataset:

@@ -46,15 +46,6 @@ def check_folds(folds: int, num_samples: int | None = None) -> int:
     return folds
 
 
-def subset(dataset: VerticalTensorDataset, index: torch.Tensor) -> VerticalTensorDataset:
-    """The rows `index` of `dataset` (every party's slice, labels and IDs)."""
-    return VerticalTensorDataset(
-        ids=dataset.ids.index_select(0, index),
-        features={k: v.index_select(0, index) for k, v in dataset.features.items()},
-        labels=dataset.labels.index_select(0, index),
-    )
-
-
 class FoldDataModule(LightningDataModule):
     """A `VerticalDataModule` with some of its (overlapping) training samples held out.
 
@@ -66,7 +57,7 @@ class FoldDataModule(LightningDataModule):
         super().__init__()
         self.base = base
         self.seed = seed
-        self._train = subset(base.train_set, torch.nonzero(keep).flatten())
+        self._train = base.train_set.subset(torch.nonzero(keep).flatten())
 
     @property
     def party_specs(self) -> Any:
