@@ -15,34 +15,84 @@ from typing import Any
 from lightning.pytorch.cli import LightningCLI
 
 from lvfl.datamodules import VerticalDataModule
+from lvfl.errors import check_party_optimizers, debug_requested, quiet_third_party, user_error_message
 from lvfl.protocols import VFLModule
+
+DEBUG_HELP = "A refused input prints one line, 'lvfl: error: ...'; add --debug (or set LVFL_DEBUG=1) for tracebacks."
 
 
 class VFLCLI(LightningCLI):
     """LightningCLI with lvfl's defaults (CSV logs under runs/, a communication meter, last checkpoints)."""
 
-    def add_arguments_to_parser(self, parser: Any) -> None:
-        """Lvfl's defaults: seeded runs, CSV logs under runs/, a communication meter, per-experiment checkpoints.
+    def before_instantiate_classes(self) -> None:
+        """Check every party's optimizer before instantiation, so that a refused setting names the party."""
+        check_party_optimizers(self.config.get(str(self.subcommand), self.config))
 
-        Set as parser defaults (not `trainer_defaults`) so that a config can replace each of them.
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        """Lvfl's defaults: seeded runs, CSV logs under runs/, and the `default_callbacks` switch.
+
+        Trainer settings are parser defaults (not LightningCLI's `trainer_defaults`) so that a config can replace
+        each of them. lvfl's callbacks are not a default of `trainer.callbacks`, which a config's own list would
+        replace (losing the checkpoint that `--ckpt_path last` needs): `instantiate_trainer` adds them to whatever
+        the config lists (`with_default_callbacks`), unless the config sets `default_callbacks: false`.
         """
         parser.set_defaults({"seed_everything": 0, **{f"trainer.{k}": v for k, v in trainer_defaults().items()}})
+        parser.add_argument(
+            "--default_callbacks",
+            type=bool,
+            default=True,
+            help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
+            "each unless the config lists one of its kind; false: only the config's own callbacks.",
+        )
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:
+        """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`)."""
+        config = self.config_init.get(str(self.subcommand), self.config_init)
+        if config.get("default_callbacks", True) and "callbacks" not in kwargs:
+            trainer = config.get("trainer") or {}
+            kwargs["callbacks"] = with_default_callbacks(
+                trainer.get("callbacks"), checkpointing=trainer.get("enable_checkpointing") is not False
+            )
+        return super().instantiate_trainer(**kwargs)
 
 
 def trainer_defaults() -> dict:
-    """Defaults every lvfl run gets unless its config overrides them."""
+    """Trainer defaults every lvfl run gets unless its config overrides them (callbacks: `with_default_callbacks`)."""
     return {
         "logger": {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}},
-        "callbacks": [
-            {"class_path": "lvfl.callbacks.CommunicationMeter"},
-            {"class_path": "lvfl.callbacks.ExperimentCheckpoint"},
-        ],
         "enable_model_summary": False,
     }
 
 
-def build_cli(args: list[str], run: bool = True) -> VFLCLI:
-    """The CLI on `args` (with `run=False` the first argument is not a subcommand): for scripts and tests."""
+def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
+    """The default callbacks of lvfl, followed by the configured `callbacks` (a list, one callback, or None).
+
+    The defaults are `CommunicationMeter` (the wire's figures), `ExactResume` (a resumed fit continues the run it
+    resumes) and `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads). Each is added unless the
+    configured list already holds a callback of its kind, which then takes its place: a configured
+    `CommunicationMeter(print_summary=false)` replaces the default one, and any configured `ModelCheckpoint` takes
+    checkpointing over (`lvfl bench` keeps only its best-epoch checkpoint). No checkpoint callback is added when
+    `checkpointing` is False (`trainer.enable_checkpointing: false`).
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lvfl.callbacks import CommunicationMeter, ExperimentCheckpoint
+    from lvfl.callbacks.checkpoint import ExactResume
+
+    configured = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+    defaults = [(CommunicationMeter, CommunicationMeter), (ExactResume, ExactResume)]
+    if checkpointing:
+        defaults.append((ModelCheckpoint, ExperimentCheckpoint))
+    added = [make() for kind, make in defaults if not any(isinstance(cb, kind) for cb in configured)]
+    return [*added, *configured]
+
+
+def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True) -> VFLCLI:
+    """The CLI on `args` (with `run=False` the first argument is not a subcommand): for scripts and tests.
+
+    With `exit_on_error=False` a refused argument raises `argparse.ArgumentError` instead of printing the usage and
+    exiting, so that `main` can report it in one line.
+    """
     return VFLCLI(
         VFLModule,
         VerticalDataModule,
@@ -52,6 +102,11 @@ def build_cli(args: list[str], run: bool = True) -> VFLCLI:
         args=args,
         run=run,
         auto_configure_optimizers=False,
+        parser_kwargs={
+            "exit_on_error": exit_on_error,
+            "epilog": DEBUG_HELP,
+            **{subcommand: {"epilog": DEBUG_HELP} for subcommand in VFLCLI.subcommands()},
+        },
     )
 
 
@@ -79,6 +134,7 @@ def run_experiment(
             "--trainer.enable_progress_bar=false",
             "--trainer.enable_checkpointing=false",
             "--trainer.callbacks=[]",
+            "--default_callbacks=false",
             *(overrides or []),
         ]
         cli = build_cli(args, run=False)
@@ -94,11 +150,32 @@ def run_experiment(
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the `lvfl` console script: LightningCLI's subcommands, plus `lvfl bench GRID`."""
-    argv = list(args if args is not None else sys.argv[1:])
+    """Entry point of the `lvfl` console script: LightningCLI's subcommands, plus `lvfl bench GRID`.
+
+    A refused input (bad option or value, class path that does not import, refused backend, bad data) prints one
+    line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything else (a bug) keeps its traceback.
+    ``--debug`` anywhere on the command line, or ``LVFL_DEBUG=1``, shows every traceback and every warning. Known
+    third-party noise (Lightning's tips, jsonargparse deprecations) is silenced; see `lvfl.errors` for both lists.
+    """
+    debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
+    if debug:
+        _run(argv)
+        return
+    try:
+        with quiet_third_party():
+            _run(argv)
+    except Exception as err:
+        message = user_error_message(err)
+        if message is None:
+            raise
+        print(f"lvfl: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(argv: list[str]) -> None:
     if argv and argv[0] == "bench":
         from lvfl.bench import main as bench_main
 
         bench_main(argv[1:])
         return
-    build_cli(argv)
+    build_cli(argv, exit_on_error=False)

@@ -120,3 +120,30 @@ def bad_labels_datamodule(num_parties: int = 4):
             return np.random.default_rng(0).normal(size=(120, 8)), np.arange(120) % 4
 
     return BadLabels(num_parties=num_parties)
+
+
+def relabelled(base: type) -> type:
+    """`base` datamodule whose training samples get other true labels after the (label-stratified) split is made.
+
+    `Relabelled(relabel, **kwargs)`: with `relabel`, sample i's label y becomes (y + 1 + i mod (M - 1)) mod M in every
+    view of the training split (the VFL view and the active party's own view), so each label changes and the split,
+    features and IDs stay as they were: the counterfactual of the label-DP tests.
+    """
+
+    class Relabelled(base):
+        def __init__(self, relabel: bool, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.relabel = relabel
+            self._done = False
+
+        def setup(self, stage: str | None = None) -> None:
+            super().setup(stage)
+            if self.relabel and not self._done:
+                m = self.task.num_classes
+                views = {v.labels.data_ptr(): v for v in (self.train_set, self.active_set("train"))}
+                for view in views.values():
+                    view.labels.copy_((view.labels + 1 + view.ids.long() % max(m - 1, 1)) % m)
+                self._done = True
+
+    Relabelled.__name__ = Relabelled.__qualname__ = f"Relabelled{base.__name__}"
+    return Relabelled

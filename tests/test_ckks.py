@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import math
 import pickle
+import warnings
 
 import pytest
 import tenseal as ts
 import torch
 
 from lvfl.parties import PartySpec
-from lvfl.privacy.ckks import CKKS, CKKSShare
+from lvfl.privacy.ckks import CKKS, CKKSShare, masking_advantage
 from lvfl.wire import Wire
 
 SLOTS = 4096  # N / 2 at the default N = 8192
@@ -89,7 +90,8 @@ def test_weights_must_name_every_passive_party_and_need_a_middle_prime(three) ->
     shares = {p: backend.protect(p, torch.ones(2), step=0) for p in passive_names(backend)}
     with pytest.raises(ValueError, match=r"weight.*missing \['p3'\]"):
         backend.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
-    no_rescale, _ = set_up(2, poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55))
+    # headroom 2**13 (see the module docstring): only a small mask fits, so a small max_abs too
+    no_rescale, _ = set_up(2, poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55), mask_bound=2.0**12, max_abs=1.0)
     shares = {p: no_rescale.protect(p, torch.ones(2), step=0) for p in ("p1", "p2")}
     with pytest.raises(ValueError, match="middle prime"):
         no_rescale.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
@@ -130,7 +132,7 @@ def test_row_packing_uses_one_ciphertext_per_row() -> None:
             {"security_bits": 192, "coeff_mod_bit_sizes": (60, 40, 40, 60)},
             r"coeff_mod_bit_sizes.*total 200 bits exceeds the 152-bit bound for 192-bit",
         ),
-        ({"security_bits": 192}, r"coeff_mod_bit_sizes.*total 160 bits exceeds the 152-bit bound for 192-bit"),
+        ({"security_bits": 192}, r"coeff_mod_bit_sizes.*total 200 bits exceeds the 152-bit bound for 192-bit"),
         ({"security_bits": 80}, r"security_bits"),
         ({"poly_modulus_degree": 3000}, r"poly_modulus_degree.*power of two"),
         ({"poly_modulus_degree": 65536}, r"poly_modulus_degree"),
@@ -140,6 +142,10 @@ def test_row_packing_uses_one_ciphertext_per_row() -> None:
         ({"coeff_mod_bit_sizes": (60, 40, 40, 50)}, r"special\) prime"),
         ({"mask_bound": 0.0}, r"mask_bound"),
         ({"max_abs": float("inf")}, r"max_abs"),
+        ({"max_abs": 2.0**30}, r"max_abs=1.07374e\+09 >= mask_bound=1.07374e\+09.*allow_insecure=True"),
+        ({"mask_bound": 1.0}, r"max_abs=128 >= mask_bound=1.*allow_insecure=True"),
+        ({"max_advantage": 0.0}, r"max_advantage"),
+        ({"max_advantage": 2.0}, r"max_advantage"),
         ({"packing": "diagonal"}, r"packing"),
     ],
 )
@@ -218,9 +224,133 @@ def test_secret_key_never_in_state_dict_pickle_or_copies(three) -> None:
         with pytest.raises(RuntimeError, match="setup"):
             restored.protect("p1", torch.ones(2), step=0)
     assert backend._secret_context is not None  # the original keeps its keys
-    fresh = CKKS(mask_bound=1.0)
+    fresh = CKKS()
     fresh.load_state_dict(state)
     assert fresh.state_dict() == state
+
+
+def test_load_state_dict_keeps_live_keys_and_refuses_other_settings(three) -> None:
+    """A checkpoint loaded after setup (lvfl test --ckpt_path) must not drop the keys nor change the settings."""
+    backend, _ = three
+    state = backend.state_dict()
+    backend.load_state_dict(state)
+    out = backend.combine(
+        torch.zeros(2, dtype=torch.float64), {p: backend.protect(p, torch.ones(2), 0) for p in passive_names(backend)}
+    )
+    assert (out - 3).abs().max().item() <= backend.error_bound()  # keys still live
+    for key, other in [
+        ("mask_bound", 2.0**31),
+        ("scale_bits", 30),
+        ("max_abs", 1.0),
+        ("coeff_mod_bit_sizes", [60, 40, 60]),
+    ]:
+        with pytest.raises(ValueError, match=rf"{key}=.* in the checkpoint but .* in this run") as err:
+            backend.load_state_dict({**state, key: other})
+        assert repr(other) in str(err.value)
+        assert repr(state[key]) in str(err.value)
+    with pytest.raises(ValueError, match=r"unknown backend settings \['colour'\]"):
+        backend.load_state_dict({**state, "colour": "blue"})
+    assert backend.state_dict() == state
+    backend.load_state_dict({})  # an older checkpoint without settings: nothing to compare
+
+
+# -- statistical hiding: the stated bound, enforced, and a distinguisher held to it ------------------------------
+def test_advantage_bound_is_the_exact_statistical_distance() -> None:
+    """1 - (1 - d/2M)**n, checked against the overlap of two shifted uniform boxes computed independently."""
+    from lvfl.privacy.ckks import masking_advantage
+
+    for n, d, m in [(1, 1.0, 4.0), (3, 0.5, 1.0), (64, 2.0, 2.0**10), (16384, 768.0, 2.0**30)]:
+        overlap = math.prod([(2 * m - d) / (2 * m)] * n)  # volume of the boxes' intersection over a box's volume
+        assert masking_advantage(n, d, m) == pytest.approx(1 - overlap, rel=1e-9, abs=1e-15)
+    assert masking_advantage(5, 10.0, 4.0) == 1.0  # shifted past each other: no overlap
+    assert masking_advantage(0, 1.0, 1.0) == masking_advantage(5, 0.0, 1.0) == 0.0
+    backend = CKKS()
+    assert backend.advantage_bound(16384, num_parties=3) == pytest.approx(
+        -math.expm1(16384 * math.log1p(-3 * 2.0**-23))
+    )
+    assert backend.advantage_bound(16384, num_parties=3) < backend.max_advantage == 0.01
+    assert backend.advantage_bound(64 * 8, num_parties=3) < 2e-4
+
+
+def test_refusals_name_the_options_and_allow_insecure_warns() -> None:
+    with pytest.raises(ValueError, match=r"3 passive parties x max_abs=128 >= mask_bound=256.*allow_insecure"):
+        set_up(3, mask_bound=256.0)
+    backend, _ = set_up(3, mask_bound=2.0**20)  # per value 3 * 128 / 2**20: fine for few values, not for many
+    shares = {p: backend.protect(p, torch.ones(8), 0) for p in passive_names(backend)}
+    backend.combine(torch.zeros(8), shares)
+    shares = {p: backend.protect(p, torch.ones(64, 64), 1) for p in passive_names(backend)}
+    with pytest.raises(
+        ValueError, match=r"4096 values.*above max_advantage=0.01 \(mask_bound=1.04858e\+06, max_abs=128"
+    ):
+        backend.combine(torch.zeros(64, 64), shares)
+    with pytest.warns(UserWarning, match="allow_insecure=True"):
+        loose = CKKS(mask_bound=1.0, max_abs=2.0, allow_insecure=True)
+    with pytest.warns(UserWarning, match=r"max_abs=2 >= mask_bound=1.*allow_insecure=True"):
+        loose.setup(make_parties(2), "a", Wire())
+    shares = {p: loose.protect(p, torch.ones(4), 0) for p in ("p1", "p2")}
+    with pytest.warns(UserWarning, match="max_advantage"):
+        out = loose.combine(torch.zeros(4, dtype=torch.float64), shares)
+    assert (out - 2).abs().max().item() <= loose.error_bound()
+
+
+def coordinator_views(backend: CKKS, passive_sum: float, trials: int, numel: int) -> list[torch.Tensor]:
+    """What the coordinator decrypts in `trials` combines whose passive values sum to `passive_sum` per value."""
+    seen: list[torch.Tensor] = []
+    handle = backend.wire.subscribe(
+        lambda src, dst, tag, payload: seen.append(payload) if tag == "he_decrypted" else None
+    )
+    names = passive_names(backend)
+    x = torch.full((numel,), passive_sum / len(names), dtype=torch.float64)
+    for _ in range(trials):
+        backend.combine(torch.zeros(numel, dtype=torch.float64), {p: backend.protect(p, x, 0) for p in names})
+    backend.wire.unsubscribe(handle)
+    return seen
+
+
+def measured_advantages(backend: CKKS, trials: int, numel: int, *guesses) -> list[float]:
+    """P(guess 1 | sum 1) - P(guess 1 | sum 0) over `trials` combines each, per distinguisher: empirical advantages."""
+    ones = coordinator_views(backend, 1.0, trials, numel)
+    zeros = coordinator_views(backend, 0.0, trials, numel)
+    return [(sum(map(guess, ones)) - sum(map(guess, zeros))) / trials for guess in guesses]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "insecure"),
+    [
+        ({}, False),  # the defaults: the bound is ~1e-7, the distinguisher gets nothing beyond sampling noise
+        ({"mask_bound": 2.0**-3, "max_abs": 0.5}, True),  # negative control: a tiny mask, told apart every time
+        ({"mask_bound": 45.0, "max_abs": 0.5}, True),  # in between: the support test reaches the exact bound
+    ],
+)
+def test_coordinator_distinguisher_stays_within_the_stated_bound(kwargs, insecure) -> None:
+    """The coordinator guesses whether the passive values sum to 0 or 1 from what it decrypts.
+
+    Two distinguishers: the audit's (empirical mean above 0.5) and the optimal one for uniform masks (a decrypted
+    value above M can only come from sum 1). Neither may beat `advantage_bound` by more than sampling error.
+    """
+    trials, numel = 150, 32
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backend, _ = set_up(2, allow_insecure=insecure, **kwargs)
+        m = backend.mask_bound
+        # the bound for sums 0 vs 1 (|S - S'| = 1 per value), and the worst case for sums in range
+        bound = masking_advantage(numel, 1.0, m)
+        assert bound <= backend.advantage_bound(numel)
+        mean, support = measured_advantages(
+            backend, trials, numel, lambda v: float(v.mean()) > 0.5, lambda v: bool((v > m).any())
+        )
+    slack = 4 * math.sqrt(0.5 / trials)  # 4 standard deviations of a difference of two proportions (p = 1/2)
+    assert mean <= bound + slack
+    assert support <= bound + slack
+    if not kwargs:
+        assert bound < 1e-6
+        assert abs(mean) <= slack
+    elif m < 1:
+        assert bound == 1.0
+        assert mean == support == 1.0  # the negative control: a distinguisher that works, caught by the bound
+    else:
+        assert 0.2 < bound < 0.4
+        assert support >= bound - slack  # the bound is tight: the optimal test achieves it
 
 
 # -- errors in combine ----------------------------------------------------------------------------------------
@@ -246,7 +376,7 @@ def test_stale_shares_and_corrupted_decryption_raise() -> None:
     with pytest.raises(ValueError, match="share of party 'p1' was encrypted under another key"):
         backend.combine(torch.zeros(3), old)
     shares = {p: backend.protect(p, torch.ones(3), step=0) for p in ("p1", "p2")}
-    other = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 60], n_threads=1)
+    other = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=list(backend.coeff_mod_bit_sizes), n_threads=1)
     backend._secret_key = other.secret_key()  # the coordinator decrypts with the wrong key
     with pytest.raises(RuntimeError, match="corrupted"):
         backend.combine(torch.zeros(3), shares)

@@ -69,7 +69,7 @@ def test_unknown_model_class_in_a_party_names_it(tmp_path, capsys):
 
 def test_more_parties_than_columns_names_both_counts(tmp_path):
     with pytest.raises(ValueError, match=r"num_parties=9 exceeds the 8 feature columns"):
-        main(["fit", "--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=9", *quick(tmp_path)])
+        build_cli(["fit", "--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=9", *quick(tmp_path)])
 
 
 def test_fit_then_resume_restores_everything(tmp_path):
@@ -147,3 +147,70 @@ def test_csv_logs_hold_comm_and_party_metrics(tmp_path):
         "val/auroc/party1",
     ):
         assert key in header, key
+
+
+# ---------------------------------------------------------------------------------------------------- default callbacks
+def callback_types(cli) -> list[str]:
+    return [type(c).__name__ for c in cli.trainer.callbacks]
+
+
+def test_a_config_with_its_own_callbacks_keeps_lvfls_defaults(tmp_path):
+    """configs/easter/breast_cancer_student.yaml lists callbacks: lvfl's checkpoint must survive (no duplicates)."""
+    cli = build_cli(["--config", "configs/easter/breast_cancer_student.yaml", *quick(tmp_path)], run=False)
+    types = callback_types(cli)
+    for name in ("CommunicationMeter", "ExactResume", "ExperimentCheckpoint", "StudentDistillation"):
+        assert types.count(name) == 1, (name, types)
+
+
+def test_a_configured_default_callback_replaces_lvfls_own(tmp_path):
+    meter = '{"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": false}}'
+    best = '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/acc/mean"}}'
+    args = ["--config", "configs/easter/wine.yaml", f"--trainer.callbacks=[{meter}, {best}]", *quick(tmp_path)]
+    cli = build_cli(args, run=False)
+    (configured,) = [c for c in cli.trainer.callbacks if type(c).__name__ == "CommunicationMeter"]
+    assert configured.print_summary is False
+    (checkpoint,) = cli.trainer.checkpoint_callbacks
+    assert checkpoint.monitor == "val/acc/mean", "a configured ModelCheckpoint takes checkpointing over"
+
+
+def test_default_callbacks_can_be_switched_off(tmp_path):
+    config = "configs/easter/breast_cancer_student.yaml"
+    cli = build_cli(["--config", config, "--default_callbacks=false", *quick(tmp_path)], run=False)
+    types = callback_types(cli)
+    assert "ExactResume" not in types
+    assert "ExperimentCheckpoint" not in types
+    no_checkpoints = build_cli(
+        ["--config", config, "--trainer.enable_checkpointing=false", *quick(tmp_path)], run=False
+    )
+    assert not no_checkpoints.trainer.checkpoint_callbacks, "no checkpoint callback where checkpointing is off"
+    assert "CommunicationMeter" in callback_types(no_checkpoints)
+
+
+def test_ckpt_path_last_without_a_checkpoint_names_the_directory(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no last checkpoint in .*easter_wine.checkpoints"):
+        build_cli(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        build_cli(["fit", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
+
+
+def test_own_callbacks_then_test_last_loads_the_fitted_weights(tmp_path):
+    """A config with its own `callbacks:` list still writes last.ckpt, and `test --ckpt_path last` loads it."""
+    config = tmp_path / "own_callbacks.yaml"
+    text = (REPO / "configs/easter/wine.yaml").read_text()
+    own = "trainer:\n  callbacks:\n    - class_path: lvfl.callbacks.CommunicationMeter\n"
+    config.write_text(text.replace("trainer:\n", own))
+    common = ["--config", str(config), *quick(tmp_path)]
+    fitted = build_cli(["fit", *common, "--trainer.max_epochs=1"])
+    last = tmp_path / "easter_wine" / "checkpoints" / "last.ckpt"
+    assert last.exists()
+    tested = build_cli(["test", *common, "--ckpt_path=last"])
+    assert Path(tested.trainer.ckpt_path) == last
+    for name, value in fitted.model.state_dict().items():
+        assert torch.equal(tested.model.state_dict()[name], value), name
+
+
+def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
+    assert info.value.code != 0, "testing an untrained model is not a success"
+    assert str(tmp_path / "easter_wine" / "checkpoints") in capsys.readouterr().err

@@ -271,3 +271,41 @@ def test_ddp_two_cpu_processes(tmp_path):
     """EASTER with DH masking under DDP: per-rank masks and nonces, one backward per step, the ledger summed."""
     output = run_ddp("configs/easter/wine.yaml", tmp_path)
     assert "tag  global_embedding" in output
+
+
+@pytest.mark.parametrize("protocol", ["easter", "splitnn", "aggvfl"])
+def test_a_diverging_party_under_plain_stops_the_run_naming_it_and_the_step(protocol, tmp_path):
+    """Under Plain nothing range-checks the values: a party trained at lr 1e9 must not train on to NaN and exit 0."""
+    from functools import partial
+
+    from conftest import mlp_parties
+
+    from lvfl.models import MLP
+    from lvfl.protocols import AggVFL, SplitNN
+
+    parties = mlp_parties(4)
+    parties[2].optimizer = partial(torch.optim.SGD, lr=1e9)
+    model = {
+        "easter": lambda: EASTER(parties=parties, embedding_dim=8),
+        "splitnn": lambda: SplitNN(parties=parties, top_model=partial(MLP, hidden=[8]), embedding_dim=8),
+        "aggvfl": lambda: AggVFL(parties=parties, embedding_dim=8),
+    }[protocol]()
+    torch.manual_seed(0)
+    trainer = make_trainer(tmp_path, max_epochs=3, limit_val_batches=0)
+    with pytest.raises(FloatingPointError, match=r"party '\w+': non-finite .* at training step \d+") as err:
+        trainer.fit(model, datamodule=Digits(num_parties=4, batch_size=64))
+    message = str(err.value)
+    if protocol == "splitnn":  # the NaN may appear elsewhere first (through the top model): party2 is then the
+        # largest finite input named in the message
+        assert message.startswith("party 'party2'") or "of the finite parties: party2" in message, message
+    else:
+        assert message.startswith("party 'party2'"), message
+
+
+def test_nan_features_at_one_party_are_named_before_any_update(tmp_path):
+    dm = Digits(num_parties=4, batch_size=64)
+    dm.setup()
+    dm.train_set.features["party3"][:, 0] = float("nan")  # in every batch, so in the first
+    model = easter(4)
+    with pytest.raises(FloatingPointError, match=r"party 'party3': non-finite embedding .* training step 0"):
+        make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)

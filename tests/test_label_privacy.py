@@ -28,6 +28,7 @@ class Recording(EASTER):
 
     def training_step(self, batch, batch_idx):
         used = {k: self.labels_for(k, batch).clone() for k in self.party_names}
+        used["private"] = self.private_labels(batch).clone()
         self.steps.append((self.current_epoch, batch, used))
         return super().training_step(batch, batch_idx)
 
@@ -81,8 +82,8 @@ def test_randomized_response_labels_drawn_once_at_the_keep_rate(tmp_path):
 
     seen: dict[int, dict[int, int]] = {}  # epoch -> id -> label a passive loss used
     for epoch, batch, used in model.steps:
-        assert torch.equal(used[model.active], batch.labels)  # the active party's loss: the true labels
-        for k in model.passive:
+        assert torch.equal(used["private"], batch.labels)  # only the active party's private head: true labels
+        for k in model.party_names:  # every model whose outputs can reach a passive party: the release
             assert torch.equal(used[k], used[model.passive[0]])  # one release, shared by all passive parties
         for i, y in zip(batch.ids.tolist(), used["party1"].tolist(), strict=True):
             seen.setdefault(epoch, {})[i] = y
@@ -157,7 +158,8 @@ def test_resume_on_other_training_samples_refuses(tmp_path):
     trainer.save_checkpoint(tmp_path / "one.ckpt")
     resumed = recording(RandomizedResponse(epsilon=1.0, seed=0))
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0)
-    with pytest.raises(ValueError, match="other training samples"):
+    # the run fingerprint refuses the checkpoint before the release is reused on other samples
+    with pytest.raises(ValueError, match=r"belongs to another run(?s:.*)data.settings.seed"):
         trainer.fit(resumed, datamodule=Digits(num_parties=4, batch_size=256, seed=1), ckpt_path=tmp_path / "one.ckpt")
 
 
@@ -179,8 +181,8 @@ def test_laplace_labels_train_passive_parties_on_noisy_rows(tmp_path):
     assert model.label_release.labels.shape == (len(dm.train_set), m)
     assert model.label_release.labels.is_floating_point()
     for _, batch, used in model.steps:
-        assert torch.equal(used[model.active], batch.labels)
-        for k in model.passive:
+        assert torch.equal(used["private"], batch.labels)  # the active party's private head only
+        for k in model.party_names:  # the active party's shared model too: its E_a goes down
             assert used[k].shape == (len(batch), m)
             assert used[k].is_floating_point()
             assert torch.equal(used[k], model.protected_labels(batch.ids))
@@ -223,3 +225,14 @@ def test_mechanism_from_the_command_line_and_config(tmp_path, monkeypatch):
     mech = build_cli(args, run=False).model.label_mechanism
     assert isinstance(mech, LaplaceLabels)
     assert mech.epsilon == 2.0
+
+
+def test_release_for_other_training_samples_refuses():
+    from lvfl.privacy.label_release import LabelRelease
+
+    release = LabelRelease(RandomizedResponse(epsilon=1.0, seed=0))
+    release.draw(torch.tensor([3, 1, 2]), torch.tensor([0, 1, 0]), num_classes=2)
+    release.draw(torch.tensor([2, 3, 1]), torch.tensor([0, 0, 1]), num_classes=2)  # the same samples: kept
+    assert len(release.ledger) == 1
+    with pytest.raises(ValueError, match="other training samples"):
+        release.draw(torch.tensor([1, 2, 4]), torch.tensor([0, 1, 0]), num_classes=2)

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 from cryptography.exceptions import InvalidTag
-from scipy.stats import chi2_contingency
+from scipy.stats import chi2_contingency, chisquare
 
 from lvfl.inference import oblivious
 from lvfl.inference.oblivious import (
@@ -19,7 +19,7 @@ from lvfl.inference.oblivious import (
     prepare,
     query,
 )
-from lvfl.wire import Wire
+from lvfl.wire import Wire, payload_nbytes
 
 
 def make_pair(values, bucket_size, **kwargs):
@@ -146,19 +146,60 @@ def test_bucket_size_must_be_a_power_of_two(bucket_size: int) -> None:
         ObliviousTable({1: b"x"}, bucket_size)
 
 
-def test_ids_outside_every_bucket_are_absent_and_send_nothing() -> None:
+def passive_inbox(wire: Wire, passive: str = "passive") -> list[tuple[str, str, str, int]]:
+    """Every message to or from the passive party, as it sees it: (src, dst, tag, bytes), in order."""
+    seen: list[tuple[str, str, str, int]] = []
+    wire.subscribe(
+        lambda src, dst, tag, payload: (
+            seen.append((src, dst, tag, payload_nbytes(payload))) if passive in (src, dst) else None
+        )
+    )
+    return seen
+
+
+@pytest.mark.parametrize("precompute", [True, False])
+def test_a_miss_costs_exactly_the_messages_of_a_hit(precompute: bool) -> None:
+    """To the passive party an ID beyond its table (or negative) looks like a held ID: same tags, sizes, count."""
+    n = 8
     wire = Wire()
-    lookup = ObliviousInference(ObliviousTable({1: b"x"}, 8, num_buckets=2), wire=wire)
-    lookup.prepare()
-    wire.reset()
-    assert lookup.lookup(16) is None
-    assert lookup.lookup(10**9) is None
-    assert lookup.lookup(-1) is None
-    assert wire.total_bytes() == 0
-    assert lookup.lookup(9) is None  # inside the table, FAIL slot: a real query
-    assert wire.total_messages() == 2
+    lookup = ObliviousInference(
+        ObliviousTable({1: b"x", 9: b"nine"}, n, num_buckets=2, precompute=precompute), wire=wire
+    )
+    inbox = passive_inbox(wire)
+    views = {}
+    for x, expected in [(9, b"nine"), (16, None), (10**9, None), (-1, None), (10, None)]:  # hit, 3 misses, FAIL slot
+        lookup.prepare()  # the same preparation before each, so only the query differs
+        inbox.clear()
+        assert lookup.lookup(x) == expected
+        views[x] = list(inbox)
+    hit = views[9]
+    assert [(src, dst, tag) for src, dst, tag, _ in hit] == [
+        ("active", "passive", "ot_query"),
+        ("passive", "active", "ot_answer"),
+    ]
+    assert [size for *_, size in hit] == [REQUEST_BYTES, lookup.table.layout.answer_bytes]
+    for x in (16, 10**9, -1, 10):
+        assert views[x] == hit, f"ID {x}"
     with pytest.raises(ValueError, match="outside"):
         ObliviousTable({16: b"x"}, 8, num_buckets=2)
+
+
+def test_a_miss_requests_a_uniform_address_and_spends_a_key_set() -> None:
+    """The dummy request is a well-formed (bucket, t) in range, uniform over buckets; it spends one key set."""
+    n, buckets = 4, 3
+    table = ObliviousTable({0: b"a"}, n, num_buckets=buckets)
+    client = ObliviousClient(table.layout)
+    seen_buckets = []
+    for _ in range(300):
+        prepare(table, client)
+        request = client.request(10**6)
+        bucket, t = int.from_bytes(request[:8], "big"), int.from_bytes(request[8:], "big")
+        assert 0 <= bucket < buckets
+        assert 0 <= t < n
+        assert client.key_sets_left() == n - 1
+        assert client.decrypt(table.answer(request)) is None  # the passive party answered; the entry is discarded
+        seen_buckets.append(bucket)
+    assert chisquare([seen_buckets.count(b) for b in range(buckets)]).pvalue > 1e-6
 
 
 def test_entries_are_padded_to_one_size() -> None:

@@ -173,6 +173,53 @@ def test_pool_is_shut_down_when_the_backend_is_collected():
         pool.submit(int)
 
 
+def worker_view() -> tuple[int, int, list[str]]:
+    """Runs inside a pool worker: its pid, how many PaillierPrivateKey objects it holds, and the SHA-256 of every
+    ~1024-bit integer (the size of the secret primes) reachable from its tracked objects."""
+    import hashlib
+    import os
+    import warnings
+
+    warnings.simplefilter("ignore")  # touching every object trips deprecation shims (torch.distributed.reduce_op)
+    keys = 0
+    digests = set()
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "PaillierPrivateKey":
+            keys += 1
+        for ref in gc.get_referents(obj):
+            is_integer = isinstance(ref, int) or type(ref).__name__ == "mpz"
+            if is_integer and 1000 <= int(ref).bit_length() <= 1100:
+                digests.add(hashlib.sha256(str(int(ref)).encode()).hexdigest())
+    return os.getpid(), keys, sorted(digests)
+
+
+def test_pool_workers_never_hold_the_secret_key():
+    """The pool starts after key generation (it is lazy), yet no worker may hold the key object or its primes."""
+    import hashlib
+    import os
+
+    backend = Paillier(workers=2)
+    backend.setup(make_parties(2), "a", Wire())
+    secret = backend._secret_key
+    primes = {hashlib.sha256(str(int(v)).encode()).hexdigest() for v in (secret.p, secret.q)}
+    _, keys_here, digests_here = worker_view()  # the probe finds them where they are: in this process
+    assert keys_here >= 1
+    assert primes <= set(digests_here)
+    try:
+        x = torch.randn(6 * backend.layout()[1], dtype=torch.float64)
+        backend.protect("p1", x, step=0)  # the pool encrypts, as in training
+        assert backend._pool is not None
+        reports = [future.result() for future in [backend._pool.submit(worker_view) for _ in range(8)]]
+        assert os.getpid() not in {pid for pid, _, _ in reports}
+        for _, keys, digests in reports:
+            assert keys == 0, "a pool worker holds a PaillierPrivateKey"
+            assert primes.isdisjoint(digests), "a pool worker holds a secret prime"
+        shares = {p: backend.protect(p, x, step=1) for p in ("p1", "p2")}
+        assert (backend.combine(torch.zeros_like(x), shares) - 2 * x).abs().max() <= 2 * 2.0**-17
+    finally:
+        backend.close()
+
+
 # -- refusals -------------------------------------------------------------------------------------------------------
 def test_out_of_range_values_raise_naming_party_and_bound(backends):
     backend, _ = backends(2)
@@ -330,6 +377,19 @@ def test_secret_key_is_not_in_state_dict_pickles_or_copies():
         assert fresh.state_dict() == state
     finally:
         backend.close()
+
+
+def test_load_state_dict_keeps_keys_and_refuses_other_settings(backends):
+    """A checkpoint loaded after setup must keep the keys and this run's settings (say frac_bits from the CLI)."""
+    backend, wire = backends(2)
+    state = backend.state_dict()
+    backend.load_state_dict(state)
+    out, _ = round_trip(backend, wire, {p: torch.tensor([1.5]) for p in passive(2)}, torch.zeros(1))
+    torch.testing.assert_close(out, torch.tensor([3.0]))  # keys still live
+    for key, other in [("frac_bits", 20), ("int_bits", 8), ("key_size", 3072), ("pack", False)]:
+        with pytest.raises(ValueError, match=rf"{key}={other!r} in the checkpoint but {state[key]!r} in this run"):
+            backend.load_state_dict({**state, key: other})
+    assert backend.state_dict() == state
 
 
 @pytest.mark.gpu

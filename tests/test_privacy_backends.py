@@ -377,9 +377,56 @@ def test_pickles_and_checkpoints_hold_no_key_material(monkeypatch):
     assert "key" not in repr(backend).lower()
 
 
-def test_load_state_dict_restores_frac_bits():
+def test_load_state_dict_keeps_keys_and_refuses_another_frac_bits():
+    """A checkpoint is loaded after setup (test --ckpt_path, resume): it must keep the keys and this run's settings."""
+    backend = DHMasking(frac_bits=20)
+    set_up(backend, 2)
+    backend.load_state_dict({"frac_bits": 20})
+    backend.load_state_dict({})  # an older checkpoint without the setting
+    shares = {p: backend.protect(p, torch.ones(2), step=0) for p in ("p1", "p2")}
+    assert torch.equal(backend.combine(torch.zeros(2), shares), torch.full((2,), 2.0))  # keys still live
+    with pytest.raises(ValueError, match=r"frac_bits=16 in the checkpoint but 20 in this run"):
+        backend.load_state_dict({"frac_bits": 16})
+    assert backend.frac_bits == 20
+    with pytest.raises(ValueError, match=r"unknown backend settings \['mask'\]"):
+        backend.load_state_dict({"frac_bits": 20, "mask": 1})
+
+
+# -- range errors name the party whose values are out of range ----------------------------------------------------
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 2.0**50])
+@pytest.mark.parametrize("culprit", ["p1", "p2", "p3"])
+def test_only_the_out_of_range_party_is_named(bad, culprit):
+    """Three passive parties, one of them diverging: the error names it, whichever it is, and no other."""
     backend = DHMasking()
-    backend.load_state_dict({"frac_bits": 24})
-    assert backend.frac_bits == 24
-    with pytest.raises(ValueError, match="frac_bits"):
-        backend.load_state_dict({"frac_bits": 99})
+    set_up(backend, 3)
+    for step, party in enumerate(["p1", "p2", "p3"]):
+        x = torch.randn(4, 5)
+        if party == culprit:
+            x[1, 2] = bad
+            with pytest.raises(ValueError, match=rf"^party '{culprit}': ") as err:
+                backend.protect(party, x, step=step)
+            assert all(f"'{other}'" not in str(err.value) for other in ("p1", "p2", "p3") if other != culprit)
+        else:
+            backend.protect(party, x, step=step)
+
+
+def test_a_diverging_third_party_is_named_in_a_protocol_step(tmp_path):
+    """Inside EASTER: only party3's encoder blows up; the refusal names party3, not the first passive party."""
+    import lightning.pytorch as pl
+    from conftest import easter, make_trainer
+
+    from lvfl.datamodules import Digits
+
+    class Diverge(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 1:
+                with torch.no_grad():
+                    for param in pl_module.party_models["party3"].encoder.parameters():
+                        param.mul_(1e12)
+
+    model = easter(4, DHMasking())
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=3, limit_val_batches=0, callbacks=[Diverge()])
+    with pytest.raises(ValueError, match=r"party 'party3'.*out of range") as err:
+        trainer.fit(model, datamodule=Digits(num_parties=4, batch_size=16))
+    assert "party1" not in str(err.value)
+    assert "party2" not in str(err.value)

@@ -118,6 +118,43 @@ def test_router_meters_one_round_per_party_and_query(fitted):
         assert router.wire.bytes[(k, model.active, "ot_answer")] == layout.answer_bytes  # N * l
 
 
+def test_every_id_costs_each_passive_party_the_same_messages(fitted, monkeypatch):
+    """A held ID, an active-only ID inside a passive table (FAIL) and one beyond it: identical passive views."""
+    from lvfl.inference import router as router_module
+    from lvfl.wire import payload_nbytes
+
+    model, dm, student = fitted
+    ids = sorted(int(i) for i in dm.active_set("test").ids)
+    cut = ids[len(ids) // 2]  # the passive parties hold only IDs below this: the upper ones are beyond their tables
+    real_table = router_module.ObliviousTable
+    monkeypatch.setattr(
+        router_module,
+        "ObliviousTable",
+        lambda values, bucket_size: real_table({i: v for i, v in values.items() if i < cut}, bucket_size=bucket_size),
+    )
+    router = Router(model, dm, student, bucket_size=16)
+    layout = router.lookups[model.passive[0]].table.layout
+    held = next(int(i) for i in dm.test_set.ids if int(i) < cut)
+    inside = next(i for i in ids if layout.address(i) is not None and i not in set(dm.test_set.ids.tolist()))
+    beyond = next(i for i in ids if layout.address(i) is None)
+    views, paths = {}, {}
+    for sample_id in (held, inside, beyond):
+        for lookup in router.lookups.values():
+            lookup.prepare()  # fresh key sets before each, so only the ID differs
+        seen: list[tuple[str, str, str, int]] = []
+        handle = router.wire.subscribe(
+            lambda src, dst, tag, payload, seen=seen: seen.append((src, dst, tag, payload_nbytes(payload)))
+        )
+        paths[sample_id] = router.predict([sample_id]).path
+        router.wire.unsubscribe(handle)
+        views[sample_id] = {k: [m for m in seen if k in m[:2]] for k in model.passive}
+    assert paths == {held: ("vfl",), inside: ("student",), beyond: ("student",)}
+    for k in model.passive:
+        assert [tag for *_, tag, _ in views[held][k]] == ["ot_query", "ot_answer"]
+        assert views[inside][k] == views[held][k]
+        assert views[beyond][k] == views[held][k], f"party {k}: an ID beyond its table is visible"
+
+
 def test_unknown_id_and_missing_student_fail_clearly(fitted):
     model, dm, _ = fitted
     router = Router(model, dm, None, bucket_size=16)

@@ -15,12 +15,14 @@ from lvfl.datamodules import BreastCancer
 from lvfl.inference.student import (
     LogisticRegression,
     PaillierDistillation,
+    SoftLabelParts,
     StudentData,
     build_student,
     check_lam,
     fit_student,
     student_data,
     student_loss,
+    teacher_soft_label_parts,
     teacher_soft_labels,
 )
 from lvfl.models import MLP
@@ -113,9 +115,10 @@ def test_teacher_soft_labels_are_the_mean_of_party_probabilities():
 
 
 @pytest.mark.parametrize("num_parties", [2, 3])
-def test_teacher_inference_is_metered_with_predictions_delivered_to_the_producer(num_parties):
-    """Reference: the protocol's own `party_logits` ledger for the same batch, tags prefixed; with a passive
-    producer, the passive predictions go to it instead of the active party and the active one's own is forwarded."""
+def test_teacher_inference_is_metered_with_passive_predictions_delivered_to_the_producer(num_parties):
+    """Reference: the protocol's own `party_logits` ledger for the same batch, tags prefixed. With the active party as
+    producer, exactly that; with a passive producer, the passive predictions go to it instead of the active party,
+    and nothing the active party computed is sent anywhere."""
     dm = BreastCancer(num_parties=num_parties, overlap=0.5)
     torch.manual_seed(0)
     model = easter(num_parties)
@@ -126,7 +129,7 @@ def test_teacher_inference_is_metered_with_predictions_delivered_to_the_producer
         protocol = _ledger_delta(model.wire, lambda: model.party_logits(batch))
     assert protocol  # EASTER's inference sends embeddings and predictions
     prefixed = {(s, d, "teacher/" + t): n for (s, d, t), n in protocol.items()}
-    at_active = _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch))
+    at_active = _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch, producer="party0"))
     assert at_active == prefixed
 
     producer = "party1"
@@ -137,15 +140,30 @@ def test_teacher_inference_is_metered_with_predictions_delivered_to_the_producer
         assert expected.pop((k, "party0", "teacher/predictions")) == row
         if k != producer:
             expected[(k, producer, "teacher/predictions")] = row
-    expected[("party0", producer, "teacher/predictions")] = row  # the active party's own model's prediction
     assert at_producer == expected
+    assert not any(s == "party0" and t == "teacher/predictions" for s, _, t in at_producer)
+    assert _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch)) == expected  # the default producer
+    parts = teacher_soft_label_parts(model, batch)
+    assert (parts.num_producer, parts.num_active) == (num_parties - 1, 1)
     with pytest.raises(ValueError, match="producer must be one of the parties"):
         teacher_soft_labels(model, batch, producer="party9")
 
 
+def _toy_parts(data: StudentData, seed: int = 1) -> SoftLabelParts:
+    """Split the toy overlap's y~ into a producer part and an active part of two predictions: y~ = (S_p + S_a) / 2."""
+    soft = data.soft_labels[data.overlap].double()
+    share = torch.rand(soft.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    active = soft * share  # in [0, y~]
+    return SoftLabelParts(producer=(2 * soft - active).float(), active=active.float(), num_producer=1, num_active=1)
+
+
 @pytest.mark.parametrize("lam", [0.5, 1.0])
 def test_paillier_student_equals_plain_student(lam):
-    data = _toy(n=12, features=3)
+    base = _toy(n=12, features=3)
+    parts = _toy_parts(base)
+    soft = torch.zeros_like(base.soft_labels)
+    soft[base.overlap] = parts.mean()  # what the plain channel gives the active party
+    data = StudentData(base.features, base.labels, base.overlap, soft)
     opt = partial(torch.optim.SGD, lr=0.5)
     plain = build_student(LogisticRegression, (3,), 1, 2, seed=3)
     fit_plain = fit_student(plain, data, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5)
@@ -154,7 +172,9 @@ def test_paillier_student_equals_plain_student(lam):
     he = PaillierDistillation(wire, active="party0", producer="party1")
     he.setup()
     secure = build_student(LogisticRegression, (3,), 1, 2, seed=3)
-    fit_he = fit_student(secure, data, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5, paillier=he)
+    encrypted = StudentData(base.features, base.labels, base.overlap, torch.zeros_like(soft), parts=parts)
+    fit_he = fit_student(secure, encrypted, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5, paillier=he)
+    assert he.count == 2
 
     for a, b in zip(fit_plain.model.parameters(), fit_he.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
@@ -168,6 +188,25 @@ def test_paillier_student_equals_plain_student(lam):
     assert tags["student_grad_decrypted"] == steps * 2 * (3 + 1) * he.plaintext_nbytes
     assert tags["student_loss"] == steps * ct
     assert tags["student_converged"] == 2
+
+
+def test_paillier_soft_labels_are_the_producer_part_plus_the_active_part():
+    """[[Q]] at the active party decrypts to q(S_p) + q(S_a): the active party's part was added homomorphically."""
+    data = _toy(n=8, features=2)
+    parts = _toy_parts(data)
+    wire = Wire()
+    seen: list[tuple[str, str, str]] = []
+    wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag)))
+    he = PaillierDistillation(wire, active="party0", producer="party1")
+    he.setup()
+    rows = he.send_soft_labels(parts)
+    got = torch.tensor([[he._decrypt(c) for c in row] for row in rows], dtype=torch.float64)  # test-only decryption
+    expected = torch.from_numpy(he.encode(parts.producer) + he.encode(parts.active)).double()
+    assert torch.equal(got, expected)
+    torch.testing.assert_close(got / (2 * 2.0**he.frac_bits), parts.mean().double(), atol=2.0**-he.frac_bits, rtol=0)
+    assert seen[-1] == ("party1", "party0", "soft_labels")
+    with pytest.raises(ValueError, match="needs the soft labels' parts"):
+        fit_student(build_student(LogisticRegression, (2,), 1, 2, seed=0), data, lam=0.5, epochs=1, paillier=he)
 
 
 def test_paillier_refuses_short_keys():
@@ -191,7 +230,10 @@ def test_callback_logs_student_metrics_to_csv(tmp_path):
         assert 0.5 < cb.metrics[f"student/test/{key}"] <= 1.0
     assert "student/train/loss" in keys
     tags = model.wire.bytes_by_tag()
-    assert tags["soft_labels"] == len(dm.train_set) * 2 * 4  # float32 soft labels, plain
-    # the teacher's inference over the overlap, predictions delivered to the producer (party1): party0's forwarded
-    assert tags["teacher/predictions"] == len(dm.train_set) * 2 * 4
+    assert tags["soft_labels"] == len(dm.train_set) * 2 * 4  # the producer's part S_p, float32, plain
+    # the teacher's inference over the overlap: party1's prediction stays at party1 (the producer), party0's own
+    # prediction is never sent, so no predictions cross the wire at all with two parties
+    assert "teacher/predictions" not in tags
     assert tags["teacher/embeddings"] > 0
+    sent_down = {t for (s, d, t) in model.wire.bytes if s == "party0" and d == "party1"}
+    assert sent_down <= {"global_embedding", "gradients", "teacher/global_embedding"}

@@ -12,6 +12,13 @@ test split and writes the figures to every logger:
 - `student/train/loss`: the last epoch's mean training loss; `student/epochs`: epochs run.
 
 The same figures are kept in `metrics`, the student in `student`.
+
+Who learns what (see `lvfl.inference.student`): the producer (default the first passive party) receives the passive
+parties' own predictions on the overlap and forms their sum; the active party adds its own predictions' part, in the
+clear (`encryption="plain"`) or homomorphically on the producer's ciphertexts ("paillier"). Nothing the active party
+computes (its predictions, a top model's output, an aggregate, the soft labels) is sent to a passive party, so with a
+label mechanism the student path adds nothing to a passive party's view that depends on the true labels; with
+`cross_fit`, the fold teachers train on the run's one label release.
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import OptimizerCallable
 
-from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_labels, untrained_copy
+from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_label_parts, untrained_copy
 from lvfl.inference.student import (
     Encryption,
     LogisticRegression,
     PaillierDistillation,
     build_student,
     check_lam,
+    default_producer,
     evaluate_student,
     fit_student,
     student_data,
@@ -54,20 +62,25 @@ class StudentDistillation(Callback):
         lam: weight of the distillation term, in [0, 1].
         epochs: passes over the active party's training samples.
         batch_size: samples per student step.
-        encryption: "plain" (soft labels in the clear) or "paillier" (Algorithms 1-2; the distillation gradient
-            reaches the student's last linear layer only, layers below train on the real-label loss).
+        encryption: "plain" (soft labels in the clear at the active party) or "paillier" (Algorithms 1-2: the
+            active party holds them encrypted only; the distillation gradient reaches the student's last linear
+            layer only, layers below train on the real-label loss). Where no passive party predicts (SplitNN,
+            C_VFL, Agg_VFL, PraVFed) the active party computes the soft labels itself and "paillier" hides nothing
+            (it warns).
         key_size: Paillier modulus bits (>= 2048).
         frac_bits: Paillier fixed-point fractional bits.
-        producer: the party that forms the VFL prediction and sends the soft labels (default: the first passive).
+        producer: the passive party that receives the passive parties' predictions and sends their sum to the
+            active party (default: the first passive party); the active party here keeps everything where the
+            protocol delivers it.
         coordinator: the Paillier key holder's name.
         tol: stop when the epoch-mean loss moves less than this (Algorithm 1's check); None runs every epoch.
         seed: seed of the student's initialisation and batch order.
         teacher_batch_size: samples per teacher forward pass.
         cross_fit: None (the fitted teacher's own predictions on its training samples) or K >= 2: cross-fitted soft
             labels, each overlapping sample's from one of K fold teachers that did not train on it (K more VFL
-            trainings, same epochs, metered under `cross_fit/<tag>`; see `lvfl.inference.cross_fit`). The fitted
-            teacher's own soft labels on its training samples are nearly the hard labels, so cross-fitting is what
-            gives the student the teacher's uncertainty.
+            trainings, same epochs, on the run's one label release, metered under `cross_fit/<tag>`; see
+            `lvfl.inference.cross_fit`). The fitted teacher's own soft labels on its training samples are nearly the
+            hard labels, so cross-fitting is what gives the student the teacher's uncertainty.
 
     Example:
         >>> cb = StudentDistillation(lam=0.5, epochs=5)
@@ -128,9 +141,13 @@ class StudentDistillation(Callback):
         if dm is None or not hasattr(dm, "active_set"):
             raise TypeError("StudentDistillation needs a VerticalDataModule (with active_set / overlap_mask)")
         active = dm.active_party_name
-        passive = [name for name in getattr(pl_module, "passive", [])]
-        producer = self.producer if self.producer is not None else (passive[0] if passive else active)
-        soft = None
+        producer = self.producer if self.producer is not None else default_producer(pl_module)
+        paillier = None
+        if self.encryption == "paillier":  # checks the roles before any fold or teacher runs
+            paillier = PaillierDistillation(
+                pl_module.wire, active, producer, self.coordinator, key_size=self.key_size, frac_bits=self.frac_bits
+            )
+        parts = None
         if self.cross_fit is not None:
             if self._template is None:
                 raise RuntimeError("cross_fit: the protocol was not captured before it was built (setup not called)")
@@ -139,7 +156,7 @@ class StudentDistillation(Callback):
                     f"cross_fit trains each fold teacher for trainer.max_epochs, which is {trainer.max_epochs!r}: "
                     "set trainer.max_epochs"
                 )
-            soft = cross_fitted_soft_labels(
+            parts = cross_fitted_soft_label_parts(
                 self._template,
                 dm,
                 self.cross_fit,
@@ -149,20 +166,14 @@ class StudentDistillation(Callback):
                 seed=self.seed,
                 accelerator="cpu" if pl_module.device.type == "cpu" else "auto",
                 batch_size=self.teacher_batch_size,
+                release=getattr(pl_module, "label_release", None),
             )
-        # y~ as the producer holds it
-        data = student_data(pl_module, dm, "train", self.teacher_batch_size, producer, soft_labels=soft)
-
-        paillier = None
-        if self.encryption == "paillier":
-            paillier = PaillierDistillation(
-                pl_module.wire, active, producer, self.coordinator, key_size=self.key_size, frac_bits=self.frac_bits
-            )
-            paillier.setup()
-        elif producer != active and bool(data.overlap.any()):  # plain: the soft labels cross in the clear
-            received = pl_module.wire.send(producer, active, data.soft_labels[data.overlap], "soft_labels")
-            data.soft_labels = data.soft_labels.clone()
-            data.soft_labels[data.overlap] = received
+        # the teacher's inference and, for plain, the soft-label channel: y~ as the active party holds it
+        data = student_data(
+            pl_module, dm, "train", self.teacher_batch_size, producer, parts=parts, encryption=self.encryption
+        )
+        if paillier is not None:
+            paillier.setup()  # the coordinator's key to the active party and the producer
 
         input_shape = tuple(data.features.shape[1:])
         student = build_student(self.model_factory, input_shape, self.embedding_dim, data.num_classes, self.seed)

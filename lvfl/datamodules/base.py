@@ -30,12 +30,13 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
 from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_columns
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.runs import seeded_generator
 
-__all__ = ["IndexTensorBatchSampler", "VerticalDataModule", "VerticalTensorDataset", "party_name"]
+__all__ = ["EpochShuffle", "IndexTensorBatchSampler", "VerticalDataModule", "VerticalTensorDataset", "party_name"]
 
 _MAX_LISTED = 10  # bad values quoted in an error message
 
@@ -84,12 +85,56 @@ class VerticalTensorDataset(Dataset):
         return self.__getitems__([index] if isinstance(index, (int, np.integer)) else index)
 
 
+class EpochShuffle(RandomSampler):
+    """A shuffle whose order in epoch e is a pure function of (`seed`, e).
+
+    One generator seeded with `seed` draws one `randperm` per epoch, so epoch e gets the (e+1)-th permutation of
+    that stream. A different order every epoch, the same order for epoch e in every run and every process, and the
+    same stream an uninterrupted run has always drawn (a `RandomSampler` over `Generator().manual_seed(seed)`), so
+    results measured before resumes were exact stay as they were. Lightning calls `set_epoch(e)` on the training sampler
+    before each epoch (as it does for a `DistributedSampler`); a run resumed at epoch r replays the stream up to
+    epoch r once (r permutations, at the first pass) instead of replaying the orders of epochs 0, 1, ... as a
+    generator reseeded at every `train_dataloader()` would. Iterated without `set_epoch` (by hand, outside a
+    trainer), a sampler walks through epochs 0, 1, 2, ... one pass at a time. Under DDP Lightning replaces this
+    sampler (a `RandomSampler`) by a `DistributedSampler`, whose order is likewise a function of its seed and the
+    epoch.
+    """
+
+    def __init__(self, data_source: Sequence[Any], seed: int) -> None:
+        super().__init__(data_source)
+        self.seed = int(seed)
+        self.epoch = 0  # the epoch the next pass shuffles for
+        self._stream = torch.Generator().manual_seed(self.seed)
+        self._stream_epoch = 0  # the epoch the stream's next permutation belongs to
+
+    def set_epoch(self, epoch: int) -> None:
+        """Shuffle the next pass for epoch `epoch`."""
+        self.epoch = int(epoch)
+
+    def permutation(self) -> torch.Tensor:
+        """The next pass's order: the stream's permutation for `epoch` (replayed from `seed` if needed)."""
+        n = len(self.data_source)
+        if self._stream_epoch != self.epoch:  # a resume, or a pass repeated by hand: replay from the seed
+            self._stream = torch.Generator().manual_seed(self.seed)
+            for _ in range(self.epoch):
+                torch.randperm(n, generator=self._stream)
+            self._stream_epoch = self.epoch
+        order = torch.randperm(n, generator=self._stream)
+        self._stream_epoch += 1
+        self.epoch += 1
+        return order
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.permutation().tolist()
+
+
 class IndexTensorBatchSampler(BatchSampler):
     """A `BatchSampler` that yields each batch as one index tensor cut from a single permutation.
 
     `BatchSampler` over `RandomSampler` walks a Python list one index at a time and the dataset then converts each
-    list back to a tensor; that costs more than the indexing itself on small data. For a plain `RandomSampler`
-    (without replacement) or `SequentialSampler` this draws `randperm` / `arange` once per epoch and slices it;
+    list back to a tensor; that costs more than the indexing itself on small data. For an `EpochShuffle`, a plain
+    `RandomSampler` (without replacement) or a `SequentialSampler` this draws one permutation / `arange` per epoch
+    and slices it;
     any other sampler (for example the `DistributedSampler` that Lightning injects under DDP, re-instantiating this
     class with `sampler=`) goes through `BatchSampler`'s own list path unchanged.
     """
@@ -98,6 +143,8 @@ class IndexTensorBatchSampler(BatchSampler):
         sampler = self.sampler
         if type(sampler) is SequentialSampler:
             order = torch.arange(len(sampler))
+        elif isinstance(sampler, EpochShuffle):
+            order = sampler.permutation()
         elif (
             type(sampler) is RandomSampler
             and not sampler.replacement
@@ -359,9 +406,11 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
     def train_dataloader(self) -> DataLoader:
-        """Shuffled batches; the shuffle order comes from a generator seeded with `seed`, so runs repeat exactly."""
-        generator = torch.Generator().manual_seed(self.seed)
-        return self._loader(self.train_set, RandomSampler(self.train_set, generator=generator))
+        """Shuffled batches in a new order every epoch, derived from (`seed`, epoch) by `EpochShuffle`.
+
+        Runs repeat exactly, and a resumed run shuffles its epochs as the uninterrupted run would have.
+        """
+        return self._loader(self.train_set, EpochShuffle(self.train_set, seed=self.seed))
 
     def val_dataloader(self) -> DataLoader:
         """Validation batches in order."""
@@ -376,15 +425,19 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         return self._loader(self.test_set, SequentialSampler(self.test_set))
 
     # ----------------------------------------------------------------------------------------------- internals
-    def _loader(self, dataset: VerticalTensorDataset, sampler: RandomSampler | SequentialSampler) -> DataLoader:
+    def _loader(self, dataset: VerticalTensorDataset, sampler: Sampler) -> DataLoader:
         # Under DDP Lightning rebuilds the loader, re-instantiating this BatchSampler subclass around a
         # DistributedSampler with the same batch_size; the dataset's `__getitems__` builds each batch at once.
+        # The loader's own generator: without one, every `iter(loader)` draws the workers' base seed from torch's
+        # global RNG, and Lightning creates a resumed run's first iterator at another point of the epoch than the
+        # uninterrupted run does, which would shift the dropout stream that `ExactResume` reseeds per epoch.
         return DataLoader(
             dataset,
             batch_sampler=IndexTensorBatchSampler(sampler, batch_size=self.batch_size, drop_last=False),
             collate_fn=_keep_batch,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            generator=seeded_generator(self.seed, "loader"),
         )
 
     @staticmethod
@@ -404,6 +457,23 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         return sorted(participants)
 
+    def _numeric_features(self, x: np.ndarray, columns: list[list[int]]) -> np.ndarray:
+        """`x` as float32; features that are not numbers (strings, objects) fail naming the first party holding one."""
+        if np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_):
+            return x.astype(np.float32)
+        for k in self.participants:
+            try:
+                x[..., columns[k]].astype(np.float64)
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"{party_name(k)} has features that are not numbers (dtype {x.dtype}: {err}); encode "
+                    "categorical columns as numbers first"
+                ) from err
+        try:
+            return x.astype(np.float32)
+        except (TypeError, ValueError) as err:  # in columns no participant holds
+            raise ValueError(f"features must be numbers, got dtype {x.dtype}: {err}") from err
+
     def _check_labels(self, y: np.ndarray) -> int:
         """Check labels are integers in 0..M-1 and return M (`num_classes`, or the number of distinct labels)."""
         y = np.asarray(y)
@@ -411,7 +481,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             raise ValueError(f"labels must be a 1-D array of class indices, got shape {y.shape}")
         if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)):
             if not np.issubdtype(y.dtype, np.floating):
-                raise ValueError(f"labels must be integer class indices, got dtype {y.dtype}")
+                raise ValueError(
+                    f"labels must be integer class indices 0..M-1, got dtype {y.dtype} (values such as "
+                    f"{np.unique(y.astype(str))[:3].tolist()}); encode them as integers first"
+                )
             bad = np.unique(y[~np.isfinite(y) | (y != np.round(y))])
             if bad.size:
                 raise ValueError(
@@ -451,11 +524,11 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             raise ValueError(f"features must be (N, F), (N, H, W) or (N, C, H, W), got shape {x.shape}")
         if y.ndim != 1 or len(y) != len(x):
             raise ValueError(f"targets must have shape ({len(x)},) to match the features, got {y.shape}")
+        if len(x) == 0:
+            raise ValueError(f"{type(self).__name__} has no samples (features of shape {x.shape}): nothing to train on")
         is_image = x.ndim >= 3
         if x.ndim == 3:
             x = x[:, None]  # (N, H, W) -> (N, 1, H, W): each party's strip stays a one-channel image
-        if not np.issubdtype(x.dtype, np.floating):
-            x = x.astype(np.float32)
 
         num_columns = x.shape[-1]
         if self.num_parties > num_columns:
@@ -466,6 +539,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         columns = [[int(c) for c in cols] for cols in self.partitioner.split(num_columns, self.num_parties)]
         check_columns(columns, num_columns=num_columns, num_parties=self.num_parties)
+        if not np.issubdtype(x.dtype, np.floating):
+            x = self._numeric_features(x, columns)
 
         for k in self.participants:
             bad = int(np.count_nonzero(~np.isfinite(x[..., columns[k]])))

@@ -120,6 +120,9 @@ class Synthetic(VerticalDataModule):
         data_seed: int = 0,
         **kwargs: Any,
     ) -> None:
+        for name, value, least in (("num_samples", num_samples, 1), ("num_features", num_features, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {name}={value!r}")
         if num_classes < 2:
             raise ValueError(f"num_classes must be at least 2, got {num_classes}")
         if not 1 <= num_informative <= num_features:

@@ -5,10 +5,18 @@ breast_cancer the mean |y~ - y| is ~0.01), so distilling them into a student add
 themselves. Cross-fitting gives each overlapping training sample the prediction of a teacher that did not see it:
 the overlap is split into K stratified folds, K fresh copies of the protocol are trained by VFL on K - 1 folds each
 (same trainer settings, fresh keys and initialisation), and each predicts its held-out fold through
-`teacher_soft_labels`. The soft labels then carry the teacher's uncertainty, as the paper's Stage two intends
-("the VFL model predicts each training sample"). The price is K more VFL trainings: their messages are real and
-are merged into the protocol's wire under `cross_fit/<tag>` (the fold teachers' inference under
-`cross_fit/teacher/<tag>`), so the ledger shows what cross-fitting cost.
+`teacher_soft_label_parts`. The soft labels then carry the teacher's uncertainty, as the paper's Stage two intends
+("the VFL model predicts each training sample"). The price is K more VFL trainings: their messages are real and go
+through the protocol's own wire under `cross_fit/<tag>` (the fold teachers' inference under
+`cross_fit/teacher/<tag>`; `Wire.send`, so the ledger shows what cross-fitting cost and the wire's observers, e.g. a
+label audit, see every message a passive party receives in the folds too).
+
+Label privacy: the fold teachers train on the run's one label release (`LabelRelease.restrict`: the parent's draw for
+the fold's samples, on the parent's `PrivacyLedger`), never on a release of their own, since each fold drawing again
+would release every label K more times. The parent's ledger records every release that happens, so with a mechanism
+it shows exactly one after cross-fitting. The fold teachers' soft labels are formed like the fitted teacher's
+(`lvfl.inference.student.teacher_soft_label_parts`): passive predictions to the producer, nothing the active party
+computes sent down.
 
 The fitted teacher itself still serves every prediction afterwards (the router, the VFL test metrics); only the
 student's targets come from the fold teachers.
@@ -29,10 +37,18 @@ from sklearn.model_selection import StratifiedKFold
 from torch.utils.data import RandomSampler
 
 from lvfl.datamodules.base import VerticalTensorDataset
-from lvfl.inference.student import teacher_soft_labels
+from lvfl.inference.student import SoftLabelParts, teacher_soft_label_parts
+from lvfl.privacy.label_release import LabelRelease
 from lvfl.wire import Wire
 
-__all__ = ["FoldDataModule", "check_folds", "cross_fitted_soft_labels", "untrained_copy"]
+__all__ = [
+    "FoldDataModule",
+    "FoldWire",
+    "check_folds",
+    "cross_fitted_soft_label_parts",
+    "cross_fitted_soft_labels",
+    "untrained_copy",
+]
 
 CROSS_FIT_TAG = "cross_fit/"
 
@@ -122,15 +138,22 @@ def _quiet_lightning() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _merge(into: Wire, ledger: Wire) -> None:
-    """Add `ledger`'s bytes and messages to `into`, each tag under `cross_fit/`."""
-    for (src, dst, tag), n in ledger.bytes.items():
-        into.bytes[(src, dst, CROSS_FIT_TAG + tag)] += n
-    for (src, dst, tag), n in ledger.messages.items():
-        into.messages[(src, dst, CROSS_FIT_TAG + tag)] += n
+class FoldWire:
+    """The protocol's wire as a fold teacher uses it: the parent's `Wire.send`, tags under `<prefix>`.
+
+    Every message is metered on the parent's ledger and seen by the parent's observers as it happens (nothing is
+    merged into the ledger afterwards). Only `send` is offered: that is all a protocol and its backend use.
+    """
+
+    def __init__(self, wire: Wire, prefix: str = CROSS_FIT_TAG) -> None:
+        self.wire, self.prefix = wire, prefix
+
+    def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
+        """`Wire.send` on the parent wire, tag prefixed; returns the payload as `dst` receives it."""
+        return self.wire.send(src, dst, payload, self.prefix + tag)
 
 
-def cross_fitted_soft_labels(
+def cross_fitted_soft_label_parts(
     template: LightningModule,
     datamodule: Any,
     folds: int,
@@ -140,20 +163,33 @@ def cross_fitted_soft_labels(
     seed: int = 0,
     accelerator: str = "cpu",
     batch_size: int = 256,
-) -> torch.Tensor:
-    """Soft labels (N_o, M) for the datamodule's VFL training set (the overlap), each from a teacher not trained on it.
+    release: LabelRelease | None = None,
+) -> SoftLabelParts:
+    """Soft-label parts (N_o rows) for the VFL training set (the overlap), each from a teacher not trained on it.
+
+    See `lvfl.inference.student.SoftLabelParts`; rows are in the datamodule's `train_set` order.
 
     Args:
         template: the unbuilt protocol (see `untrained_copy`); each fold trains its own deep copy.
         datamodule: the `VerticalDataModule` whose `train_set` is the overlap.
         folds: K >= 2 stratified folds.
         max_epochs: epochs per fold teacher (the main fit's).
-        wire: where the fold trainings' ledgers are merged (the protocol's wire), under `cross_fit/<tag>`.
-        producer: the party the fold teachers' predictions are delivered to (see `teacher_soft_labels`).
+        wire: the protocol's wire: the fold trainings and inferences are sent through it under `cross_fit/<tag>`.
+        producer: the party the fold teachers' passive predictions are delivered to (see `teacher_soft_label_parts`).
         seed: seed of the folds, the fold teachers' initialisation and their batch order.
         accelerator: the fold trainers' accelerator.
         batch_size: samples per prediction pass.
+        release: the run's label release (`module.label_release`, drawn at fit start); each fold trains on its
+            restriction to the fold's samples. Required when the template has a label mechanism.
+
+    Raises:
+        ValueError: with a label mechanism but no `release` (each fold would spend epsilon again, off the ledger).
     """
+    if release is None and getattr(template, "label_mechanism", None) is not None:
+        raise ValueError(
+            "cross-fitting a protocol with a label mechanism needs the run's label release (release=module."
+            "label_release): fold teachers must reuse it, not draw (and spend epsilon) again"
+        )
     train = datamodule.train_set
     labels = train.labels.cpu().numpy()
     check_folds(folds, len(labels))
@@ -165,13 +201,15 @@ def cross_fitted_soft_labels(
             "use fewer folds"
         )
     splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    soft = torch.zeros(len(labels), datamodule.task.num_classes)
+    rows: list[tuple[torch.Tensor, SoftLabelParts]] = []
     for k, (fit_index, held_index) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
         keep = torch.zeros(len(labels), dtype=torch.bool)
         keep[torch.from_numpy(fit_index)] = True
         fold_dm = FoldDataModule(datamodule, keep, seed=seed + k)
         teacher = copy.deepcopy(template)
-        teacher.wire = Wire()
+        teacher.wire = FoldWire(wire)
+        if release is not None:  # the run's one release, for the fold's samples, on the run's ledger
+            teacher.label_release = release.restrict(fold_dm.train_set.ids)
         with torch.random.fork_rng(), _quiet_lightning():
             torch.manual_seed(seed * 1000 + k)
             trainer = Trainer(
@@ -188,6 +226,30 @@ def cross_fitted_soft_labels(
             trainer.fit(teacher, datamodule=fold_dm)
         held = torch.from_numpy(held_index)
         for part in held.split(batch_size):
-            soft[part] = teacher_soft_labels(teacher, train[part], producer)
-        _merge(wire, teacher.wire)
-    return soft
+            rows.append((part, teacher_soft_label_parts(teacher, train[part], producer)))
+    order = torch.cat([index for index, _ in rows])
+    parts = SoftLabelParts.cat([p for _, p in rows])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel())
+    return parts[inverse]
+
+
+def cross_fitted_soft_labels(
+    template: LightningModule,
+    datamodule: Any,
+    folds: int,
+    max_epochs: int,
+    wire: Wire,
+    producer: str | None = None,
+    seed: int = 0,
+    accelerator: str = "cpu",
+    batch_size: int = 256,
+    release: LabelRelease | None = None,
+) -> torch.Tensor:
+    """Cross-fitted soft labels y~ (N_o, M) in one process: the mean of `cross_fitted_soft_label_parts`.
+
+    For experiments and references; no soft-label channel runs (see `lvfl.inference.student.teacher_soft_labels`).
+    """
+    return cross_fitted_soft_label_parts(
+        template, datamodule, folds, max_epochs, wire, producer, seed, accelerator, batch_size, release
+    ).mean()

@@ -35,9 +35,17 @@ schedule (e.g. before every query, or every N queries while padding with dummy q
 
 Padding and FAIL: every plaintext is `flag (1 byte) | length (4 bytes) | value | zero padding` of one fixed width,
 so all ciphertexts have the same size l = 5 + value_bytes + 16 * B. Empty slots hold flag 0 and random bytes (the
-paper's FAIL marker), indistinguishable from real entries until decrypted. An ID whose slot is FAIL, or outside the
-table's buckets (checked by the active party locally: nothing is sent), comes back as `None`, so a router can fall
-back to the active party's own (student) model.
+paper's FAIL marker), indistinguishable from real entries until decrypted. An ID whose slot is FAIL comes back as
+`None`, so a router can fall back to the active party's own (student) model.
+
+Misses cost a query too: an ID outside the table's buckets (beyond the passive party's last bucket, or negative)
+also comes back as `None`, but the active party still sends a request, for a *dummy* address (a uniformly random
+bucket and offset, drawn from the OS CSPRNG), spends that offset's key set and decrypts the returned entry, then
+discards it. So from the passive party's side a miss is a query like any other: the same messages (one "ot_query"
+of 12 bytes, one "ot_answer" of N * l bytes), a bucket in range, a t drawn exactly as for a real ID (a fresh key set
+of a uniform R), and re-preparations on the same rule. Sending nothing would tell it the ID lies beyond its table.
+The one difference left is the bucket's distribution: uniform for a miss, the ID's own for a hit; the bucket is
+what the scheme reveals in any case (see above).
 """
 
 from __future__ import annotations
@@ -304,7 +312,8 @@ class ObliviousClient:
         self._slot_of: list[int] | None = None  # R^{-1}: offset -> t
         self._keys: list[list[AESGCM]] | None = None  # [t][j]: key(t, j, bit_j(R[t]))
         self._used: set[int] = set()
-        self._pending: tuple[int, int, int] | None = None
+        self._pending: tuple[int, int, int, bool] | None = None  # bucket, offset, t, dummy
+        self._dummy: tuple[int, tuple[int, int]] | None = None  # (ID outside the table, the address standing in)
 
     # -- offline -------------------------------------------------------------------------------------------------
     def prepare_choose(self, sender_point: bytes, session: bytes = PREPARE_SESSION) -> list[bytes]:
@@ -328,40 +337,55 @@ class ObliviousClient:
         self._ot = None
 
     # -- online --------------------------------------------------------------------------------------------------
-    def can_query(self, sample_id: int) -> bool:
-        """Whether `sample_id` is answerable now without a fresh preparation (outside IDs are: they are absent)."""
+    def _address(self, sample_id: int) -> tuple[int, int, bool]:
+        """(bucket, offset, dummy): the ID's own address, or for an ID outside the table a uniformly random one.
+
+        The dummy address is drawn once per outside ID and kept until its request is made, so that `can_query` and
+        `request` agree on it (and a preparation in between does not redraw it, just as it keeps a real ID's).
+        """
         address = self.layout.address(sample_id)
-        if address is None:
-            return True
-        return self._keys is not None and self._slot_of[address[1]] not in self._used
+        if address is not None:
+            return (*address, False)
+        x = operator.index(sample_id)
+        if self._dummy is None or self._dummy[0] != x:
+            bucket = secrets.randbelow(self.layout.num_buckets)
+            self._dummy = (x, (bucket, secrets.randbelow(self.layout.bucket_size)))
+        return (*self._dummy[1], True)
+
+    def can_query(self, sample_id: int) -> bool:
+        """Whether `sample_id` is answerable now without a fresh preparation (an outside ID too: it costs a query)."""
+        _, offset, _ = self._address(sample_id)
+        return self._keys is not None and self._slot_of[offset] not in self._used
 
     def key_sets_left(self) -> int:
         """Key sets not yet used in this preparation."""
         return 0 if self._keys is None else self.layout.bucket_size - len(self._used)
 
-    def request(self, sample_id: int) -> bytes | None:
-        """Step 5: the 12-byte request (bucket, t) for `sample_id`, or None if the ID is outside every bucket.
+    def request(self, sample_id: int) -> bytes:
+        """Step 5: the 12-byte request (bucket, t) for `sample_id`.
+
+        For an ID outside every bucket the request is for a dummy address (see the module docstring), so that a miss
+        sends what a hit sends.
 
         Raises:
             KeySetSpentError: if the key set for this ID's offset was already used (or none is prepared).
         """
-        address = self.layout.address(sample_id)
-        if address is None:
-            return None
+        bucket, offset, dummy = self._address(sample_id)
         if self._keys is None:
             raise KeySetSpentError("no prepared key sets: run prepare() first")
-        bucket, offset = address
         t = self._slot_of[offset]
         if t in self._used:
             raise KeySetSpentError(
                 f"the key set for offset {offset} (t={t}) was already used in this preparation: run prepare() again"
             )
         self._used.add(t)  # spent as soon as it is requested, whatever happens to the answer
-        self._pending = (bucket, offset, t)
+        self._pending = (bucket, offset, t, dummy)
+        if dummy:
+            self._dummy = None  # the next miss draws a fresh address
         return _request_bytes(bucket, t)
 
     def decrypt(self, answer: bytes) -> bytes | torch.Tensor | None:
-        """Step 7: open entry `offset` of the returned copy; None if it is a FAIL entry.
+        """Step 7: open entry `offset` of the returned copy; None if it is a FAIL entry or the query was a dummy.
 
         Raises:
             ValueError: if the answer is not N * l bytes or no request is pending.
@@ -369,13 +393,13 @@ class ObliviousClient:
         """
         if self._pending is None:
             raise ValueError("no pending request")
-        bucket, offset, t = self._pending
+        bucket, offset, t, dummy = self._pending
         self._pending = None
         if len(answer) != self.layout.answer_bytes:
             raise ValueError(f"an answer is N * l = {self.layout.answer_bytes} bytes, got {len(answer)}")
         l = self.layout.entry_bytes  # noqa: E741 - the paper's name for the ciphertext size
-        plaintext = self.decrypt_entry(bucket, t, offset, answer[offset * l : (offset + 1) * l])
-        return self._decode(plaintext)
+        plaintext = self.decrypt_entry(bucket, t, offset, answer[offset * l : (offset + 1) * l])  # a dummy's too
+        return None if dummy else self._decode(plaintext)
 
     def decrypt_entry(self, bucket: int, t: int, u: int, ciphertext: bytes) -> bytes:
         """Try to open entry u of copy t of `bucket` with key set t: succeeds only for u = R[t].
@@ -429,13 +453,12 @@ def query(
 ) -> bytes | torch.Tensor | None:
     """The online phase (steps 5-7), one round trip: the value for `sample_id`, or None if absent (FAIL/outside).
 
+    An ID outside the table costs the same round trip as any other (a dummy query; see the module docstring).
+
     Raises:
         KeySetSpentError: if this ID's key set is already used; `ObliviousInference.lookup` re-prepares instead.
     """
-    request = client.request(sample_id)
-    if request is None:
-        return None
-    request = _send(wire, active, passive, request, "ot_query")
+    request = _send(wire, active, passive, client.request(sample_id), "ot_query")
     return client.decrypt(_send(wire, passive, active, table.answer(request), "ot_answer"))
 
 

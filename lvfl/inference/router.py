@@ -17,7 +17,9 @@ phase, Sec. 4.6, with the student of Sec. 4.2 as the fallback):
 What this reveals: the active party receives each passive party's contribution for the IDs it asks about, in the
 clear (as in the paper, where the passive party's partial inference result is the OT's payload): a secure
 aggregation used during training does not extend to these answers. Passive parties learn the bucket of each query
-and nothing else; the student path costs them the same query.
+and nothing else; the student path costs them the same query. That holds for every ID the active party holds,
+including IDs beyond a passive party's last bucket (larger than any ID it holds): those are sent as a dummy query
+for a random address of its table (`lvfl.inference.oblivious`), the same messages, tags and sizes as a hit.
 
 IDs are the datamodule's sample IDs; an ID the active party does not hold is an error (no party can answer it).
 """

@@ -17,38 +17,65 @@ labelled by the VFL model").
 - `L_d` is the soft-label cross-entropy on the student's softmax, `-sum_j y~_j log softmax(z)_j`. Its gradient in the
   logits is `softmax(z) - y~`, *linear in y~*, which is what lets the encrypted path compute it on ciphertexts.
 - `y~` (the teacher's soft labels) is the VFL model's predicted class distribution for the sample: the mean over the
-  protocol's predicting parties of `softmax(party_logits(batch)[k])`. For EASTER that is the mean of every party
-  model's probabilities; for SplitNN (one predicting party) the top model's softmax; for any other protocol the
-  mean over whatever `party_logits` returns.
+  teacher's predictions of their softmax. For EASTER that is every party model's prediction (the active party's is
+  its private head's when the protocol keeps one); for SplitNN, C_VFL, PraVFed and Local the one prediction the
+  active party computes; for Agg_VFL the aggregate A alone. Rule: an entry of `party_logits` whose key is no party's
+  name is a joint prediction (Agg_VFL's "aggregate"); when there is one, the joint predictions alone are the teacher
+  (the other entries are the parties' own-model diagnostics), otherwise every entry is.
 
 Two paths give the same student for a linear student (up to fixed-point resolution):
 
-- **plain**: `y~` crosses the wire in the clear (float32, tag "soft_labels") and the whole student is trained by
-  autograd on the objective above.
+- **plain**: `y~` reaches the active party in the clear and the whole student is trained by autograd on the objective
+  above.
 - **paillier** (Algorithms 1-2): see `PaillierDistillation`. The gradient of the distillation term reaches the
   student's *last linear layer* only; layers below it (if any) train on the plain real-label loss, the mean
   cross-entropy over the batch, because the active party cannot backpropagate through `y~` it never sees. For a
   linear / logistic student (`LogisticRegression`) the last layer is the whole model, and both paths train the same
   student.
 
-Where `y~` comes from: the teacher's joint inference on the overlap, metered on the protocol's wire under
-`teacher/<tag>`. The protocol's own inference messages (`party_logits`: embeddings, masked shares, ...) flow as in any
-prediction, except that the *predictions themselves* are delivered to the *producer* (by default the first passive
-party, as in the paper's Stage two) instead of the active party, and predictions the active party computes (its own
-model's, a top model's or an aggregate) are forwarded to the producer (`teacher/predictions`). The producer forms
-`y~` and sends it to the active party, in the clear (plain) or encrypted under the coordinator's public key
-(paillier). With `producer` set to the active party, the predictions stay where the protocol delivers them and no
-`soft_labels` message is sent. Caveat: in protocols where the active party computes the prediction (SplitNN, C_VFL,
-PraVFed's top model, Agg_VFL's aggregate), it learns the teacher's output anyway, so the encrypted channel protects
-only the other parties' own predictions (EASTER's passive models) -- as during training, where those protocols also
-show the active party every prediction.
+Where `y~` comes from (`teacher_soft_label_parts`). The teacher's joint inference on the overlap runs as in any
+prediction (`party_logits`: embeddings, masked shares, EASTER's global embedding, ...) and is metered on the
+protocol's wire under `teacher/<tag>`, with one change: a prediction computed by a *passive* party (EASTER's passive
+heads) is delivered to the *producer* (by default the first passive party, as in the paper's Stage two) instead of the
+active party. Nothing the active party computes (its own model's or private head's prediction, a top model's output,
+Agg_VFL's aggregate) is ever sent to a passive party. The soft labels are formed in two parts (`SoftLabelParts`):
+
+    y~ = (S_p + S_a) / C     S_p: sum of the softmax of the predictions delivered to the producer
+                             S_a: sum of the softmax of the predictions the active party computed
+                             C:   the number of predictions (public: the protocol's structure)
+
+- plain (`plain_soft_labels`): the producer sends S_p (float32, tag "soft_labels") to the active party, which adds S_a
+  and divides by C;
+- paillier (`PaillierDistillation.send_soft_labels`): the producer sends [[q(S_p)]] encrypted under the coordinator's
+  key, the active party adds q(S_a) homomorphically ([[a]] * g^b = [[a + b]]) and folds the public 1/C into the
+  decoding; it never holds `y~` in the clear.
+
+When no passive party predicts (SplitNN, C_VFL, Agg_VFL, PraVFed, Local: the active party computes the whole
+prediction) S_p is empty: the soft labels stay at the active party, no "soft_labels" message is sent, and under
+paillier the active party encrypts its own `y~` (which it knows already: Paillier then hides nothing and costs time,
+so `PaillierDistillation` warns). With `producer` set to the active party, passive predictions go to it as the
+protocol delivers them and no "soft_labels" message is sent either.
+
+What each party learns from the student path:
+
+- every passive party: the protocol's own inference messages (e.g. EASTER's global embedding), which with a label
+  mechanism are functions of the release (DESIGN.md, "Label privacy covers a passive party's whole view"); the
+  producer, in addition, the other passive parties' predictions (in EASTER the heads' outputs on the global embedding
+  it also receives). No prediction, aggregate or soft label the active party computes goes down; with Paillier the
+  producer also receives the coordinator's public key. Tests check it by a counterfactual: a teacher whose active-side
+  prediction reads the true labels, run with two different label vectors, leaves every passive inbox bit-identical.
+- the active party: plain, `y~` and so S_p = C y~ - S_a, the sum of the passive parties' predictions (with one
+  passive predictor, that party's prediction); paillier, ciphertexts only, plus its decrypted student gradients
+  (Algorithm 2).
+- the coordinator (paillier): uniformly masked gradient coordinates and the per-step loss sums (Algorithm 1).
 """
 
 from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -69,15 +96,20 @@ __all__ = [
     "Encryption",
     "LogisticRegression",
     "PaillierDistillation",
+    "SoftLabelParts",
     "StudentData",
     "StudentFit",
     "build_student",
     "check_lam",
+    "default_producer",
     "distillation_loss",
     "evaluate_student",
     "fit_student",
+    "plain_soft_labels",
     "student_data",
     "student_loss",
+    "teacher_predictions",
+    "teacher_soft_label_parts",
     "teacher_soft_labels",
 ]
 
@@ -196,16 +228,96 @@ def _recording(module: Any) -> Iterator[_Recorder]:
             backend.wire = saved[1]
 
 
-@torch.no_grad()
-def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = None) -> torch.Tensor:
-    """The VFL model's soft labels for `batch`: the mean over predicting parties of their softmax (B x M, on CPU).
+@dataclass
+class SoftLabelParts:
+    """The teacher's soft labels for a set of samples, in the two parts their holders form: `y~ = (S_p + S_a) / C`.
 
-    Runs `teacher.party_logits` in eval mode and meters its messages on the teacher's wire under `teacher/<tag>`,
-    with the predictions delivered to `producer` (default: the active party, i.e. as the protocol delivers them; see
-    the module docstring). Restores the teacher's mode.
+    Attributes:
+        producer: (N, M) S_p, the sum of the softmax of the predictions delivered to the producer (passive parties'
+            own predictions); zeros when `num_producer` is 0. Held by the producer only.
+        active: (N, M) S_a, the sum of the softmax of the predictions the active party computed. Held by the active
+            party only.
+        num_producer: how many predictions `producer` sums (0: the producer holds nothing and sends nothing).
+        num_active: how many predictions `active` sums.
+    """
+
+    producer: torch.Tensor
+    active: torch.Tensor
+    num_producer: int
+    num_active: int
+
+    def __post_init__(self) -> None:
+        if self.producer.shape != self.active.shape or self.producer.dim() != 2:
+            raise ValueError(
+                f"SoftLabelParts: producer {tuple(self.producer.shape)} and active {tuple(self.active.shape)} must "
+                "both be (N, M)"
+            )
+        if self.num_producer < 0 or self.num_active < 0 or self.count < 1:
+            raise ValueError(f"SoftLabelParts: counts {self.num_producer}, {self.num_active} must sum to >= 1")
+
+    @property
+    def count(self) -> int:
+        """C: the number of predictions averaged (public)."""
+        return self.num_producer + self.num_active
+
+    def __len__(self) -> int:
+        return int(self.active.shape[0])
+
+    def __getitem__(self, index: Any) -> SoftLabelParts:
+        """The parts of a subset of the samples (rows)."""
+        return SoftLabelParts(self.producer[index], self.active[index], self.num_producer, self.num_active)
+
+    def mean(self) -> torch.Tensor:
+        """y~ = (S_p + S_a) / C: what the active party ends up with after the plain channel (a reference here)."""
+        return (self.producer + self.active) / self.count
+
+    @staticmethod
+    def cat(parts: Sequence[SoftLabelParts]) -> SoftLabelParts:
+        """The parts of several batches of the same teacher, rows concatenated."""
+        if not parts:
+            raise ValueError("SoftLabelParts.cat needs at least one part")
+        counts = {(p.num_producer, p.num_active) for p in parts}
+        if len(counts) != 1:
+            raise ValueError(f"SoftLabelParts.cat: parts from differently structured teachers {sorted(counts)}")
+        ((num_producer, num_active),) = counts
+        return SoftLabelParts(
+            torch.cat([p.producer for p in parts]), torch.cat([p.active for p in parts]), num_producer, num_active
+        )
+
+
+def default_producer(teacher: Any) -> str:
+    """The default producer: the first passive party (the paper's Stage two), or the active party if none (Local)."""
+    passive = list(getattr(teacher, "passive", []))
+    return passive[0] if passive else teacher.active
+
+
+def teacher_predictions(logits: dict[str, torch.Tensor], party_names: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The entries of `party_logits` that make the teacher: its joint predictions if any, else every entry.
+
+    A joint prediction is an entry whose key is no party's name (Agg_VFL's "aggregate"); the other entries are then
+    the parties' own-model diagnostics, not the VFL model's prediction.
+    """
+    joint = {k: v for k, v in logits.items() if k not in party_names}
+    return joint if joint else dict(logits)
+
+
+@torch.no_grad()
+def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None = None) -> SoftLabelParts:
+    """The teacher's soft labels for `batch` in the parts the producer and the active party hold (on CPU, float32).
+
+    Runs `teacher.party_logits` in eval mode (restoring the mode after) and meters its messages on the teacher's wire
+    under `teacher/<tag>`, except that a prediction a passive party sends to the active party goes to `producer`
+    instead (not at all when it is the producer's own). Predictions the active party computes are never sent: they
+    make the active part. See the module docstring for who learns what.
+
+    Args:
+        teacher: a fitted protocol (`party_logits`, `party_names`, `active`, `passive`, `wire`).
+        batch: overlapping samples (every party holds them).
+        producer: the party that receives the passive parties' predictions; default `default_producer(teacher)`.
+            The active party here means "as the protocol delivers them" (everything in the active part).
     """
     active = teacher.active
-    producer = active if producer is None else producer
+    producer = default_producer(teacher) if producer is None else producer
     if producer not in teacher.party_names:
         raise ValueError(f"producer must be one of the parties {list(teacher.party_names)}, got producer={producer!r}")
     was_training = teacher.training
@@ -215,21 +327,62 @@ def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = No
             logits = teacher.party_logits(batch.to(teacher.device))
     finally:
         teacher.train(was_training)
-    # a message whose arrival *is* one of the returned predictions delivered that prediction: it goes to the producer
-    delivered = {id(v) for v in logits.values()}
-    arrived = set()
+    predictions = teacher_predictions(logits, teacher.party_names)
+    # a passive party's message whose arrival *is* one of the predictions delivered that party's own prediction
+    wanted = {id(v) for v in predictions.values()}
+    from_passive = {
+        id(received)
+        for src, dst, _, _, received in recorder.sent
+        if dst == active and src != active and id(received) in wanted
+    }
+    at_producer = from_passive if producer != active else set()
     for src, dst, payload, tag, received in recorder.sent:
-        if id(received) in delivered and dst == active:
-            arrived.add(id(received))
+        if id(received) in at_producer:
             dst = producer
-        if src != dst:  # the producer's own prediction, redirected to itself, does not cross the wire
+        if src != dst:  # the producer's own prediction, delivered to itself, does not cross the wire
             teacher.wire.send(src, dst, payload, TEACHER_TAG + tag)
-    if producer != active:  # what the active party computed itself (own model, top model, aggregate) is forwarded
-        own = {k: v for k, v in logits.items() if id(v) not in arrived}
-        if own:
-            teacher.wire.send(active, producer, own, TEACHER_TAG + "predictions")
-    probs = torch.stack([v.float().softmax(-1) for v in logits.values()])
-    return probs.mean(0).cpu()
+    probs = {k: v.float().softmax(-1).cpu() for k, v in predictions.items()}
+    shape = next(iter(probs.values())).shape
+    producer_keys = [k for k, v in predictions.items() if id(v) in at_producer]
+    active_keys = [k for k in predictions if k not in producer_keys]
+    return SoftLabelParts(
+        producer=_sum(probs[k] for k in producer_keys) if producer_keys else torch.zeros(shape),
+        active=_sum(probs[k] for k in active_keys) if active_keys else torch.zeros(shape),
+        num_producer=len(producer_keys),
+        num_active=len(active_keys),
+    )
+
+
+def _sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    items = list(tensors)
+    out = items[0].clone()
+    for t in items[1:]:
+        out += t
+    return out
+
+
+def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = None) -> torch.Tensor:
+    """The teacher's soft labels `y~` for `batch` (B x M, on CPU) in one process, for experiments and references.
+
+    Runs (and meters) the teacher's inference like `teacher_soft_label_parts` and returns the mean of its parts
+    without running a soft-label channel: no party holds this tensor in a deployment unless the channel delivered it.
+    """
+    return teacher_soft_label_parts(teacher, batch, producer).mean()
+
+
+def plain_soft_labels(wire: Wire, parts: SoftLabelParts, active: str, producer: str) -> torch.Tensor:
+    """The plain channel: `y~` as the active party ends up with it.
+
+    The producer sends S_p (float32, tag "soft_labels") when it holds any prediction; the active party adds its own
+    S_a and divides by the public count C. With no passive prediction nothing is sent.
+    """
+    if parts.num_producer and len(parts):
+        if producer == active:
+            raise ValueError("the producer's part must come from a passive producer, not the active party")
+        at_active = wire.send(producer, active, parts.producer.float(), "soft_labels")
+    else:
+        at_active = torch.zeros_like(parts.active)
+    return (at_active + parts.active) / parts.count
 
 
 # -- data --------------------------------------------------------------------------------------------------------
@@ -241,13 +394,18 @@ class StudentData:
         features: (N, ...) the active party's features.
         labels: (N,) class indices.
         overlap: (N,) bool, True where every party holds the sample.
-        soft_labels: (N, M) teacher distributions; rows where `overlap` is False are zero.
+        soft_labels: (N, M) teacher distributions as the active party holds them in the clear (the plain path);
+            rows where `overlap` is False are zero, and so is every row for the encrypted path.
+        parts: for the encrypted path, the overlap's soft labels as the producer and the active party hold them
+            before the channel (`SoftLabelParts`, one row per overlapping sample in order), which
+            `PaillierDistillation.send_soft_labels` turns into [[y~]] at the active party; None on the plain path.
     """
 
     features: torch.Tensor
     labels: torch.Tensor
     overlap: torch.Tensor
     soft_labels: torch.Tensor
+    parts: SoftLabelParts | None = None
 
     def __post_init__(self) -> None:
         n = self.features.shape[0]
@@ -257,6 +415,13 @@ class StudentData:
                 f"{tuple(self.overlap.shape)} and soft_labels {tuple(self.soft_labels.shape)} must share N"
             )
         self.overlap = self.overlap.bool()
+        if self.parts is not None and (
+            len(self.parts) != int(self.overlap.sum()) or self.parts.active.shape[1] != self.soft_labels.shape[1]
+        ):
+            raise ValueError(
+                f"StudentData: parts has {tuple(self.parts.active.shape)}, expected one row of "
+                f"{self.soft_labels.shape[1]} per overlapping sample ({int(self.overlap.sum())})"
+            )
 
     @property
     def num_classes(self) -> int:
@@ -280,14 +445,19 @@ class PaillierDistillation:
 
     0. Setup (coordinator): a fresh Paillier key pair (g = n + 1, `key_size` bits); n goes to the active party and
        to the producer (tag "keys"). The secret key stays in this object, used only by the coordinator's methods.
-    1. Producer (Stage two, step 1): encodes each overlapping sample's soft labels to fixed point,
-       `round(y~ * 2**frac_bits)`, encrypts one value per ciphertext under n, and sends [[y~]] to the active party
-       (tag "soft_labels"): N_overlap x M ciphertexts of `2 * key_bytes` each. No packing: the active party raises
+    1. Soft labels (Stage two, step 1; `send_soft_labels`), from `SoftLabelParts` y~ = (S_p + S_a) / C. The
+       producer encodes its part to fixed point, q(S_p) = round(S_p * 2**frac_bits), encrypts one value per
+       ciphertext under n and sends [[q(S_p)]] to the active party (tag "soft_labels"): N_overlap x M ciphertexts
+       of `2 * key_bytes` each. The active party adds its own part homomorphically, [[Q]] = [[q(S_p)]] *
+       (1 + q(S_a) n) mod n**2 = [[q(S_p) + q(S_a)]] (phe's add_plain), so it never sees S_p nor y~ and nothing it
+       computed leaves it; Q = C y~ 2**frac_bits, and the public 1/C is folded into every decoding below. When the
+       producer holds no prediction (the active party computes the whole teacher), nothing is sent: the active
+       party encrypts q(S_a) itself (a warning says that this hides nothing). No packing: the active party raises
        each ciphertext to a different plaintext power per gradient coordinate, and a packed ciphertext would scale
        all its slots by the same power (and signed slot sums would need offsets); values here are few.
     2. Active party, each step (Algorithm 2): with h_i the input of the student's last linear layer (bias as a
        constant 1), the distillation gradient's unknown part is `-lam / B * sum_{i in overlap} y~_ij h_ik`; it
-       computes [[sum_i y~_ij q(h_ik)]] = prod_i [[y~_ij]]^q(h_ik) (a negative exponent through the ciphertext's
+       computes [[sum_i Q_ij q(h_ik)]] = prod_i [[Q_ij]]^q(h_ik) (a negative exponent through the ciphertext's
        inverse), with q(h) = round(h * 2**frac_bits), adds a uniform mask r in Z_n to each coordinate
        (`c * (1 + r n) mod n**2`) and sends them to the coordinator (tag "student_grad"). It also sends the batch's
        encrypted loss sum [[sum_i l_i]] (tag "student_loss"), formed the same way from `-log softmax` exponents
@@ -296,18 +466,21 @@ class PaillierDistillation:
        the loss, sums it over the epoch and, at the epoch's end, sends `converged` (one byte, tag
        "student_converged") when the epoch-mean loss moved less than `tol` (per epoch rather than per step, so the
        stopping rule does not depend on batch order).
-    4. Active party: subtracts r mod n, reads values above n/2 as negative, decodes at scale 2**(2 * frac_bits),
-       multiplies by -lam / B and adds its plaintext part of the gradient.
+    4. Active party: subtracts r mod n, reads values above n/2 as negative, decodes at scale
+       2**(2 * frac_bits) * C, multiplies by -lam / B and adds its plaintext part of the gradient. (The loss sum
+       carries C times the plaintext part, so the coordinator decodes it at the same scale.)
 
-    What each party learns: the active party sees ciphertexts only (semantically secure without the secret key)
-    and its own decrypted gradient, which it must learn to update the student; the coordinator sees uniformly
-    masked gradient coordinates and the per-step loss sums (as in Algorithm 1). As for every coordinator-based HE
-    scheme, a coordinator colluding with the active party could decrypt [[y~]]: stated, not defended.
+    What each party learns: the producer, its own part S_p (the passive parties' predictions it received) and the
+    public key; nothing the active party computed. The active party sees ciphertexts only (semantically secure
+    without the secret key), its own part S_a and its own decrypted gradient, which it must learn to update the
+    student; the coordinator sees uniformly masked gradient coordinates and the per-step loss sums (as in
+    Algorithm 1). As for every coordinator-based HE scheme, a coordinator colluding with the active party could
+    decrypt [[Q]]: stated, not defended.
 
     Args:
         wire: the protocol's wire.
         active: the active party's name.
-        producer: the party that forms the VFL prediction and encrypts it.
+        producer: the passive party that holds the passive parties' predictions and encrypts their sum.
         coordinator: the key holder's name.
         key_size: bits of n; at least 2048 (no override).
         frac_bits: fixed-point fractional bits of y~ and h (each term's resolution is 2**-frac_bits).
@@ -336,6 +509,7 @@ class PaillierDistillation:
         self._n_at: dict[str, int] = {}
         self._loss_sum = 0.0
         self._prev_epoch_loss: float | None = None
+        self.count = 1  # C, the number of predictions averaged in y~ (public); set by send_soft_labels
 
     # -- 0. setup -------------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -345,7 +519,7 @@ class PaillierDistillation:
         for party in (self.active, self.producer):
             self._n_at[party] = int.from_bytes(self.wire.send(self.coordinator, party, n_bytes, tag="keys"), "big")
         self._secret = secret
-        self._loss_sum, self._prev_epoch_loss = 0.0, None
+        self._loss_sum, self._prev_epoch_loss, self.count = 0.0, None, 1
 
     def _n(self, party: str) -> int:
         if party not in self._n_at:
@@ -366,18 +540,50 @@ class PaillierDistillation:
         """Fixed point: `round(x * 2**frac_bits)` as int64 (exact in float64 for the values used here)."""
         return torch.round(x.detach().double().cpu() * 2.0**self.frac_bits).to(torch.int64).numpy()
 
-    # -- 1. producer ----------------------------------------------------------------------------------------------
-    def send_soft_labels(self, soft_labels: torch.Tensor) -> list[list[int]]:
-        """At the producer: encrypt (N_o, M) soft labels and send them; returns [[y~]] as the active party holds it."""
-        n = gmpy2.mpz(self._n(self.producer))
+    # -- 1. producer -> active party ------------------------------------------------------------------------------
+    @staticmethod
+    def _encrypt(n: Any, m: int) -> int:
+        """[[m]] = (1 + m n) r**n mod n**2 with a fresh uniform r (g = n + 1)."""
         n2 = n * n
-        q = self.encode(soft_labels)
-        if (q < 0).any():
+        return int((1 + m * n) * gmpy2.powmod(secrets.randbelow(int(n) - 1) + 1, n, n2) % n2)
+
+    def send_soft_labels(self, parts: SoftLabelParts) -> list[list[int]]:
+        """Step 1: [[Q]] = [[q(S_p) + q(S_a)]] at the active party, one row of M ciphertexts per sample.
+
+        The producer encrypts q(S_p) and sends it (tag "soft_labels"); the active party multiplies in g**q(S_a)
+        (adds its own part as a plaintext). Without a producer part nothing is sent and the active party encrypts
+        q(S_a). Sets the public count C = `parts.count`, by which every later decoding divides.
+        """
+        q_active = self.encode(parts.active)  # at the active party
+        if (q_active < 0).any():
             raise ValueError("soft labels must be probabilities (non-negative)")
-        flat = [int((1 + int(m) * n) * gmpy2.powmod(secrets.randbelow(int(n) - 1) + 1, n, n2) % n2) for m in q.ravel()]
-        received = self.wire.send(self.producer, self.active, _to_bytes(flat, self.ciphertext_nbytes), "soft_labels")
-        values = _from_bytes(received, self.ciphertext_nbytes)
-        m = q.shape[1]
+        n = gmpy2.mpz(self._n(self.active))
+        n2 = n * n
+        if parts.num_producer:
+            q_producer = self.encode(parts.producer)  # at the producer
+            if (q_producer < 0).any():
+                raise ValueError("soft labels must be probabilities (non-negative)")
+            n_p = gmpy2.mpz(self._n(self.producer))
+            flat = [self._encrypt(n_p, int(m)) for m in q_producer.ravel()]
+            received = self.wire.send(
+                self.producer, self.active, _to_bytes(flat, self.ciphertext_nbytes), "soft_labels"
+            )
+            # at the active party: [[a]] * g**b = [[a + b]]
+            values = [
+                int(gmpy2.mpz(c) * (1 + int(m) * n) % n2)
+                for c, m in zip(_from_bytes(received, self.ciphertext_nbytes), q_active.ravel(), strict=True)
+            ]
+        else:
+            warnings.warn(
+                "encryption='paillier' hides nothing here: no passive party contributes to this teacher's "
+                "prediction (the active party computes it, as in SplitNN, C_VFL, Agg_VFL and PraVFed), so the active "
+                "party already knows the soft labels; it encrypts them itself and the student trains as with 'plain'",
+                UserWarning,
+                stacklevel=2,
+            )
+            values = [self._encrypt(n, int(m)) for m in q_active.ravel()]
+        self.count = parts.count
+        m = q_active.shape[1]
         return [values[i : i + m] for i in range(0, len(values), m)]
 
     # -- 2.-4. active party <-> coordinator -----------------------------------------------------------------------
@@ -426,18 +632,22 @@ class PaillierDistillation:
         return int(self._secret.raw_decrypt(int(ciphertext)))
 
     def distillation_gradient(self, rows: Sequence[Sequence[int]], h: torch.Tensor) -> torch.Tensor:
-        """`sum_{i} y~_i h_i^T` (M x (K + 1), last column the bias) from [[y~]] rows and plaintext h (B_o x K).
+        """`sum_{i} y~_i h_i^T` (M x (K + 1), last column the bias) from [[Q]] rows and plaintext h (B_o x K).
 
-        Computed homomorphically at the active party, masked, decrypted blind by the coordinator, unmasked.
+        Computed homomorphically at the active party, masked, decrypted blind by the coordinator, unmasked, and
+        decoded with the public 1/C (Q = C y~ 2**frac_bits).
         """
         ones = torch.ones(h.shape[0], 1, dtype=h.dtype, device=h.device)
         exponents = self.encode(torch.cat([h, ones], dim=1))
         values = self._mask_and_decrypt(self._powers(rows, exponents), "student_grad")
-        scale = 2.0 ** (-2 * self.frac_bits)
+        scale = 2.0 ** (-2 * self.frac_bits) / self.count
         return torch.tensor(values, dtype=torch.float64).mul_(scale).reshape(len(rows[0]), exponents.shape[1])
 
     def report_loss(self, rows: Sequence[Sequence[int]], weighted_neg_log_p: torch.Tensor, plain_part: float) -> None:
-        """Active: send [[sum_i l_i]] = prod [[y~_ij]]^q(lam * -log p_ij) * g^q2(plain_part); coordinator sums it."""
+        """Active: send [[C sum_i l_i]] = prod [[Q_ij]]^q(lam * -log p_ij) * g^q2(C plain_part); coordinator sums it.
+
+        Q = C y~ 2**frac_bits, so the plaintext part is scaled by the public C too and the coordinator divides by C.
+        """
         n_int = self._n(self.active)
         n = gmpy2.mpz(n_int)
         n2 = n * n
@@ -447,14 +657,14 @@ class PaillierDistillation:
             for row, exps in zip(rows, exponents, strict=True):
                 for c, e in zip(row, exps, strict=True):
                     acc = acc * gmpy2.powmod(gmpy2.mpz(c), int(e), n2) % n2
-        plain_q = round(plain_part * 2.0 ** (2 * self.frac_bits)) % n_int
+        plain_q = round(plain_part * self.count * 2.0 ** (2 * self.frac_bits)) % n_int
         acc = acc * (1 + plain_q * n) % n2  # + plain part, homomorphically (g**m = 1 + m n)
         at_coordinator = self.wire.send(
             self.active, self.coordinator, _to_bytes([int(acc)], self.ciphertext_nbytes), "student_loss"
         )
         value = self._decrypt(_from_bytes(at_coordinator, self.ciphertext_nbytes)[0])
         value = value - n_int if value > n_int // 2 else value
-        self._loss_sum += value * 2.0 ** (-2 * self.frac_bits)
+        self._loss_sum += value * 2.0 ** (-2 * self.frac_bits) / self.count
 
     def end_epoch(self, num_samples: int, tol: float | None) -> tuple[float, bool]:
         """Coordinator: the epoch-mean loss and whether it converged; sends the flag to the active party."""
@@ -498,13 +708,14 @@ def fit_student(
     """Train `model` (in place, on CPU) on `data` with the student objective; plain, or through `paillier`.
 
     Batches are drawn from all of the active party's samples in an order seeded by `seed`, so the plain and the
-    encrypted path see the same batches. With `paillier`, [[y~]] of the overlap are sent once by the producer,
-    and each step follows Algorithm 2 (see `PaillierDistillation`). With `tol`, training stops after the first
-    epoch whose mean loss moved less than `tol` (Algorithm 1's convergence check).
+    encrypted path see the same batches. With `paillier`, the soft labels of the overlap reach the active party once
+    as [[Q]] from `data.parts` (`PaillierDistillation.send_soft_labels`), and each step follows Algorithm 2. With
+    `tol`, training stops after the first epoch whose mean loss moved less than `tol` (Algorithm 1's convergence
+    check).
 
     Args:
         model: the student (for `paillier`, its last layer must be an `nn.Linear`, see `last_linear`).
-        data: the active party's training view with soft labels.
+        data: the active party's training view: soft labels in the clear (plain) or their parts (`paillier`).
         lam: weight of the distillation term, in [0, 1].
         epochs: passes over the data.
         batch_size: samples per step.
@@ -532,7 +743,12 @@ def fit_student(
         overlap_pos = torch.nonzero(data.overlap).flatten()
         cipher_row[overlap_pos] = torch.arange(overlap_pos.numel())
         if lam > 0 and overlap_pos.numel():
-            rows_at_active = paillier.send_soft_labels(data.soft_labels[overlap_pos])
+            if data.parts is None:
+                raise ValueError(
+                    "the encrypted path needs the soft labels' parts (StudentData.parts, e.g. from "
+                    "student_data(..., encryption='paillier')): the active party must not hold y~ in the clear"
+                )
+            rows_at_active = paillier.send_soft_labels(data.parts)
 
     for epoch in range(epochs):
         total = 0.0
@@ -631,14 +847,24 @@ def student_data(
     batch_size: int = 256,
     producer: str | None = None,
     soft_labels: torch.Tensor | None = None,
+    parts: SoftLabelParts | None = None,
+    encryption: Encryption = "plain",
 ) -> StudentData:
-    """The active party's samples of `split` with the teacher's soft labels on the overlap (as `producer` holds them).
+    """The active party's samples of `split` with the teacher's soft labels on the overlap, as it holds them.
 
-    The soft labels come from `teacher_soft_labels` on the datamodule's VFL view of the split (overlap only; its
-    messages metered on the teacher's wire, predictions delivered to `producer`, default the active party), or are
-    given as `soft_labels` (N_o, M) in the VFL view's order (cross-fitted ones, `lvfl.inference.cross_fit`);
-    matched to the active party's samples by ID; rows of active-only samples are zero.
+    The soft labels' parts come from `teacher_soft_label_parts` on the datamodule's VFL view of the split (overlap
+    only; the teacher's messages metered on its wire under `teacher/<tag>`, passive predictions delivered to
+    `producer`, default `default_producer(teacher)`), or are given as `parts` (N_o rows in the VFL view's order, e.g.
+    cross-fitted ones, `lvfl.inference.cross_fit`). Then, for `encryption="plain"`, the plain channel runs on the
+    teacher's wire (`plain_soft_labels`) and `soft_labels` holds `y~` on the overlap; for "paillier", the parts are
+    kept for `PaillierDistillation.send_soft_labels` (called by `fit_student`) and `soft_labels` stays zero.
+    `soft_labels` (N_o, M) may instead give `y~` as the active party already holds it (experiments that bypass the
+    channel; plain only). Matched to the active party's samples by ID; rows of active-only samples are zero.
     """
+    if encryption not in ("plain", "paillier"):
+        raise ValueError(f"encryption must be 'plain' or 'paillier', got encryption={encryption!r}")
+    if soft_labels is not None and (parts is not None or encryption != "plain"):
+        raise ValueError("soft_labels gives y~ at the active party (plain, no channel): pass parts instead")
     full = datamodule.active_set(split)
     overlap = datamodule.overlap_mask(split)
     vfl = {"train": datamodule.train_set, "val": datamodule.val_set, "test": datamodule.test_set}[split]
@@ -650,6 +876,8 @@ def student_data(
         )
     num_classes = datamodule.task.num_classes
     soft = torch.zeros(len(full), num_classes)
+    name = datamodule.active_party_name
+    data = StudentData(features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft)
     if soft_labels is not None:
         if tuple(soft_labels.shape) != (len(vfl), num_classes):
             raise ValueError(
@@ -657,8 +885,20 @@ def student_data(
                 f"overlapping {split} sample"
             )
         soft[overlap] = soft_labels.float().cpu()
-    elif len(vfl):
-        parts = [teacher_soft_labels(teacher, vfl[idx], producer) for idx in torch.arange(len(vfl)).split(batch_size)]
-        soft[overlap] = torch.cat(parts)
-    name = datamodule.active_party_name
-    return StudentData(features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft)
+        return data
+    if not len(vfl):
+        return data
+    producer = default_producer(teacher) if producer is None else producer
+    if parts is None:
+        batches = torch.arange(len(vfl)).split(batch_size)
+        parts = SoftLabelParts.cat([teacher_soft_label_parts(teacher, vfl[idx], producer) for idx in batches])
+    elif len(parts) != len(vfl) or parts.active.shape[1] != num_classes:
+        raise ValueError(
+            f"parts has shape {tuple(parts.active.shape)}, expected ({len(vfl)}, {num_classes}): one row per "
+            f"overlapping {split} sample"
+        )
+    if encryption == "plain":
+        soft[overlap] = plain_soft_labels(teacher.wire, parts, teacher.active, producer)
+    else:
+        data.parts = parts
+    return data

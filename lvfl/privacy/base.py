@@ -88,5 +88,30 @@ class AggregationBackend(ABC):
         """Non-secret state to checkpoint. Private keys are never included."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook, no state by default
-        """Restore what `state_dict` returned."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Check a checkpoint's settings (its `state_dict`) against this backend's; live keys are left alone.
+
+        A checkpoint never changes the configuration: this run's settings (command line, config) stand, and a
+        checkpoint made with other ones (say another `frac_bits`) is refused with a message naming the setting and
+        both values, rather than silently replacing them (which could also change an encoding under keys already
+        made). Backends whose state is more than settings override this.
+        """
+        check_saved_settings(type(self).__name__, self.state_dict(), state)
+
+
+def check_saved_settings(name: str, current: Mapping[str, Any], saved: Mapping[str, Any]) -> None:
+    """Refuse a checkpoint's backend settings unless they equal this run's; the message names each difference."""
+    unknown = sorted(set(saved) - set(current))
+    if unknown:
+        raise ValueError(f"{name}: the checkpoint holds unknown backend settings {unknown}")
+    differ = [key for key in current if key in saved and _normal(saved[key]) != _normal(current[key])]
+    if differ:
+        what = ", ".join(f"{key}={saved[key]!r} in the checkpoint but {current[key]!r} in this run" for key in differ)
+        raise ValueError(
+            f"{name}: the checkpoint was made with other settings: {what}; run with the checkpoint's settings, or "
+            "start a new run (a checkpoint never replaces this run's settings)"
+        )
+
+
+def _normal(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list | tuple) else value

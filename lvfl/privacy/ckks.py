@@ -13,23 +13,34 @@ Protocol (semi-honest parties; the coordinator and the active party do not collu
    plaintext-scalar product and one rescale), adds a fresh real mask R drawn uniformly from [-M, M] per value
    (`mask_bound=M`), and sends the masked aggregate to the coordinator (`tag="he_aggregate"`). The coordinator
    decrypts it and returns `sum_k E_k + R` as float64 (`tag="he_decrypted"`, 8 bytes per value: float32 would round
-   at |R| * 2**-24, about 6e-5 for M = 2**10, a hundred times the CKKS error). The active party subtracts R and
-   adds its own embedding: `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
+   at |R| * 2**-24, about 64 for M = 2**30). The active party subtracts R and adds its own embedding:
+   `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
 
 What each party learns:
     * A passive party: only the public key; it never receives a ciphertext or a decryption.
     * The active party: the sum of the passive embeddings (which the protocol needs), never an individual one: it
       holds the ciphertexts but no secret key.
     * The coordinator: one masked aggregate per combine, never a passive party's share (it receives nothing from a
-      passive party). The mask hides the aggregate only *statistically*: a real value S in [-B, B] plus R uniform
-      in [-M, M] is within statistical distance B / M of S' + R for any other S' in range, i.e. about
-      log2(M / B) bits of hiding per value (with M = 2**10 and unit-size embeddings ~10 bits), unlike Paillier's
-      mask uniform mod n, which hides perfectly. Raise `mask_bound` for more hiding; it costs precision only
-      through double rounding (about M * 2**-50 per value), far below the CKKS noise at scale 2**40.
+      passive party). The mask hides the aggregate only *statistically, not perfectly* (unlike Paillier's mask,
+      uniform mod n); see "Statistical hiding" below for the stated bound, which `combine` enforces.
     * Caveat (Li & Micciancio, EUROCRYPT 2021): CKKS decryptions carry the encryption noise, so a party that knows a
       plaintext and sees its decryption learns a linear equation in the secret key. Here only the active party sees
       decryptions, of sums of plaintexts it does not know; if it colluded with all passive parties it could mount
       that attack (and would learn nothing it could not already compute). Noise flooding is not implemented.
+
+Statistical hiding. The coordinator decrypts `v_i = S_i + R_i` per value, R_i uniform in [-M, M], where the sum
+S_i of the K passive values (weighted: `sum_k w_k E_k`) lies in [-B, B] with `B = sum_k |w_k| * max_abs` (w_k = 1
+unweighted). For two aggregates S, S' the distributions of S + R and S' + R are uniform on intervals of length 2M
+shifted by |S - S'| <= 2B, so their statistical distance (the best advantage of any distinguisher) is exactly
+`|S - S'| / (2M) <= B / M` per value. A combine of n values draws n independent masks; the two views are uniform on
+boxes of equal volume, so the distance is exactly `1 - prod_i (1 - |S_i - S'_i| / (2M)) <= 1 - (1 - B / M)**n`
+(about n * B / M when that is small): `advantage_bound(numel)`. Over T combines that tell the same two hypotheses
+apart the advantage is at most T times the per-combine figure. At the defaults (M = 2**30, max_abs = 2**7) with 3
+passive parties the bound is 3.6e-7 per value, 1.8e-4 for a 64 x 8 batch and 5.8e-3 for a 128 x 128 batch (16,384
+values). `combine` refuses a batch whose bound exceeds `max_advantage` (0.01 by default), and the constructor and
+`setup` refuse `max_abs >= mask_bound` and `K * max_abs >= mask_bound` (a bound of 1: no hiding guaranteed at all),
+each naming the options, unless `allow_insecure=True`, which warns instead. The mask costs precision only through
+float64 rounding of the decrypted value (`M * 2**-50` per value, ~1e-6 at M = 2**30; see the error bound below).
 
 Security parameters. The total coefficient-modulus size must respect the HomomorphicEncryption.org standard bound
 for uniform ternary secrets and classical security (the same table SEAL enforces for 128 bits):
@@ -42,29 +53,34 @@ for uniform ternary secrets and classical security (the same table SEAL enforces
     256-bit        14     29     58     118    237    476
     =============  =====  =====  =====  =====  =====  =====
 
-Defaults: N=8192, primes (60, 40, 60) = 160 bits <= 218, scale 2**40: one 40-bit prime, i.e. one rescale, which is
-all a weighted sum by plaintext scalars needs (the (60, 40, 40, 60) chain often quoted for TenSEAL buys a second
-multiplication lvfl never does, at 45% more protect + combine time and 40% more bytes per 128 x 128 batch: 81.4 vs
-56.2 ms, 5.43 vs 3.89 MB, measured with `benchmarks/backends.py [--ckks-moduli 60 40 40 60]`). The first prime leaves
-60 - 40 = 20 bits of integer headroom, so every decrypted value must stay below 2**19 in magnitude, which bounds
-`max_abs` (the largest embedding value a party may encrypt) and the mask: `K * max_abs + M < 2**19`.
+Defaults: N=8192, primes (60, 40, 40, 60) = 200 bits <= 218, scale 2**40. Headroom: a decrypted value must stay
+below `2**(L - scale_bits - 1)` in magnitude, L the bits of the primes left at decryption (all but the special
+prime). An unweighted sum is decrypted at the top level (L = 140: `headroom` 2**99); a weighted sum after its one
+rescale (L = 100: `weighted_headroom` 2**59). Both bound `K * max_abs + M`, and the mask needs a large M (above), so
+the second 40-bit prime is what lets a weighted sum (PraVFed) carry the default mask: with (60, 40, 60) a weighted
+sum's headroom is 2**19, too little for M = 2**30 (`combine` refuses it, naming the options). The shorter chain
+(60, 40, 60) still serves unweighted sums (headroom 2**59) at ~30% less time and bytes (56.2 vs 81.4 ms, 3.89 vs
+5.43 MB per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 60]`).
 
 Precision: decryption error per value is bounded (with overwhelming probability) by
 `error_bound() = (sum_k |w_k| * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
 `B_clean = 8 sqrt(2) sigma N + 6 sigma sqrt(N) + 16 sigma sqrt(h N)` is the fresh-encryption noise bound and
 `B_scale = sqrt(N / 3) (3 + 8 sqrt(h))` the rounding bound of an encoding or a rescale (Cheon, Kim, Kim, Song,
 ASIACRYPT 2017, Lemmas 1-3; sigma = 3.2, h = 2N/3 for SEAL's uniform ternary secret). At the defaults this is
-about 6e-7 per passive party; observed errors are ~1e-8. A decrypted sum beyond `sum |w_k| * max_abs` plus that
-bound is refused as corrupted (wrong key or tampered ciphertexts).
+about 6e-7 per passive party (observed ~1e-8). The last term is the float64 rounding of the masked value (magnitude
+up to `sum |w_k| * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is observed at the defaults (~8e-7 for
+3 passive parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted sum beyond `sum |w_k| * max_abs` plus
+that bound is refused as corrupted (wrong key or tampered ciphertexts).
 
-Cost (TenSEAL 0.3.18, one core, N=8192, primes (60, 40, 40, 60); the default chain is faster and smaller, see
-above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
+Cost (TenSEAL 0.3.18, one core, N=8192, the default primes (60, 40, 40, 60); (60, 40, 60) is faster and smaller,
+see above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
 ~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a decryption ~1 ms. So one
 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties is
 dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one thread and holds the
 GIL. For unweighted sums only, `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit
-bound (109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60),
-with headroom 2**13 (so fewer parties or a smaller `max_abs`) and no rescale for `weights`.
+bound (109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60), but its headroom 2**13 only fits
+a mask_bound below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or
+`allow_insecure=True`), and it has no rescale for `weights`.
 """
 
 from __future__ import annotations
@@ -73,6 +89,7 @@ import hashlib
 import math
 import numbers
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -96,6 +113,22 @@ MAX_PRIME_BITS = 60
 NOISE_SIGMA = 3.2
 #: packing layouts: "slots" fills every ciphertext (the default); "row" encrypts each leading-dim row separately
 PACKINGS = ("slots", "row")
+#: the largest statistical distance per combine (a distinguisher's advantage) accepted without allow_insecure
+DEFAULT_MAX_ADVANTAGE = 0.01
+
+
+def masking_advantage(numel: int, spread: float, mask_bound: float) -> float:
+    """Statistical distance between `S + R` and `S' + R`, R uniform in [-M, M]^numel, for |S_i - S'_i| <= spread.
+
+    Exactly `1 - (1 - spread / (2M))**numel` at the worst case |S_i - S'_i| = spread (uniform laws on boxes of equal
+    volume: one minus the overlap), and 1 when spread >= 2M. This is the best advantage any distinguisher has.
+    """
+    if numel <= 0 or spread <= 0:
+        return 0.0
+    per_value = spread / (2.0 * mask_bound)
+    if per_value >= 1.0:
+        return 1.0
+    return -math.expm1(numel * math.log1p(-per_value))
 
 
 def fresh_noise_bound(poly_modulus_degree: int) -> float:
@@ -164,8 +197,12 @@ class CKKS(AggregationBackend):
             (one per rescale, equal to `scale_bits`), last (special prime, at least as large as every other).
         scale_bits: log2 of the CKKS scale (fractional precision).
         security_bits: classical security level, 128, 192 or 256 (HomomorphicEncryption.org table).
-        mask_bound: M, the active party's mask is uniform in [-M, M] per value (statistical hiding).
+        mask_bound: M, the active party's mask is uniform in [-M, M] per value (statistical hiding: see the module
+            docstring for the bound).
         max_abs: largest magnitude a passive party may encrypt; larger values are refused.
+        max_advantage: the largest statistical distance per combine (`advantage_bound`) accepted.
+        allow_insecure: run with weaker hiding (max_abs >= mask_bound, or a combine whose bound exceeds
+            `max_advantage`), with a warning instead of an error.
         packing: "slots" packs N/2 values per ciphertext; "row" one ciphertext per row (comparison only: ~30x
             slower and larger for a 128 x 128 batch).
         n_threads: TenSEAL thread-pool size of every context (vector encryption is sequential either way).
@@ -189,15 +226,22 @@ class CKKS(AggregationBackend):
         self,
         coordinator: str = "coordinator",
         poly_modulus_degree: int = 8192,
-        coeff_mod_bit_sizes: Sequence[int] = (60, 40, 60),
+        coeff_mod_bit_sizes: Sequence[int] = (60, 40, 40, 60),
         scale_bits: int = 40,
         security_bits: int = 128,
-        mask_bound: float = 2.0**10,
-        max_abs: float = 2.0**10,
+        mask_bound: float = 2.0**30,
+        max_abs: float = 2.0**7,
         packing: str = "slots",
         n_threads: int = 1,
+        max_advantage: float = DEFAULT_MAX_ADVANTAGE,
+        allow_insecure: bool = False,
     ) -> None:
         self.n_threads = self._validate_threads(n_threads)
+        self.allow_insecure = bool(allow_insecure)
+        self.max_advantage = self._positive(max_advantage, "max_advantage")
+        if self.max_advantage > 1:
+            raise ValueError(f"CKKS(max_advantage=...) must be in (0, 1], got {max_advantage!r}")
+        self._warned: set[tuple] = set()
         self._configure(
             coordinator,
             poly_modulus_degree,
@@ -228,10 +272,24 @@ class CKKS(AggregationBackend):
         max_abs = self._positive(max_abs, "max_abs")
         if packing not in PACKINGS:
             raise ValueError(f"CKKS(packing=...) must be one of {PACKINGS}, got {packing!r}")
+        if max_abs >= mask_bound:
+            self._insecure(
+                ("max_abs", "mask_bound"),
+                f"CKKS: max_abs={max_abs:g} >= mask_bound={mask_bound:g}: the mask no longer hides the aggregate (a "
+                "statistical distance up to 1 per value); raise mask_bound or lower max_abs",
+            )
         self.coordinator = coordinator
         self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.scale_bits, self.security_bits = parameters
         self.mask_bound, self.max_abs, self.packing = mask_bound, max_abs, packing
         self._forget_keys()
+
+    def _insecure(self, key: tuple, why: str) -> None:
+        """Refuse weaker hiding unless `allow_insecure`, which warns (once per `key`)."""
+        if not self.allow_insecure:
+            raise ValueError(why + "; pass allow_insecure=True to run with this weaker hiding on purpose")
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(why + "; running anyway because allow_insecure=True", UserWarning, stacklevel=3)
 
     # -- parameter validation -------------------------------------------------------------------------------------
     @staticmethod
@@ -309,8 +367,27 @@ class CKKS(AggregationBackend):
 
     @property
     def headroom(self) -> float:
-        """Every decrypted value (sum plus mask) must stay below this: 2**(first prime - scale bits - 1)."""
-        return 2.0 ** (self.coeff_mod_bit_sizes[0] - self.scale_bits - 1)
+        """An unweighted sum plus mask must stay below this: 2**(bits of all but the special prime - scale - 1)."""
+        return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-1]) - self.scale_bits - 1)
+
+    @property
+    def weighted_headroom(self) -> float:
+        """A weighted sum plus mask (after its one rescale) must stay below this: one middle prime fewer."""
+        return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-2]) - self.scale_bits - 1)
+
+    def advantage_bound(
+        self, numel: int, num_parties: int | None = None, weights: Mapping[str, float] | None = None
+    ) -> float:
+        """The most statistical distance between the coordinator's views of two aggregates of one combine.
+
+        `1 - (1 - B / M)**numel` for `numel` values, B = sum_k |w_k| * max_abs (see the module docstring). Defaults
+        to this backend's passive parties; a distinguisher's advantage per combine is at most this.
+        """
+        if weights is not None:
+            weight_sum = sum(abs(float(w)) for w in weights.values())
+        else:
+            weight_sum = len(self._passive) if num_parties is None else int(num_parties)
+        return masking_advantage(int(numel), 2.0 * weight_sum * self.max_abs, self.mask_bound)
 
     def num_ciphertexts(self, shape: Sequence[int]) -> int:
         """How many ciphertexts a tensor of `shape` is packed into."""
@@ -361,6 +438,13 @@ class CKKS(AggregationBackend):
                 is also the active or a passive party, or that is in `parties` with another role.
         """
         passive = self.check_roles(parties, active)
+        if len(passive) * self.max_abs >= self.mask_bound:
+            self._insecure(
+                ("parties", len(passive)),
+                f"CKKS: {len(passive)} passive parties x max_abs={self.max_abs:g} >= mask_bound={self.mask_bound:g}: "
+                "the mask no longer hides the aggregate (a statistical distance up to 1 per value); raise mask_bound "
+                "or lower max_abs",
+            )
         if self.headroom <= len(passive) * self.max_abs + self.mask_bound:
             raise ValueError(
                 f"CKKS: {len(passive)} passive parties x max_abs={self.max_abs} + mask_bound={self.mask_bound} "
@@ -476,10 +560,12 @@ class CKKS(AggregationBackend):
             weights = {name: float(weights[name]) for name in self._passive}
             if not all(math.isfinite(w) for w in weights.values()):
                 raise ValueError(f"combine: weights must be finite, got {weights}")
-            if sum(abs(w) for w in weights.values()) * self.max_abs + self.mask_bound >= self.headroom:
+            if sum(abs(w) for w in weights.values()) * self.max_abs + self.mask_bound >= self.weighted_headroom:
                 raise ValueError(
                     f"combine: weights {weights} x max_abs={self.max_abs:g} + mask_bound={self.mask_bound:g} could "
-                    f"overflow the headroom 2**{int(math.log2(self.headroom))}"
+                    f"overflow the headroom 2**{int(math.log2(self.weighted_headroom))} of a weighted sum with "
+                    f"coeff_mod_bit_sizes={self.coeff_mod_bit_sizes} (one rescale): add a middle prime of scale_bits, "
+                    "or lower mask_bound or max_abs"
                 )
         if not self._passive:
             return active_tensor
@@ -497,6 +583,15 @@ class CKKS(AggregationBackend):
         numel = active_tensor.numel()
         if numel == 0:
             return active_tensor + torch.zeros_like(active_tensor)
+        advantage = self.advantage_bound(numel, weights=weights)
+        if advantage > self.max_advantage:
+            self._insecure(
+                ("advantage", numel),
+                f"combine: the coordinator's view of these {numel} values is within statistical distance "
+                f"{advantage:.3g} of another aggregate's, above max_advantage={self.max_advantage:g} (mask_bound="
+                f"{self.mask_bound:g}, max_abs={self.max_abs:g}, {len(self._passive)} passive parties); raise "
+                "mask_bound, lower max_abs, or combine fewer values at a time",
+            )
 
         # at the active party: homomorphic (weighted) sum, then the mask
         mask = uniform_mask(numel, self.mask_bound)
@@ -564,20 +659,6 @@ class CKKS(AggregationBackend):
             "max_abs": self.max_abs,
             "packing": self.packing,
         }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the configuration saved by `state_dict` (validated again); keys must be set up again."""
-        merged = {**self.state_dict(), **state}
-        self._configure(
-            merged["coordinator"],
-            merged["poly_modulus_degree"],
-            tuple(merged["coeff_mod_bit_sizes"]),
-            merged["scale_bits"],
-            merged["security_bits"],
-            merged["mask_bound"],
-            merged["max_abs"],
-            merged["packing"],
-        )
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the secret context, the secret key or the parties' contexts (TenSEAL objects)."""

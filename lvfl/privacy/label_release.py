@@ -8,6 +8,10 @@ again, and a release for other samples is refused rather than silently redrawn.
 Under DDP every rank holds all parties: rank 0 draws and the others receive its draw through `broadcast` (the
 mechanism's generator is OS-seeded per process by default, so ranks could not derive the same draw); every rank
 records the one release on its ledger.
+
+Copies of the protocol trained inside the same run on subsets of its training samples (the fold teachers of
+`lvfl.inference.cross_fit`) read the run's release through `restrict`: the same draw for their samples and the
+run's own ledger, so they neither draw again nor could draw without it showing on the run's ledger.
 """
 
 from __future__ import annotations
@@ -83,6 +87,31 @@ class LabelRelease:
         if broadcast is not None:
             protected = broadcast(protected)
         self.ids, self.labels = ids, protected.cpu()
+
+    def restrict(self, ids: torch.Tensor) -> LabelRelease:
+        """This release for a subset `ids` of its samples, sharing this ledger: no new draw, no new ledger entry.
+
+        A fold copy of the protocol (cross-fitting) trains on a subset of the run's training samples; it must read the
+        run's one release, since a fold that drew its own would release every label once more per fold. The result
+        holds this release's labels for `ids` (so the fold's `draw` for those samples keeps them) and *this*
+        `ledger` object, so any release ever recorded through it shows on the run's ledger. When nothing has been
+        drawn (no mechanism, or no passive party to protect labels from), the result is undrawn and shares the ledger
+        likewise.
+
+        Raises:
+            ValueError: if some of `ids` are outside the release.
+        """
+        out = LabelRelease(self.mechanism)
+        out.ledger = self.ledger
+        if self.ids is None or self.labels is None:
+            return out
+        ids = torch.unique(ids.detach().long().cpu())  # sorted, as `draw` keeps them
+        parent_ids, parent_labels = self.ids.cpu(), self.labels.cpu()
+        pos = torch.searchsorted(parent_ids, ids).clamp(max=max(parent_ids.numel() - 1, 0))
+        if parent_ids.numel() == 0 or not torch.equal(parent_ids[pos], ids):
+            raise ValueError("restrict: some sample IDs are outside the label release (only training samples have one)")
+        out.ids, out.labels = ids, parent_labels[pos].clone()
+        return out
 
     def lookup(self, ids: torch.Tensor) -> torch.Tensor:
         """The released labels of training samples `ids`, on their device (raises for IDs outside the release)."""

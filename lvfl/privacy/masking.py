@@ -13,8 +13,15 @@ Protocol (VFedMH Eq. 5, with the static float blinding factor replaced by fresh 
    decodes, and adds its own float embedding.
 
 What the active party learns: the sum of the passive embeddings (which the protocol needs), not the individual
-ones, provided at least two passive parties do not collude with it. With a single passive party there is no mask
-at all, so the "share" is that party's embedding; `DHMasking` refuses that unless `allow_insecure=True`.
+ones, provided at least two passive parties do not collude with it and it is *semi-honest*. The public keys are
+relayed by the active party and not authenticated, so an active party that deviates from the protocol and swaps
+them (a man in the middle: it gives each passive party a public key of its own) shares a pair key with every
+passive party and unmasks every embedding. The guarantee therefore holds against a semi-honest active party only;
+against a malicious one the keys would need authenticating (e.g. signed by long-term keys the parties exchanged out
+of band). With a single passive party there is no mask at all, so the "share" is that party's embedding;
+`DHMasking` refuses that unless `allow_insecure=True`. Masking protects shares on their way up, not what the
+protocol sends down: EASTER's global embedding E tells a passive party k the sum of the other parties' embeddings,
+C*E - E_k (with C = 2, the active party's E_a itself).
 
 The masks are fresh per (step, rank, index): reusing one would reveal the difference of two embeddings of the same
 party (the flaw of a static blinding factor), so `protect` refuses a (step, index) a party has already used.
@@ -22,7 +29,6 @@ party (the flaw of a static blinding factor), so `protect` refuses a (step, inde
 
 from __future__ import annotations
 
-import operator
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -209,11 +215,6 @@ class DHMasking(AggregationBackend):
     def state_dict(self) -> dict[str, Any]:
         """Non-secret configuration only; keys are agreed afresh by `setup` after a restore."""
         return {"frac_bits": self.frac_bits}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore `frac_bits` saved by `state_dict`."""
-        if "frac_bits" in state:
-            self.frac_bits = self._validate_frac_bits(operator.index(state["frac_bits"]))
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without pair keys (and without the stream bookkeeping that goes with them)."""

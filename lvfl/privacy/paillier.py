@@ -55,10 +55,20 @@ trust assumption of coordinator-based HE in vertical FL and it is stated, not de
 
 Cost: an encryption is one exponentiation `rho**n mod n**2` (~9 ms for a 2048-bit key, like phe's `encrypt`),
 whatever the plaintext, so packing S values divides the passive parties' work, the ciphertext bytes and the
-coordinator's decryptions (~2.5 ms each, CRT) by S. Encryption runs in a `ProcessPoolExecutor` of `workers`
-processes (fork on Linux: ~20 ms to start, reused across calls, work split into a few chunks per worker; fewer than
-`MIN_PARALLEL_CIPHERTEXTS` ciphertexts stay in-process). Decryption stays in the coordinator's own process: the
-secret key is never sent to another process.
+coordinator's decryptions (~2.5 ms each, CRT) by S. The exponentiations run in a `ProcessPoolExecutor` of `workers`
+processes (reused across calls, work split into a few chunks per worker; fewer than `MIN_PARALLEL_CIPHERTEXTS`
+ciphertexts stay in-process). Decryption stays in the coordinator's own process.
+
+Worker processes never hold the secret key. A worker receives only the public modulus n and fresh random rho values
+(drawn in the calling process from the OS CSPRNG) and returns `rho**n mod n**2`; the calling process multiplies in
+`1 + m * n`, so a worker sees neither the secret key nor a plaintext. The workers are started with the
+"forkserver" method ("spawn" where the platform has no forkserver): they are forked from a server process that
+was itself started by `exec` of a fresh interpreter, never forked from this process, so they inherit none of its
+memory (the coordinator's key object and primes, which live in the same process in this one-process simulation,
+included). `fork` would copy the whole address space, key included. The price: starting the pool costs a fresh
+interpreter once per backend (~0.3 s on 2 busy cores), plus whatever the main script imports, since multiprocessing
+re-imports the main module in every worker (scripts must keep their work under `if __name__ == "__main__":`; the
+`lvfl` console script re-imports `lvfl.cli`, a few seconds once per run, `python -m lvfl` and pytest nothing).
 
 Secure defaults: `key_size` >= 2048 bits (112-bit security) with no override; fresh randomness from `secrets` (the
 OS CSPRNG) for every ciphertext and every mask; the secret key never enters `state_dict`, pickles or copies.
@@ -68,10 +78,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import operator
 import os
 import secrets
-import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -98,20 +106,38 @@ MAX_FRAC_BITS = 40
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
 MAX_VALUE_BITS = 53
 #: fewer ciphertexts than this are encrypted in-process. Measured (2048-bit key, 2 cores): one encryption ~9 ms, a
-#: warm pool round trip ~1 ms, starting the pool (fork) ~20 ms once; so the pool wins from ~4 ciphertexts on
+#: warm pool round trip ~1 ms (starting the pool costs a fresh interpreter, once); so the pool wins from ~4 on
 MIN_PARALLEL_CIPHERTEXTS = 4
 #: aim for this many chunks per worker, so that a slow worker does not hold up the rest
 CHUNKS_PER_WORKER = 4
 
 
-# -- raw Paillier on integers (g = n + 1); module level so that pool workers can run them -------------------------
+# -- raw Paillier on integers (g = n + 1) ----------------------------------------------------------------------------
+def _random_units(n: int, count: int) -> list[gmpy2.mpz]:
+    """`count` fresh uniform rho in [1, n) from the OS CSPRNG (in Z_n^* but with probability ~2**-1000)."""
+    return [gmpy2.mpz(secrets.randbelow(n - 1) + 1) for _ in range(count)]
+
+
+def _obfuscators(n: int, rhos: Sequence[int]) -> list[gmpy2.mpz]:
+    """`rho**n mod n**2` for each rho: the whole cost of an encryption, one C call for the chunk.
+
+    A pool worker runs exactly this (as `gmpy2.powmod_base_list`): it receives the public n and random rhos, never
+    the secret key or a plaintext.
+    """
+    n = gmpy2.mpz(n)
+    return gmpy2.powmod_base_list([gmpy2.mpz(r) for r in rhos], n, n * n)
+
+
 def _encrypt_chunk(n: int, plaintexts: Sequence[int]) -> list[int]:
     """`(1 + m * n) * rho**n mod n**2` for each plaintext m in [0, n), with fresh uniform rho in [1, n)."""
     n = int(n)
-    rhos = [gmpy2.mpz(secrets.randbelow(n - 1) + 1) for _ in plaintexts]  # rho in Z_n^* but with prob. ~2**-1000
+    return _finish_encryption(n, plaintexts, _obfuscators(n, _random_units(n, len(plaintexts))))
+
+
+def _finish_encryption(n: int, plaintexts: Sequence[int], obfuscators: Sequence[int]) -> list[int]:
+    """`(1 + m * n) * obfuscator mod n**2`: the cheap part of each encryption, in the calling process."""
     n = gmpy2.mpz(n)
     n2 = n * n
-    obfuscators = gmpy2.powmod_base_list(rhos, n, n2)  # rho**n: the whole cost, one C call for the chunk
     return [int((1 + gmpy2.mpz(m) * n) * obf % n2) for m, obf in zip(plaintexts, obfuscators, strict=True)]
 
 
@@ -120,12 +146,15 @@ def _chunks(items: Sequence[int], count: int) -> list[Sequence[int]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def _fork_context() -> Any:
-    # fork starts a worker in ~10 ms and needs no importable __main__; the workers only run gmpy2 on ints, never
-    # torch, so forking a process that has torch threads is safe here. Elsewhere use the platform's default.
-    if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("fork")
-    return None
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """A start method whose workers inherit none of this process's memory (so never the secret key).
+
+    "forkserver" forks workers from a server process started by exec of a fresh interpreter (cheap per worker);
+    "spawn" (the fallback where there is no forkserver, e.g. Windows) execs a fresh interpreter per worker. Never
+    "fork", which would copy the coordinator's key object into every worker.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 @dataclass(frozen=True, eq=False)
@@ -364,20 +393,24 @@ class Paillier(AggregationBackend):
     def _encrypt(self, n: int, plaintexts: list[int]) -> list[int]:
         if self.workers == 1 or len(plaintexts) < MIN_PARALLEL_CIPHERTEXTS:
             return _encrypt_chunk(n, plaintexts)
+        n = int(n)
+        rhos = _random_units(n, len(plaintexts))  # drawn here: the workers get only n and these
         pool = self._get_pool()
-        chunks = _chunks(plaintexts, self.workers * CHUNKS_PER_WORKER)
-        out: list[int] = []
-        try:
-            for part in pool.map(_encrypt_chunk, [int(n)] * len(chunks), chunks):
-                out.extend(part)
+        chunks = _chunks(rhos, self.workers * CHUNKS_PER_WORKER)
+        modulus = gmpy2.mpz(n)
+        squared = modulus * modulus
+        obfuscators: list[int] = []
+        try:  # gmpy2's own function, so a worker imports gmpy2 and nothing of lvfl (no torch: fast to start)
+            for part in pool.map(gmpy2.powmod_base_list, chunks, [modulus] * len(chunks), [squared] * len(chunks)):
+                obfuscators.extend(part)
         except BrokenProcessPool:
             self.close()  # a worker died (e.g. killed for memory): the next call starts a fresh pool
             raise
-        return out
+        return _finish_encryption(n, plaintexts, obfuscators)
 
     def _get_pool(self) -> Executor:
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_fork_context())
+            self._pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=_pool_context())
             # shuts the pool down when this backend is garbage collected or at interpreter exit, whichever is first
             self._pool_finalizer = weakref.finalize(self, self._pool.shutdown, wait=True, cancel_futures=True)
         return self._pool
@@ -502,16 +535,6 @@ class Paillier(AggregationBackend):
     def state_dict(self) -> dict[str, Any]:
         """Non-secret configuration only; `setup` generates a fresh key pair after a restore."""
         return {"key_size": self.key_size, "frac_bits": self.frac_bits, "int_bits": self.int_bits, "pack": self.pack}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the configuration saved by `state_dict`."""
-        if "key_size" in state:
-            self.key_size = self._validate_key_size(operator.index(state["key_size"]))
-        frac_bits = operator.index(state.get("frac_bits", self.frac_bits))
-        int_bits = operator.index(state.get("int_bits", self.int_bits))
-        self.frac_bits, self.int_bits = self._validate_bits(frac_bits, int_bits)
-        if "pack" in state:
-            self.pack = bool(state["pack"])
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle (and copy) without the secret key, the public keys that go with it, or the process pool."""

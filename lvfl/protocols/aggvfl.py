@@ -24,6 +24,13 @@ The returned gradient c_k * (softmax(A) - onehot(Y)) / B reveals the labels it w
 negative entry is the label's), so it is computed against `labels_for(k)`, as in EASTER; under `weighted` it also
 reveals w_k up to the unknown scale of dLF/dA.
 
+With a `label_mechanism`, every loss whose gradient goes down is computed against the release Y' (`labels_for`),
+and so are the active party's own model and the weights, because their outputs enter the aggregate A that every
+returned gradient is computed from (trained on the true labels they would carry them into those gradients). The
+active party's reported aggregate then uses a private copy m'_a of its own model, trained on the true labels:
+A' = c_a m'_a(x_a) + sum_k c_k L_k with the passive part (and c) detached, so m'_a learns on top of what the
+passive parties sent and nothing it computes leaves the active party.
+
 Evaluation metrics (what `val|test/...` keys mean here):
 
 - `acc/aggregate` (and `auroc/aggregate` for binary tasks): the aggregated prediction A, the model the federation
@@ -72,8 +79,9 @@ class AggVFL(VFLModule):
         embedding_dim: the width of each party's internal embedding (it never leaves the party here).
         aggregate: how the active party combines the logits: `sum`, `mean` (default) or `weighted` (softmax of a
             learned weight vector owned by the active party and updated by its optimizer).
-        label_mechanism: a label-DP mechanism: the gradients sent down to passive parties are computed against its
-            release; the active party's own model and the weights train on the true labels. None: true labels.
+        label_mechanism: a label-DP mechanism: every party's model and the weights train against its release; a
+            private copy of the active party's model, added to the detached passive logits, learns the true labels
+            and gives the reported aggregate. None: true labels everywhere.
 
     Example:
         >>> from lvfl.datamodules import Digits
@@ -116,6 +124,9 @@ class AggVFL(VFLModule):
                 self.metrics[f"{stage}_auroc_{AGGREGATE}"] = torchmetrics.AUROC(task="binary")
         if self.aggregate == "weighted":
             self.weight_logits = nn.Parameter(torch.zeros(self.num_parties))  # uniform weights to start
+        if self.protects_labels:
+            spec = next(s for s in self.party_specs if s.is_active)
+            self.private_head = self.build_party_model(spec, self._configs[self.active])
 
     @property
     def reveals_party_logits(self) -> bool:
@@ -182,6 +193,16 @@ class AggVFL(VFLModule):
         scale = 1.0 / self.num_parties if self.aggregate == "mean" else 1.0
         return total * scale, received, dict.fromkeys(self.party_names, scale)
 
+    def private_aggregate(
+        self, features: torch.Tensor, own: torch.Tensor, agg: torch.Tensor, coeff: Mapping[str, torch.Tensor | float]
+    ) -> torch.Tensor:
+        """A' = c_a m'_a(x_a) + (A - c_a L_a): the private model's logits with the passive part of A detached."""
+        if self.private_head is None:
+            raise RuntimeError("private_aggregate needs the private model, built when protects_labels")
+        c_a = coeff[self.active]
+        passive_part = (agg - c_a * own).detach()
+        return c_a * self.private_head(features) + passive_part
+
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """One Agg_VFL step (steps 1-5 of the module docstring)."""
         optimizers = self.party_optimizers()
@@ -189,6 +210,7 @@ class AggVFL(VFLModule):
             opt.zero_grad(set_to_none=True)
 
         local = self.local_logits(batch)  # step 1
+        self.check_finite(local, "logits")
         agg, _, coeff = self.aggregate_logits(local)  # steps 2-3
         labels = {k: self.labels_for(k, batch) for k in self.party_names}
         losses = {k: self.task_loss(agg, labels[k]) for k in self.party_names}  # step 3 (Eq. 8 on A)
@@ -200,6 +222,12 @@ class AggVFL(VFLModule):
                 (grad_of_agg[key],) = torch.autograd.grad(losses[k], agg, retain_graph=True)
             grad_at_k = self.wire.send(self.active, k, grad_of_agg[key] * coeff[k], "gradients")
             surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dLF/dtheta_k
+        if self.private_head is not None:  # true labels: reaches the private copy of the active model only
+            own = batch.features[self.active]
+            private_agg = self.private_aggregate(own, local[self.active], agg, coeff)
+            private = self.task_loss(private_agg, self.private_labels(batch))
+            surrogate.append(private)
+            losses = {**losses, f"{self.active}/private_head": private.detach()}
         self.manual_backward(torch.stack(surrogate).sum())  # step 5
         for opt in optimizers.values():
             opt.step()
@@ -208,7 +236,10 @@ class AggVFL(VFLModule):
     # ------------------------------------------------------------------------------------------------ evaluation
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """The aggregate under `"aggregate"`, plus each party's own logits where the active party sees them."""
-        agg, received, _ = self.aggregate_logits(self.local_logits(batch))
+        local = self.local_logits(batch)
+        agg, received, coeff = self.aggregate_logits(local)
+        if self.private_head is not None:
+            agg = self.private_aggregate(batch.features[self.active], local[self.active], agg, coeff)
         return {**received, AGGREGATE: agg}
 
     def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
@@ -223,9 +254,15 @@ class AggVFL(VFLModule):
         if self.aggregate == "weighted":
             w = self.aggregation_weights()
             logits = {self.active: own, **{k: v.to(own) for k, v in contributions.items()}}
-            return sum(w[i] * logits[k] for i, k in enumerate(self.party_names))
-        total = self.plain_sum(own, contributions, self.passive)
-        return total * (1.0 / self.num_parties if self.aggregate == "mean" else 1.0)
+            agg = sum(w[i] * logits[k] for i, k in enumerate(self.party_names))
+            coeff = {k: w[i] for i, k in enumerate(self.party_names)}
+        else:
+            scale = 1.0 / self.num_parties if self.aggregate == "mean" else 1.0
+            agg = self.plain_sum(own, contributions, self.passive) * scale
+            coeff = dict.fromkeys(self.party_names, scale)
+        if self.private_head is not None:
+            agg = self.private_aggregate(active_features, own, agg, coeff)
+        return agg
 
     def _log_aggregate_as_mean(self, stage: str) -> None:
         for metric in ("acc", "auroc"):

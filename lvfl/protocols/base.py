@@ -44,17 +44,68 @@ class PartyConfig:
           lr_scheduler: {class_path: torch.optim.lr_scheduler.ExponentialLR, init_args: {gamma: 0.95}}
 
     Without `optimizer`, the party uses SGD with lr 0.01 (the papers' MNIST setting). Schedulers step once per epoch.
+
+    The optimizer and scheduler are checked when the config is made, by building them once over a one-element
+    probe parameter: a negative or non-finite learning rate (or any value the optimizer itself refuses) fails at
+    start-up with the party's config in the message, not at the first training step with torch's bare message.
     """
 
     model: PartyModelFactory
     optimizer: OptimizerCallable | None = None
     lr_scheduler: LRSchedulerCallable | None = None
 
+    def __post_init__(self) -> None:
+        if not callable(self.model):
+            raise TypeError(f"party model must be a model class such as lvfl.models.MLP, got {self.model!r}")
+        self.check_optimization(self.optimizer, self.lr_scheduler)
+
+    @staticmethod
+    def check_optimization(optimizer: OptimizerCallable | None, lr_scheduler: LRSchedulerCallable | None) -> None:
+        """Build `optimizer` (and `lr_scheduler` on it) once over a probe parameter; raise ValueError naming them."""
+        for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler)):
+            if value is not None and not callable(value):
+                raise TypeError(f"{name} must be a class path such as torch.optim.SGD, got {value!r}")
+        probe = _make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))])
+        if lr_scheduler is not None:
+            try:
+                lr_scheduler(probe)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"lr_scheduler {_callable_name(lr_scheduler)}: {err}") from err
+
     def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        """The party's optimizer over `params`."""
-        if self.optimizer is None:
-            return torch.optim.SGD(params, lr=0.01)
-        return self.optimizer(params)
+        """The party's optimizer over `params`; raises ValueError naming the optimizer for a refused setting."""
+        return _make_optimizer(self.optimizer, params)
+
+
+def _make_optimizer(optimizer: OptimizerCallable | None, params: Any) -> torch.optim.Optimizer:
+    """`optimizer(params)` (SGD with lr 0.01 when None), refusing with the optimizer's name in the message."""
+    if optimizer is None:
+        return torch.optim.SGD(params, lr=0.01)
+    what = f"optimizer {_callable_name(optimizer)}"
+    try:
+        built = optimizer(params)
+    except (ValueError, TypeError) as err:  # torch's "Invalid learning rate: -0.1" names neither party nor option
+        raise ValueError(f"{what}: {err}") from err
+    for group in built.param_groups:
+        lr = group.get("lr")
+        if isinstance(lr, (int, float)) and not 0 <= lr < float("inf"):  # NaN fails both comparisons
+            raise ValueError(f"{what}: lr must be a finite number >= 0, got lr={lr!r}")
+    return built
+
+
+def _callable_name(factory: Any) -> str:
+    """`torch.optim.SGD` for a class, or for the partial that jsonargparse makes from a class path."""
+    classes = [a for a in (factory, *getattr(factory, "args", ())) if isinstance(a, type)]  # partial(f, .., cls)
+    target = classes[-1] if classes else getattr(factory, "func", factory)
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not (isinstance(module, str) and isinstance(name, str)):
+        return repr(factory)
+    import sys  # the shortest module that exports it: torch.optim.SGD rather than torch.optim.sgd.SGD
+
+    parts = module.split(".")
+    public = (".".join(parts[:i]) for i in range(1, len(parts)))
+    module = next((m for m in public if getattr(sys.modules.get(m), name, None) is target), module)
+    return f"{module}.{name}"
 
 
 class VFLModule(LightningModule):
@@ -66,14 +117,33 @@ class VFLModule(LightningModule):
         aggregation: the aggregation backend protecting passive embeddings (default `Plain`).
         embedding_dim: the size of every party's embedding (they are averaged, so all parties share it).
         label_mechanism: a label-DP mechanism (`lvfl.privacy.RandomizedResponse`, `LaplaceLabels`); when set,
-            passive parties' losses are computed against protected labels drawn once for the run (`labels_for`).
+            every model whose outputs, gradients or parameters leave the active party trains against protected
+            labels drawn once for the run (`labels_for`), and only a private head sees the true labels.
 
-    Label privacy: the gradient of a loss returned to a passive party reveals the label it was computed from, so
-    with a mechanism the active party releases protected labels once per training sample at the start of fit
-    (one `PrivacyLedger` entry, tag "train"; redrawing per step would spend epsilon again every epoch), keeps them
-    in a lookup by sample ID, and checkpoints them with the ledger, so a resume reuses the release. Under DDP every
-    rank holds all parties: rank 0 draws the release and broadcasts it (the mechanism's generator is OS-seeded per
-    process by default, so ranks could not derive the same draw), and every rank records the one release.
+    Label privacy covers a passive party's whole view. With a mechanism, every message that leaves the active party
+    (global embedding, gradients, top-model parameters, labels, predictions) must be a function of the release, the
+    active party's features and what the passive parties sent, never of the true training labels; then everything a
+    passive party receives is post-processing of the epsilon-label-DP release and epsilon bounds what it can learn
+    about any training label. The rule is built into the two label accessors:
+
+    - `labels_for(party, batch)` is the release for *every* party, the active one included: it is what any model
+      whose outputs or parameters go down (the active party's encoder, a top model, logits that enter an
+      aggregate) trains against;
+    - `private_labels(batch)` is the true labels; only models whose outputs never leave the active party may use
+      them: the `private_head` (built by a protocol when `protects_labels`), which reads a *detached* input
+      (`private_loss`) and gives the active party's reported predictions (`active_prediction`), or a model no
+      message depends on (PraVFed's active party, which sends nothing).
+
+    A protocol that cannot satisfy the rule must refuse the mechanism. Tests check every protocol by a
+    counterfactual: same seeds, same release, different true labels, and every message a passive party receives
+    is bit-identical (`tests/test_label_view.py`).
+
+    The release is drawn once per training sample at the start of fit (one `PrivacyLedger` entry, tag "train";
+    redrawing per step would spend epsilon again every epoch), kept in a lookup by sample ID, and checkpointed with
+    the ledger, so a resume reuses the release. Under DDP every rank holds all parties: rank 0 draws the release and
+    broadcasts it (the mechanism's generator is OS-seeded per process by default, so ranks could not derive the same
+    draw), and every rank records the one release. Validation and test labels are never released: they are used only
+    by the active party's metrics (and so by any model selection on them, e.g. `lvfl bench`'s best-validation rule).
     """
 
     def __init__(
@@ -99,6 +169,7 @@ class VFLModule(LightningModule):
         self.party_specs: list[PartySpec] = []
         self.task: TaskInfo | None = None
         self.party_models = nn.ModuleDict()
+        self.private_head: nn.Module | None = None  # the active party's true-label head (see `protects_labels`)
         self.metrics = nn.ModuleDict()
         self._train_loss_sum: torch.Tensor | None = None
         self._train_loss_count = 0
@@ -173,7 +244,10 @@ class VFLModule(LightningModule):
         """Party `spec`'s model from its config (protocols that use only part of it, e.g. the encoder, override)."""
         if self.task is None:
             raise RuntimeError("build_party_model is called by build(), after the task is known")
-        return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_classes)
+        try:
+            return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_classes)
+        except (ValueError, TypeError) as err:  # a bad model hyperparameter: say whose model it is
+            raise type(err)(f"party {spec.name!r}'s model: {err}") from err
 
     @property
     def predicting_parties(self) -> list[str]:
@@ -181,8 +255,14 @@ class VFLModule(LightningModule):
         return self.party_names
 
     def party_parameters(self, party: str) -> list[nn.Parameter]:
-        """The parameters `party` owns and its optimizer updates (protocols add e.g. the active party's top model)."""
-        return list(self.party_models[party].parameters())
+        """The parameters `party` owns and its optimizer updates (protocols add e.g. the active party's top model).
+
+        The active party's optimizer also updates its `private_head`, when there is one.
+        """
+        params = list(self.party_models[party].parameters())
+        if party == self.active and self.private_head is not None:
+            params += list(self.private_head.parameters())
+        return params
 
     def check_backend(self) -> None:
         """Refuse backends that make no sense for this protocol (override in protocols that restrict them)."""
@@ -235,6 +315,8 @@ class VFLModule(LightningModule):
 
     def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Passive shares up the wire, combined at the active party: returns E_a + sum_k E_k (not divided)."""
+        if self.training:
+            self.check_finite(local, "embedding")
         step = self.next_mask_step()
         shares = {
             k: self.wire.send(k, self.active, self.aggregation.protect(k, local[k].detach(), step), "embeddings")
@@ -242,15 +324,66 @@ class VFLModule(LightningModule):
         }
         return self.aggregation.combine(local[self.active].detach(), shares)
 
-    def labels_for(self, party: str, batch: VFLBatch) -> torch.Tensor:
-        """The labels `party`'s loss is computed against: true for the active party, protected for a passive one.
+    @property
+    def protects_labels(self) -> bool:
+        """Whether a label mechanism is on and there is a passive party whose view it must cover."""
+        return self.label_mechanism is not None and bool(self.passive)
 
-        Whatever is returned to a passive party (a gradient) is computed from these, so with a label mechanism it
-        is post-processing of the DP release. Without one, every party's loss uses the true labels.
+    def labels_for(self, party: str, batch: VFLBatch) -> torch.Tensor:
+        """The labels of a loss whose outputs, gradients or parameters may leave the active party (any `party`).
+
+        With a label mechanism this is the release for every party, the active one included (its encoder's output
+        or its top model's parameters go down, so they must not learn from the true labels); without one, the true
+        labels. True labels are only for models nothing leaves: see `private_labels`.
         """
-        if party == self.active or self.label_mechanism is None:
+        if not self.protects_labels:
             return batch.labels
         return self.protected_labels(batch.ids).to(batch.labels.device)
+
+    def private_labels(self, batch: VFLBatch) -> torch.Tensor:
+        """The true labels, for the `private_head` (via `private_loss`) and models no message ever depends on."""
+        return batch.labels
+
+    def private_loss(self, inputs: torch.Tensor, batch: VFLBatch) -> torch.Tensor:
+        """The private head's true-label loss on a *detached* input, so it trains the private head and nothing else."""
+        if self.private_head is None:
+            raise RuntimeError("private_loss needs a private head: protocols build one when protects_labels")
+        return self.task_loss(self.private_head(inputs.detach()), self.private_labels(batch))
+
+    def active_prediction(self, shared_logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """The active party's reported prediction: its private head on `inputs` if it has one, else `shared_logits`."""
+        return shared_logits if self.private_head is None else self.private_head(inputs)
+
+    def check_finite(
+        self, values: Mapping[str, torch.Tensor], what: str, context: Mapping[str, torch.Tensor] | None = None
+    ) -> None:
+        """Stop the run when a party's `what` (loss, embedding) is NaN or infinite, naming the party and the step.
+
+        One fused check (a single host sync per call); the per-party search runs only on failure. The message lists
+        the largest magnitudes of the finite `values`, or of `context` (e.g. the embeddings behind one joint loss),
+        because a diverging party can stay finite while the NaN it causes appears elsewhere.
+        """
+        flags = torch.stack([torch.isfinite(v.detach()).all() for v in values.values()])
+        if bool(flags.all()):
+            return
+        bad = [k for k, ok in zip(values, flags.tolist(), strict=True) if not ok]
+        trainer = self._trainer
+        # batches, not optimizer steps: under manual optimization global_step counts every party's optimizer
+        step = trainer.fit_loop.epoch_loop.total_batch_idx if trainer is not None else None
+        epoch = trainer.current_epoch if trainer is not None else None
+        # a diverging party can stay finite while the NaN it caused appears elsewhere (through a shared top model):
+        # the finite parties' largest magnitudes point at it
+        source, label = (values, what) if context is None else (context, "inputs")
+        finite = {
+            k: float(v.detach().abs().max()) for k, v in source.items() if v.numel() and bool(torch.isfinite(v).all())
+        }
+        hint = ", ".join(f"{k} {m:.3g}" for k, m in sorted(finite.items(), key=lambda kv: -kv[1]))
+        raise FloatingPointError(
+            f"party {bad[0]!r}: non-finite {what} (NaN or inf) at training step {step} (epoch {epoch})"
+            + (f"; also {bad[1:]}" if len(bad) > 1 else "")
+            + (f"; largest |{label}| of the finite parties: {hint}" if hint else "")
+            + ": a party's model diverged or its features hold NaN/inf; lower its learning rate or check its data"
+        )
 
     def task_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy against class indices (VFedMH Eq. 8); MSE against noisy one-hot rows (PraVFed Eq. 4).
@@ -314,6 +447,7 @@ class VFLModule(LightningModule):
 
         Keyed by the party that owns each loss: EASTER every party, split learning one joint loss under the active.
         """
+        self.check_finite(losses, "training loss")
         self._train_loss_names = list(losses)
         stacked = torch.stack([losses[k].detach() for k in self._train_loss_names])
         self._train_loss_sum = stacked if self._train_loss_sum is None else self._train_loss_sum + stacked
@@ -396,31 +530,75 @@ class VFLModule(LightningModule):
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the mask step, the wire ledger, the backend's non-secret state (never keys) and the label release.
+        """Save the mask step, the ledger, the backend's non-secret state (never keys), label release, run fingerprint.
 
         The label release and its privacy ledger are saved because the release is what spent epsilon: a resume
-        reuses it rather than drawing (and spending) again.
+        reuses it rather than drawing (and spending) again. The fingerprint (`lvfl.runs.run_fingerprint`: protocol,
+        backend and label mechanism with their settings, party models, data split with a digest of every split's
+        sample IDs) lets `on_load_checkpoint` refuse a checkpoint of another run. `writer` names this module object
+        (the same on every rank), so that reloading a checkpoint it wrote itself does not add its ledger twice.
         """
+        import uuid
+
+        from lvfl.runs import run_fingerprint
+
+        trainer = self._trainer
+        if getattr(self, "_checkpoint_writer", None) is None:
+            writer = uuid.uuid4().hex
+            if trainer is not None and trainer.world_size > 1:  # every rank dumps the checkpoint: agree on one name
+                writer = trainer.strategy.broadcast(writer, src=0)
+            self._checkpoint_writer = writer
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
         checkpoint["lvfl"] = {
             "mask_step": self.mask_step,
             "wire": self.wire.state_dict(),
             "aggregation": self.aggregation.state_dict(),
             "party_names": self.party_names,
             "label_privacy": self.label_release.state_dict(),
+            "run": run_fingerprint(self, datamodule),
+            "writer": self._checkpoint_writer,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the counter and the ledger; the key exchange this run did at set-up stays on the ledger."""
+        """Check that the checkpoint belongs to this run, then restore the counter, ledger, backend state and release.
+
+        A checkpoint whose run fingerprint differs from this run's is refused (`lvfl.runs.CheckpointMismatchError`,
+        naming what differs): `lvfl test --ckpt_path last` must not test another run's weights. Without a trainer
+        with a VerticalDataModule the data split cannot be compared, and before `build` the party models cannot;
+        everything else is. Checkpoints without a fingerprint (older lvfl) load with a warning.
+
+        The ledger: a checkpoint this module wrote itself (testing the best epoch after fit) is already part of its
+        ledger and is not added again. For a checkpoint of another process (a resume, `lvfl test --ckpt_path last`)
+        the saved ledger is added, and what this module sent before loading it (the backend's fresh key set-up) moves
+        under the tag `resume/<tag>` (`lvfl.runs.RESUME_TAG_PREFIX`): traffic that really happened again, kept apart,
+        so that the ledger without `resume/*` tags is the uninterrupted run's.
+        """
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        from lvfl.runs import check_fingerprint, resume_rows, run_fingerprint
+
         state = checkpoint.get("lvfl")
         if state is None:
             return
+        trainer = self._trainer
+        saved_run = state.get("run")
+        if saved_run is None:
+            rank_zero_warn("the checkpoint records no run fingerprint (older lvfl): cannot check it is this run's")
+        else:
+            datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+            path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
+            where = f"checkpoint {path}" if path else "checkpoint"
+            check_fingerprint(saved_run, run_fingerprint(self, datamodule), where)
         saved_parties = state.get("party_names")
         if self.built and saved_parties is not None and saved_parties != self.party_names:
             raise ValueError(f"checkpoint has parties {saved_parties}, this run has {self.party_names}")
         # the step counter is a nonce: never move it back (loading an earlier checkpoint into this process, e.g. to
         # test the best epoch after fit, would otherwise reuse masks that already went on the wire)
         self.mask_step = max(self.mask_step, int(state["mask_step"]))
-        self.wire.merge_state_dict(state["wire"])
+        if state.get("writer") is None or state.get("writer") != getattr(self, "_checkpoint_writer", None):
+            own = self.wire.state_dict()
+            self.wire.load_state_dict({key: resume_rows(rows) for key, rows in own.items()})
+            self.wire.merge_state_dict(state["wire"])
         self.aggregation.load_state_dict(state.get("aggregation", {}))
         label_state = state.get("label_privacy")
         if label_state is not None:

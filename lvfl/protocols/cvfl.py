@@ -29,6 +29,11 @@ Labels: in C-VFL every party evaluates the loss locally, so it needs the labels.
 them, so it sends each passive party the labels of the round's mini-batch (`labels_for(k, batch)`, as the smallest
 integer type that holds num_classes - 1: uint8, 1 byte per sample, up to 256 classes).
 
+With a `label_mechanism`, the labels sent down are the release Y', and the top model theta_0, whose parameters go
+down every round, and the active party's encoder (whose embedding goes down) train against Y' as well: trained on
+the true labels they would carry them to every passive party. The active party's reported predictions come from a
+private top model (theta_0's design) trained on the true labels over its detached view of the concatenation.
+
 What each message reveals: C(E_k) is party k's (lossy) embedding, in the clear, to the active party *and to every
 other passive party* (step 3); theta_0 is the whole top model; the labels are the labels. There is no aggregation
 to protect: `Plain` is the only backend that makes sense (masking hides a sum, and a concatenation is no sum).
@@ -81,7 +86,8 @@ class CVFL(VFLModule):
         local_iterations: Q, the local iterations per communication round (Algorithm 1); 1 is split learning.
         compressor: what every embedding goes through before it crosses the wire (default: nothing).
         label_mechanism: a label-DP mechanism: the labels sent to passive parties for their local iterations are its
-            release (drawn once per run). None: they receive the true labels.
+            release (drawn once per run), and the top model and the active encoder train against it; a private top
+            model learns the true labels and makes the active party's predictions. None: true labels everywhere.
     """
 
     def __init__(
@@ -110,7 +116,10 @@ class CVFL(VFLModule):
     def build(self, party_specs: list[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the parties' encoders (base), then the active party's top model on their concatenation."""
         super().build(party_specs, task, rank=rank)
-        self.top = self.top_model_factory((self.num_parties * self.embedding_dim,), self.top_hidden, task.num_classes)
+        width = (self.num_parties * self.embedding_dim,)
+        self.top = self.top_model_factory(width, self.top_hidden, task.num_classes)
+        if self.protects_labels:
+            self.private_head = self.top_model_factory(width, self.top_hidden, task.num_classes)
 
     def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
         """Party `spec`'s encoder (the bottom model): the configured model's head is dropped, never trained."""
@@ -122,8 +131,8 @@ class CVFL(VFLModule):
         return [self.active]
 
     def party_parameters(self, party: str) -> list[nn.Parameter]:
-        """A party's encoder; the active party's optimizer also holds the top model."""
-        params = list(self.party_models[party].parameters())
+        """A party's encoder; the active party's optimizer also holds the top model (and the private head)."""
+        params = super().party_parameters(party)
         if party == self.active:
             if self.top is None:
                 raise RuntimeError("the top model is built by build(), before the optimizers")
@@ -161,6 +170,7 @@ class CVFL(VFLModule):
         optimizers = self.party_optimizers()
         active = self.active
         local = self.local_embeddings(batch)  # step 1
+        self.check_finite(local, "embedding")
         sent = {k: self.compressor.compress(local[k]) for k in self.party_names}
         # step 2: passive embeddings up; the active party holds every party's compressed embedding
         held: dict[str, CompressedTensor] = {active: sent[active]}
@@ -192,6 +202,11 @@ class CVFL(VFLModule):
                 surrogate.append(loss)
                 if q == 0:
                     losses[k] = loss.detach()
+            if self.private_head is not None:  # true labels on the active party's detached view: private top only
+                private = self.private_loss(self.concat_view(active, own[active], others[active]), batch)
+                surrogate.append(private)
+                if q == 0:
+                    losses[f"{active}/private_head"] = private.detach()
             self.manual_backward(torch.stack(surrogate).sum())
             for opt in optimizers.values():
                 opt.step()
@@ -205,7 +220,8 @@ class CVFL(VFLModule):
             k: self.wire.send(k, self.active, self.compressor.compress(local[k]), "embeddings").decompress()
             for k in self.passive
         }
-        return {self.active: self.top(self.concat_view(self.active, local[self.active], received))}
+        z = self.concat_view(self.active, local[self.active], received)
+        return {self.active: self.top(z) if self.private_head is None else self.private_head(z)}
 
     def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
         """Party `party`'s embedding as the active party receives it: compressed, then decompressed."""
@@ -216,4 +232,5 @@ class CVFL(VFLModule):
     ) -> torch.Tensor:
         """The top model on the active party's fresh embedding and the fetched passive ones, in their slots."""
         own = self.party_models[self.active](active_features)
-        return self.top(self.concat_view(self.active, own, {k: v.to(own) for k, v in contributions.items()}))
+        z = self.concat_view(self.active, own, {k: v.to(own) for k, v in contributions.items()})
+        return self.top(z) if self.private_head is None else self.private_head(z)

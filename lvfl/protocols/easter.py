@@ -8,29 +8,47 @@ optimizer. One training step (VFedMH Algorithm 1), every cross-party move on the
 2. passive parties send protected shares [E_k] = E_k + r_k (Eq. 6; the r_k cancel in the sum, Eq. 5);
 3. the active party forms the global embedding E = (E_a + sum_k [E_k]) / C (Eq. 7) and sends E to every party;
 4. each party predicts R_k = p_k(E) and sends R_k to the active party;
-5. the active party computes loss_k = LF(R_k, Y) (Eq. 8) and returns dloss_k/dR_k to party k; with a
-   `label_mechanism`, Y for a passive party is its protected label (drawn once for the run, see `VFLModule`);
+5. the active party computes loss_k = LF(R_k, Y) (Eq. 8) and returns dloss_k/dR_k to party k;
 6. each party updates its own parameters from its own loss (Eq. 3).
 
+With a `label_mechanism`, Y in every loss that can reach a passive party is the release Y' drawn once for the run
+(`VFLModule.labels_for`): the passive losses (step 5) *and the active party's own model* p_a . h_a, because h_a's
+embedding E_a is part of the E that goes down (training h_a on true labels would put them into E: measured before
+this rule, a passive party with side information read canary labels off E at 74-80% where epsilon = 1 bounds any
+attack at 23%). The active party's reported predictions come from a private head q_a (the architecture of p_a)
+trained on the true labels over E.detach(): its output and parameters never leave the active party, and its
+gradient reaches no other parameter. So every message a passive party receives is a function of Y', the active
+party's features and the passive parties' own messages.
+
 What each message reveals: [E_k] alone is uniformly random in Z_2^64 under DHMasking (only the sum is learned);
-E is the average of all parties' embeddings; R_k is party k's prediction; dloss_k/dR_k reveals the label it was
-computed against (see `labels_for`): the true label without a label mechanism (a passive party can read it off
-the gradient), the epsilon-label-DP release with one (randomized response: cross-entropy on the released class;
-Laplace: PraVFed's MSE on the noisy one-hot row, see `task_loss`). Party k's loss reaches only party k's
-parameters: the head sees E.detach() + (E_k - E_k.detach()) / C, whose value is E and whose gradient flows only
-into h_k (E_k's 1/C share of the mean) and p_k.
+E is the average of all parties' embeddings, so a passive party learns C*E - E_k, the sum of the *other* parties'
+embeddings (with C = 2 that is E_a itself; DHMasking hides single shares from the active party, never this sum from
+the receivers of E). R_k is party k's prediction; dloss_k/dR_k reveals the label it was computed against: the true
+label without a label mechanism (a passive party can read it off the gradient), the epsilon-label-DP release with
+one (randomized response: cross-entropy on the released class; Laplace: PraVFed's MSE on the noisy one-hot row,
+see `task_loss`). Party k's loss reaches only party k's parameters: the head sees E.detach() + (E_k -
+E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k's 1/C share of the mean) and p_k.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from lvfl.parties import VFLBatch
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.protocols.base import VFLModule
 
 
 class EASTER(VFLModule):
     """EASTER / VFedMH: C heterogeneous party models trained in one run on the averaged global embedding."""
+
+    def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
+        """Build the parties (base); with a label mechanism, also the active party's private head (p_a's design)."""
+        super().build(party_specs, task, rank=rank)
+        if self.protects_labels:
+            spec = next(s for s in self.party_specs if s.is_active)
+            self.private_head = self.build_party_model(spec, self._configs[self.active]).head
 
     def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """Step 1: each party embeds its own feature slice."""
@@ -65,6 +83,10 @@ class EASTER(VFLModule):
                 grad_at_k = self.wire.send(self.active, k, grad, "gradients")
                 surrogate.append((r_k * grad_at_k).sum())  # d/dtheta_k equals dloss_k/dtheta_k
             losses[k] = loss.detach()
+        if self.private_head is not None:  # true labels, detached E: reaches the private head only
+            private = self.private_loss(e_at[self.active], batch)
+            surrogate.append(private)
+            losses[f"{self.active}/private_head"] = private.detach()
         self.manual_backward(torch.stack(surrogate).sum())
         for opt in optimizers.values():  # step 6 (Eq. 3)
             opt.step()
@@ -76,8 +98,10 @@ class EASTER(VFLModule):
         e_at = self.global_embedding(local)
         out = {}
         for k in self.party_names:
-            r_k = self.party_models[k].head(e_at[k])
-            out[k] = r_k if k == self.active else self.wire.send(k, self.active, r_k, "predictions")
+            if k == self.active:
+                out[k] = self.active_prediction(self.party_models[k].head(e_at[k]), e_at[k])
+            else:
+                out[k] = self.wire.send(k, self.active, self.party_models[k].head(e_at[k]), "predictions")
         return out
 
     def complete_prediction(
@@ -86,4 +110,4 @@ class EASTER(VFLModule):
         """The active party's head on E = (E_a + sum_k E_k) / C, its `party_logits` from fetched embeddings."""
         model = self.party_models[self.active]
         e = self.plain_sum(model.encoder(active_features), contributions, self.passive) / self.num_parties
-        return model.head(e)
+        return self.active_prediction(model.head(e), e)

@@ -296,7 +296,9 @@ class PraVFed(VFLModule):
         """Step 4: the active party trains its own model on E_a + E_p against its true labels; nothing is sent."""
         (opt,) = self.party_optimizers().values()
         opt.zero_grad(set_to_none=True)
-        loss = self.task_loss(self.active_logits(batch), self.labels_for(self.active, batch))
+        # true labels: the active model's outputs and parameters never leave the active party (the passive parties
+        # receive nothing during training), so it is the kind of model `private_labels` is for
+        loss = self.task_loss(self.active_logits(batch), self.private_labels(batch))
         self.manual_backward(loss)
         opt.step()
         self.record_train_losses({self.active: loss.detach()})

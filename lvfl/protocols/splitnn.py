@@ -15,10 +15,15 @@ every cross-party move on the wire:
 4. the active party sends dloss/dE_k back to each passive party k: the k-th slice of dloss/dZ (concat), or
    dloss/dZ itself, the same tensor for every party (sum/mean: under masking the active party only ever sees the
    sum, so it cannot tell the parties apart, which is exactly the protocol);
-   with a `label_mechanism`, these gradients come from the loss against the protected labels instead, while the
-   active party's own bottom and top models still learn from the true labels;
 5. one backward pass over the surrogate loss + sum_k <E_k, dloss/dE_k> gives the top model and each bottom model
    exactly its own gradient of the loss, and every party's optimizer steps.
+
+With a `label_mechanism` the loss of steps 3-4 is computed against the release Y' (`labels_for`): the gradients
+sent down pass through the top model, so the top model and the active party's bottom model must learn from Y' too
+(trained on the true labels they would carry them into every later gradient; measured before this rule, 50 of 51
+steps' gradients changed with the true labels at a fixed release). The active party's reported predictions come
+from a private top model (the top model's design) trained on the true labels over Z.detach(); nothing it computes
+leaves the active party.
 
 What each message reveals: a concatenated E_k is party k's embedding in the clear (this is why masking makes no
 sense for `concat`: the active party must see each embedding in its own slot, and masks only cancel in a sum);
@@ -62,9 +67,9 @@ class SplitNN(VFLModule):
         embedding_dim: the width of every bottom model's output.
         top_hidden: the width of the top model's encoder output (its ``embedding_dim``).
         fusion: how the active party combines the embeddings: ``concat`` (Pyvertical), ``sum`` or ``mean``.
-        label_mechanism: a label-DP mechanism: the gradients sent down to passive parties are computed against its
-            release (a second gradient of the top model's output); the active party's bottom and top models train
-            on the true labels. None: every gradient comes from the true labels.
+        label_mechanism: a label-DP mechanism: the bottom and top models train against its release, so the
+            gradients sent down are post-processing of it; a private top model on the detached fused input learns
+            the true labels and makes the active party's predictions. None: everything uses the true labels.
 
     Example:
         >>> from functools import partial
@@ -117,6 +122,8 @@ class SplitNN(VFLModule):
         """Build the bottom models (base), then the active party's top model on the fused input."""
         super().build(party_specs, task, rank=rank)
         self.top = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
+        if self.protects_labels:
+            self.private_head = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
 
     @property
     def predicting_parties(self) -> list[str]:
@@ -161,11 +168,21 @@ class SplitNN(VFLModule):
             return torch.cat(parts, dim=1)
         return self.aggregate_embeddings(local)
 
+    def top_input(self, z: torch.Tensor) -> torch.Tensor:
+        """The top model's input from the fused embeddings (the mean divides the sum by C here)."""
+        return z / self.num_parties if self.fusion == "mean" else z
+
     def top_logits(self, z: torch.Tensor) -> torch.Tensor:
-        """Step 3 (prediction): the top model on the fused input (the mean divides the sum by C here)."""
+        """Step 3 (prediction): the top model on the fused input."""
         if self.top is None:
             raise RuntimeError("the top model is built by build()/setup() before any step")
-        return self.top(z / self.num_parties if self.fusion == "mean" else z)
+        return self.top(self.top_input(z))
+
+    def predict_from_fused(self, z: torch.Tensor) -> torch.Tensor:
+        """The active party's reported prediction: the private top model with a label mechanism, else the top model."""
+        if self.private_head is None:
+            return self.top_logits(z)
+        return self.private_head(self.top_input(z))
 
     def embedding_gradients(self, grad_z: torch.Tensor) -> dict[str, torch.Tensor]:
         """dloss/dE_k for every party from dloss/dZ: its slot (concat) or dloss/dZ itself (sum/mean)."""
@@ -180,29 +197,32 @@ class SplitNN(VFLModule):
             opt.zero_grad(set_to_none=True)
 
         local = self.local_embeddings(batch)  # step 1
+        if self.fusion == "concat":  # sum/mean check inside aggregate_embeddings
+            self.check_finite(local, "embedding")
         z = self.gather(local).requires_grad_(True)  # steps 2-3: a leaf at the active party
         logits = self.top_logits(z)
-        loss = self.task_loss(logits, self.labels_for(self.active, batch))  # step 3
+        loss = self.task_loss(logits, self.labels_for(self.active, batch))  # step 3 (the release, with a mechanism)
         (grad_z,) = torch.autograd.grad(loss, z, retain_graph=True)
-        true_grads = self.embedding_gradients(grad_z)
-        down = true_grads  # what goes to the passive parties: from the protected labels under a label mechanism
-        if self.label_mechanism is not None and self.passive:
-            protected = self.labels_for(self.passive[0], batch)  # one release, the same for every passive party
-            (grad_dp,) = torch.autograd.grad(self.task_loss(logits, protected), z, retain_graph=True)
-            down = self.embedding_gradients(grad_dp)
+        grads = self.embedding_gradients(grad_z)
         surrogate = [loss]  # reaches the top model; each term below reaches only party k's bottom model
         for k in self.party_names:
-            grad_at_k = true_grads[k] if k == self.active else self.wire.send(self.active, k, down[k], "gradients")
+            grad_at_k = grads[k] if k == self.active else self.wire.send(self.active, k, grads[k], "gradients")
             surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dloss/dtheta_k (step 4)
+        losses = {self.active: loss.detach()}
+        self.check_finite(losses, "training loss", context=local)  # one joint loss: point at the embeddings
+        if self.private_head is not None:  # true labels on the detached fused input: the private top model only
+            private = self.private_loss(self.top_input(z), batch)
+            surrogate.append(private)
+            losses[f"{self.active}/private_head"] = private.detach()
         self.manual_backward(torch.stack(surrogate).sum())  # step 5
         for opt in optimizers.values():
             opt.step()
-        self.record_train_losses({self.active: loss.detach()})
+        self.record_train_losses(losses)
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """The top model's prediction on the fused embeddings, held by the active party."""
-        return {self.active: self.top_logits(self.gather(self.local_embeddings(batch)))}
+        return {self.active: self.predict_from_fused(self.gather(self.local_embeddings(batch)))}
 
     def complete_prediction(
         self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
@@ -213,4 +233,4 @@ class SplitNN(VFLModule):
             z = torch.cat([own if k == self.active else contributions[k].to(own) for k in self.party_names], dim=1)
         else:
             z = self.plain_sum(own, contributions, self.passive)
-        return self.top_logits(z)
+        return self.predict_from_fused(z)
