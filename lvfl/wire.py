@@ -13,17 +13,18 @@ could run on its inbox without any protocol code knowing about them.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-#: Tags used by the built-in protocols; any string is accepted.
-TAGS = ("keys", "embeddings", "global_embedding", "predictions", "gradients", "labels", "he_aggregate", "he_decrypted")
-
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]
+
+#: A message held back by `Wire.recording`: (src, dst, payload as sent, tag, payload as dst would receive it).
+Held = tuple[str, str, Any, str, Any]
 
 
 def payload_nbytes(payload: Any) -> int:
@@ -85,6 +86,42 @@ class Wire:
         self.messages: Counter[tuple[str, str, str]] = Counter()
         self._observers: dict[int, Observer] = {}
         self._next_handle = 0
+        self._parent: Wire | None = None  # set by `prefixed`: a view that sends on its parent
+        self._prefix = ""
+        self._held: list[Held] | None = None  # set inside `recording`
+
+    # -- views and recordings: the same wire, used another way -----------------------------------------------------
+    def prefixed(self, prefix: str) -> Wire:
+        """A wire that sends every message on this one, its tag under `prefix` (e.g. a sub-run's `cross_fit/`).
+
+        The view meters nothing itself: every message is on this wire's ledger and seen by its observers as it
+        happens, so a sub-run (a fold teacher) is a normal protocol whose traffic is part of the run's.
+
+        Example:
+            >>> wire = Wire()
+            >>> _ = wire.prefixed("fold/").send("party1", "party0", torch.zeros(2), tag="embeddings")
+            >>> wire.bytes_by_tag()
+            {'fold/embeddings': 8}
+        """
+        view = Wire()
+        view._parent, view._prefix = self, prefix
+        return view
+
+    @contextmanager
+    def recording(self) -> Iterator[list[Held]]:
+        """Hold back every message sent inside the block: none is metered or observed, each is yielded in order.
+
+        For a caller that must see a whole exchange before it knows where each message really goes (a teacher's
+        inference whose predictions are delivered to another party): it then sends each one itself with `send`.
+        Each held message is (src, dst, payload, tag, payload as dst would receive it).
+        """
+        if self._held is not None:
+            raise RuntimeError("Wire.recording is already active on this wire")
+        self._held = []
+        try:
+            yield self._held
+        finally:
+            self._held = None
 
     # -- observers: what a receiving party sees ------------------------------------------------------------------
     def subscribe(self, fn: Observer) -> int:
@@ -109,6 +146,12 @@ class Wire:
             raise ValueError(
                 f"party {src!r} sent a message to itself (tag {tag!r}); only cross-party moves go on the wire"
             )
+        if self._held is not None:
+            received = arrive(payload)
+            self._held.append((src, dst, payload, tag, received))
+            return received
+        if self._parent is not None:
+            return self._parent.send(src, dst, payload, self._prefix + tag)
         key = (src, dst, tag)
         self.bytes[key] += payload_nbytes(payload)
         self.messages[key] += 1

@@ -7,7 +7,7 @@ features it must not see); lower bounds are the issue's acceptance figures.
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from lvfl.cli import run_experiment
 

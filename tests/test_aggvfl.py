@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import dh_key_ledger, make_trainer, mlp_parties, recording
+from helpers import dh_key_ledger, make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain

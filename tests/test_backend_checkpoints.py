@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import easter, make_trainer
+from helpers import easter, make_trainer
 
 from lvfl.datamodules import Digits
 from lvfl.privacy import CKKS, DHMasking, Paillier, Plain

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties
+from helpers import make_trainer, mlp_parties
 
 from lvfl.callbacks import LabelLeakageAudit
 from lvfl.datamodules import Digits

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from lvfl import bench
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, dh_key_ledger, make_trainer
+from helpers import REPO, dh_key_ledger, make_trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lvfl.datamodules import Synthetic

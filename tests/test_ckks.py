@@ -4,6 +4,7 @@ the exact ledger (the coordinator only ever sees the masked aggregate), and secr
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import pickle
 import warnings
@@ -73,29 +74,14 @@ def test_sum_across_several_ciphertexts_keeps_dtype_and_gradient(three) -> None:
     assert torch.equal(active.grad, torch.ones_like(active))
 
 
-def test_weighted_sum_by_plaintext_scalars(three) -> None:
-    backend, _ = three
-    gen = torch.Generator().manual_seed(1)
-    names = passive_names(backend)
-    weights = dict(zip(names, (0.5, -2.0, 1.25), strict=True))
-    xs = {p: torch.randn(50, 100, generator=gen, dtype=torch.float64) for p in names}
-    active = torch.randn(50, 100, generator=gen, dtype=torch.float64)
-    out = backend.combine(active, {p: backend.protect(p, x, step=0) for p, x in xs.items()}, weights=weights)
-    reference = active + sum(w * xs[p] for p, w in weights.items())
-    assert (out - reference).abs().max().item() <= backend.error_bound(weights=weights)
-
-
-def test_weights_must_name_every_passive_party_and_need_a_middle_prime(three) -> None:
-    backend, _ = three
-    shares = {p: backend.protect(p, torch.ones(2), step=0) for p in passive_names(backend)}
-    with pytest.raises(ValueError, match=r"weight.*missing \['p3'\]"):
-        backend.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
+def test_combine_has_no_weights_and_needs_no_middle_prime() -> None:
+    """Weighted sums are weighted before `protect` (lvfl.privacy.base), so combine takes no weights and a chain
+    without a middle prime (no rescale) serves every sum."""
+    assert "weights" not in inspect.signature(CKKS.combine).parameters
     # headroom 2**13 (see the module docstring): only a small mask fits, so a small max_abs too
     no_rescale, _ = set_up(2, poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55), mask_bound=2.0**12, max_abs=1.0)
     shares = {p: no_rescale.protect(p, torch.ones(2), step=0) for p in ("p1", "p2")}
-    with pytest.raises(ValueError, match="middle prime"):
-        no_rescale.combine(torch.zeros(2), shares, weights={"p1": 1.0, "p2": 1.0})
-    out = no_rescale.combine(torch.zeros(2, dtype=torch.float64), shares)  # unweighted sums need no rescale
+    out = no_rescale.combine(torch.zeros(2, dtype=torch.float64), shares)
     assert (out - 2).abs().max().item() <= no_rescale.error_bound()
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO
+from helpers import REPO
 
 from lvfl.cli import build_cli, main
 from lvfl.privacy import DHMasking, Plain

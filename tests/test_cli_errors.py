@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from lvfl.cli import main
 from lvfl.datamodules import VerticalDataModule

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import easter, make_trainer, mlp_parties, recording
+from helpers import easter, make_trainer, mlp_parties, recording
 
 import lvfl.inference.cross_fit as cross_fit_module
 from lvfl.callbacks.student import StudentDistillation

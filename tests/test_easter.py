@@ -7,35 +7,19 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import bad_labels_datamodule, dh_key_ledger, easter, make_trainer, run_ddp
+from helpers import BAD_LABELS_MESSAGE, bad_labels_datamodule, dh_key_ledger, easter, make_trainer, recording, run_ddp
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import EASTER
 
 
-class Recording(EASTER):
-    """EASTER that keeps what a test needs to check: the batches seen and every global embedding."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches: list = []
-        self.aggregates: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def training_step(self, batch, batch_idx):
-        self.batches.append(batch)
-        return super().training_step(batch, batch_idx)
-
-    def aggregate_embeddings(self, local):
-        out = super().aggregate_embeddings(local)
-        plain = sum(local[k].detach() for k in self.party_names)  # what Plain would have produced
-        self.aggregates.append((out.detach().clone(), plain.clone()))
-        return out
-
-
-def recording(n: int, aggregation=None, **kwargs) -> Recording:
+def recording_easter(n: int, aggregation=None, **kwargs) -> EASTER:
+    """`easter(n, ...)` that keeps its batches and every global embedding beside the plain sum (see `recording`)."""
     base = easter(n, aggregation=aggregation, **kwargs)
-    return Recording(parties=base.party_configs, aggregation=base.aggregation, embedding_dim=base.embedding_dim)
+    return recording(EASTER, aggregates=True)(
+        parties=base.party_configs, aggregation=base.aggregation, embedding_dim=base.embedding_dim
+    )
 
 
 def reference_step(models: dict, batch, lr: float) -> dict[str, dict[str, torch.Tensor]]:
@@ -57,7 +41,7 @@ def reference_step(models: dict, batch, lr: float) -> dict[str, dict[str, torch.
 def test_one_step_equals_hand_written_reference(tmp_path, aggregation):
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=64)
-    model = recording(4, aggregation=aggregation(), lr=0.1)
+    model = recording_easter(4, aggregation=aggregation(), lr=0.1)
     model.build(dm.party_specs, dm.task)
     before = copy.deepcopy({k: model.party_models[k] for k in model.party_names})
     make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
@@ -92,7 +76,7 @@ def test_party_loss_reaches_only_its_own_parameters():
 
 def test_dh_global_embedding_matches_plain_at_every_step(tmp_path):
     dm = Digits(num_parties=4, batch_size=128)
-    model = recording(4, aggregation=DHMasking())
+    model = recording_easter(4, aggregation=DHMasking())
     make_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(model, datamodule=dm)
     c = model.num_parties
     assert len(model.aggregates) == 2 * len(dm.train_dataloader())
@@ -106,7 +90,7 @@ def test_dh_and_plain_runs_track_each_other(tmp_path):
     runs = {}
     for backend in (Plain, DHMasking):
         torch.manual_seed(0)
-        model = recording(4, aggregation=backend())
+        model = recording_easter(4, aggregation=backend())
         make_trainer(tmp_path, max_epochs=1, limit_val_batches=0).fit(model, datamodule=Digits(batch_size=128))
         runs[backend.__name__] = [m for m, _ in model.aggregates]
     c = 4
@@ -219,14 +203,14 @@ def test_nan_features_fail_before_training(tmp_path):
             x[5, 6] = np.inf  # column 6 belongs to party3 of 4
             return x, np.arange(200) % 2
 
-    model = recording(4)
+    model = recording_easter(4)
     with pytest.raises(ValueError, match="party3"):
         make_trainer(tmp_path).fit(model, datamodule=Broken(num_parties=4))
     assert model.batches == []
 
 
 def test_labels_outside_class_range_fail(tmp_path):
-    with pytest.raises(ValueError, match="3"):
+    with pytest.raises(ValueError, match=BAD_LABELS_MESSAGE):
         make_trainer(tmp_path).fit(easter(4), datamodule=bad_labels_datamodule())
 
 
@@ -278,7 +262,7 @@ def test_a_diverging_party_under_plain_stops_the_run_naming_it_and_the_step(prot
     """Under Plain nothing range-checks the values: a party trained at lr 1e9 must not train on to NaN and exit 0."""
     from functools import partial
 
-    from conftest import mlp_parties
+    from helpers import mlp_parties
 
     from lvfl.models import MLP
     from lvfl.protocols import AggVFL, SplitNN

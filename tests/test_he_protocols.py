@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import make_trainer, mlp_parties
+from helpers import make_trainer, mlp_parties
 
 from lvfl.datamodules import Digits
 from lvfl.models import MLP

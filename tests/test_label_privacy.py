@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import make_trainer, mlp_parties
+from helpers import REPO, make_trainer, mlp_parties, recording
 
 from lvfl.cli import build_cli
 from lvfl.datamodules import Digits
@@ -19,34 +19,21 @@ from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols import EASTER
 
 
-class Recording(EASTER):
-    """EASTER that keeps, per step, the epoch, the batch and the labels each party's loss used."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.steps: list[tuple[int, object, dict[str, torch.Tensor]]] = []
-
-    def training_step(self, batch, batch_idx):
-        used = {k: self.labels_for(k, batch).clone() for k in self.party_names}
-        used["private"] = self.private_labels(batch).clone()
-        self.steps.append((self.current_epoch, batch, used))
-        return super().training_step(batch, batch_idx)
-
-
-def recording(mechanism: LabelMechanism | None, n: int = 4) -> Recording:
-    return Recording(parties=mlp_parties(n), embedding_dim=8, label_mechanism=mechanism)
+def recording_easter(mechanism: LabelMechanism | None, n: int = 4) -> EASTER:
+    """EASTER that keeps, per step, the epoch, the batch and the labels each party's loss used (`.steps`)."""
+    return recording(EASTER, labels=True)(parties=mlp_parties(n), embedding_dim=8, label_mechanism=mechanism)
 
 
 def counting(mechanism: LabelMechanism) -> list[int]:
-    """Count the draws `mechanism` makes (each one would spend epsilon)."""
+    """Count the releases `mechanism` draws (each one would spend epsilon)."""
     calls: list[int] = []
-    draw = mechanism._release
+    draw = mechanism.release
 
-    def wrapped(labels, num_classes, generator):
+    def wrapped(labels, num_classes, generator=None):
         calls.append(int(labels.shape[0]))
         return draw(labels, num_classes, generator)
 
-    mechanism._release = wrapped
+    mechanism.release = wrapped
     return calls
 
 
@@ -67,7 +54,7 @@ def test_randomized_response_labels_drawn_once_at_the_keep_rate(tmp_path):
     dm = Digits(num_parties=4, batch_size=128)
     mech = RandomizedResponse(epsilon=1.0, seed=0)
     draws = counting(mech)
-    model = recording(mech)
+    model = recording_easter(mech)
     make_trainer(tmp_path, max_epochs=3, limit_val_batches=0).fit(model, datamodule=dm)
     assert draws == [len(dm.train_set)]  # one release of the whole training set, not one per step or epoch
 
@@ -98,17 +85,14 @@ def test_randomized_response_labels_drawn_once_at_the_keep_rate(tmp_path):
 def test_passive_gradient_is_cross_entropy_of_the_protected_label(tmp_path):
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=64)
-    model = recording(RandomizedResponse(epsilon=1.0, seed=1))
+    model = recording_easter(RandomizedResponse(epsilon=1.0, seed=1))
     sent: list[tuple[str, str, str, torch.Tensor]] = []
-    send = model.wire.send
 
-    def spy(src, dst, payload, tag):
-        out = send(src, dst, payload, tag)
-        if isinstance(out, torch.Tensor):
-            sent.append((src, dst, tag, out.detach().clone()))
-        return out
+    def keep(src, dst, tag, payload):  # every tensor as its receiver gets it
+        if isinstance(payload, torch.Tensor):
+            sent.append((src, dst, tag, payload.detach().clone()))
 
-    model.wire.send = spy
+    model.wire.subscribe(keep)
     make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
     ((_, batch, used),) = model.steps
     protected = model.protected_labels(batch.ids)
@@ -127,7 +111,7 @@ def test_passive_gradient_is_cross_entropy_of_the_protected_label(tmp_path):
 def test_resume_keeps_the_release_and_the_epsilon(tmp_path):
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=256)
-    first = recording(RandomizedResponse(epsilon=1.0, seed=2))
+    first = recording_easter(RandomizedResponse(epsilon=1.0, seed=2))
     trainer = make_trainer(tmp_path, max_epochs=1, limit_val_batches=0)
     trainer.fit(first, datamodule=dm)
     ckpt = tmp_path / "one.ckpt"
@@ -137,7 +121,7 @@ def test_resume_keeps_the_release_and_the_epsilon(tmp_path):
 
     mech = RandomizedResponse(epsilon=1.0, seed=3)  # another seed: a redraw would show
     draws = counting(mech)
-    resumed = recording(mech)
+    resumed = recording_easter(mech)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="label release")  # the ledger's warning on a second release
         trainer = make_trainer(tmp_path, max_epochs=2, limit_val_batches=0)
@@ -152,11 +136,11 @@ def test_resume_keeps_the_release_and_the_epsilon(tmp_path):
 
 
 def test_resume_on_other_training_samples_refuses(tmp_path):
-    first = recording(RandomizedResponse(epsilon=1.0, seed=0))
+    first = recording_easter(RandomizedResponse(epsilon=1.0, seed=0))
     trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0)
     trainer.fit(first, datamodule=Digits(num_parties=4, batch_size=256, seed=0))
     trainer.save_checkpoint(tmp_path / "one.ckpt")
-    resumed = recording(RandomizedResponse(epsilon=1.0, seed=0))
+    resumed = recording_easter(RandomizedResponse(epsilon=1.0, seed=0))
     trainer = make_trainer(tmp_path, max_epochs=2, limit_train_batches=1, limit_val_batches=0)
     # the run fingerprint refuses the checkpoint before the release is reused on other samples
     with pytest.raises(ValueError, match=r"belongs to another run(?s:.*)data.settings.seed"):
@@ -166,7 +150,7 @@ def test_resume_on_other_training_samples_refuses(tmp_path):
 @pytest.mark.parametrize("mechanism", [RandomizedResponse, LaplaceLabels])
 def test_mechanism_on_a_task_it_does_not_fit_fails_clearly(mechanism):
     dm = Digits(num_parties=2)
-    model = recording(mechanism(epsilon=1.0, seed=0), n=2)
+    model = recording_easter(mechanism(epsilon=1.0, seed=0), n=2)
     regression = types.SimpleNamespace(num_classes=1, kind="regression")
     with pytest.raises(ValueError, match=f"{mechanism.__name__} protects class labels and does not fit a 'regression'"):
         model.build(dm.party_specs, regression)
@@ -175,7 +159,7 @@ def test_mechanism_on_a_task_it_does_not_fit_fails_clearly(mechanism):
 def test_laplace_labels_train_passive_parties_on_noisy_rows(tmp_path):
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=128)
-    model = recording(LaplaceLabels(epsilon=1.0, seed=0))
+    model = recording_easter(LaplaceLabels(epsilon=1.0, seed=0))
     make_trainer(tmp_path, max_epochs=2, limit_val_batches=0).fit(model, datamodule=dm)
     m = dm.task.num_classes
     assert model.label_release.labels.shape == (len(dm.train_set), m)
@@ -200,7 +184,7 @@ def test_laplace_labels_train_passive_parties_on_noisy_rows(tmp_path):
 
 
 def test_no_mechanism_uses_true_labels_and_logs_no_epsilon(tmp_path):
-    model = recording(None)
+    model = recording_easter(None)
     make_trainer(tmp_path, limit_train_batches=2, limit_val_batches=0).fit(model, datamodule=Digits(batch_size=128))
     for _, batch, used in model.steps:
         assert all(torch.equal(y, batch.labels) for y in used.values())
@@ -208,8 +192,6 @@ def test_no_mechanism_uses_true_labels_and_logs_no_epsilon(tmp_path):
 
 
 def test_mechanism_from_the_command_line_and_config(tmp_path, monkeypatch):
-    from conftest import REPO
-
     monkeypatch.chdir(REPO)
     quick = [f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
     cli = build_cli(["--config", "configs/easter/digits_rr.yaml", *quick], run=False)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_trainer, mlp_parties, relabelled
+from helpers import make_trainer, mlp_parties, relabelled
 
 from lvfl.compression import CompressedTensor, Compressor
 from lvfl.datamodules import Digits

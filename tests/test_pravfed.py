@@ -7,7 +7,7 @@ import types
 
 import pytest
 import torch
-from conftest import REPO, dh_key_ledger, make_trainer, mlp_parties, run_ddp
+from helpers import REPO, dh_key_ledger, make_trainer, mlp_parties, run_ddp
 
 from lvfl.cli import build_cli
 from lvfl.datamodules import Digits

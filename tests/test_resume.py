@@ -13,7 +13,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from conftest import REPO, dh_key_ledger, make_trainer
+from helpers import REPO, dh_key_ledger, make_trainer
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lvfl.callbacks import CommunicationMeter

@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import make_trainer, mlp_parties
+from helpers import make_trainer, mlp_parties
 
 from lvfl.callbacks import StudentDistillation
 from lvfl.compression import Compressor

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from conftest import bad_labels_datamodule, dh_key_ledger, make_trainer, mlp_parties, recording
+from helpers import BAD_LABELS_MESSAGE, bad_labels_datamodule, dh_key_ledger, make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits
 from lvfl.models import MLP
@@ -189,5 +189,5 @@ def test_bad_top_hidden_names_the_option():
 
 
 def test_labels_outside_class_range_fail(tmp_path):
-    with pytest.raises(ValueError, match="3"):
+    with pytest.raises(ValueError, match=BAD_LABELS_MESSAGE):
         make_trainer(tmp_path).fit(splitnn(4), datamodule=bad_labels_datamodule())

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 import yaml
-from conftest import REPO, make_trainer, mlp_parties, recording
+from helpers import REPO, make_trainer, mlp_parties, recording
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 

@@ -8,7 +8,7 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import easter, make_trainer
+from helpers import easter, make_trainer
 
 from lvfl.callbacks.student import StudentDistillation
 from lvfl.datamodules import BreastCancer

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_trainer, mlp_parties, relabelled
+from helpers import make_trainer, mlp_parties, relabelled
 
 from lvfl.callbacks.student import StudentDistillation
 from lvfl.datamodules import BreastCancer

@@ -135,9 +135,9 @@ class CommunicationMeter(Callback):
             keys = sorted(wire.bytes)
             counts = torch.tensor([[wire.bytes[k], wire.messages[k]] for k in keys], dtype=torch.float64)
             counts = trainer.strategy.reduce(counts.to(pl_module.device), reduce_op="sum").cpu()
-            summed = Wire()
-            for key, (n_bytes, n_messages) in zip(keys, counts.tolist(), strict=True):
-                summed.bytes[key], summed.messages[key] = int(n_bytes), int(n_messages)
+            summed = Wire()  # a ledger built through the Wire's own API, never by writing its counters
+            rows = [(*key, int(b), int(m)) for key, (b, m) in zip(keys, counts.tolist(), strict=True)]
+            summed.load_state_dict({"bytes": [r[:4] for r in rows], "messages": [(*r[:3], r[4]) for r in rows]})
             wire, title = summed, f"{title}, summed over {trainer.world_size} ranks"
         rank_zero_info(format_summary(wire, title))
 

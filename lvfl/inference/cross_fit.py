@@ -43,7 +43,6 @@ from lvfl.wire import Wire
 
 __all__ = [
     "FoldDataModule",
-    "FoldWire",
     "check_folds",
     "cross_fitted_soft_label_parts",
     "cross_fitted_soft_labels",
@@ -138,21 +137,6 @@ def _quiet_lightning() -> Iterator[None]:
         logger.setLevel(level)
 
 
-class FoldWire:
-    """The protocol's wire as a fold teacher uses it: the parent's `Wire.send`, tags under `<prefix>`.
-
-    Every message is metered on the parent's ledger and seen by the parent's observers as it happens (nothing is
-    merged into the ledger afterwards). Only `send` is offered: that is all a protocol and its backend use.
-    """
-
-    def __init__(self, wire: Wire, prefix: str = CROSS_FIT_TAG) -> None:
-        self.wire, self.prefix = wire, prefix
-
-    def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
-        """`Wire.send` on the parent wire, tag prefixed; returns the payload as `dst` receives it."""
-        return self.wire.send(src, dst, payload, self.prefix + tag)
-
-
 def cross_fitted_soft_label_parts(
     template: LightningModule,
     datamodule: Any,
@@ -207,7 +191,7 @@ def cross_fitted_soft_label_parts(
         keep[torch.from_numpy(fit_index)] = True
         fold_dm = FoldDataModule(datamodule, keep, seed=seed + k)
         teacher = copy.deepcopy(template)
-        teacher.wire = FoldWire(wire)
+        teacher.wire = wire.prefixed(CROSS_FIT_TAG)  # the fold's traffic is the run's, under cross_fit/
         if release is not None:  # the run's one release, for the fold's samples, on the run's ledger
             teacher.label_release = release.restrict(fold_dm.train_set.ids)
         with torch.random.fork_rng(), _quiet_lightning():

@@ -75,8 +75,7 @@ from __future__ import annotations
 import math
 import secrets
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -90,7 +89,7 @@ from torch import nn
 
 from lvfl.models.base import PartyModel, PartyModelFactory
 from lvfl.parties import VFLBatch
-from lvfl.wire import Wire, arrive
+from lvfl.wire import Wire
 
 __all__ = [
     "Encryption",
@@ -193,41 +192,6 @@ def student_loss(
 TEACHER_TAG = "teacher/"
 
 
-class _Recorder:
-    """Stands in for the protocol's wire during the teacher's inference.
-
-    Holds every message until its final destination is known (see `teacher_soft_labels`) and returns the payload as
-    the receiver would get it.
-    """
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, str, Any, str, Any]] = []
-
-    def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
-        if src == dst:
-            raise ValueError(f"party {src!r} sent a message to itself (tag {tag!r})")
-        received = arrive(payload)
-        self.sent.append((src, dst, payload, tag, received))
-        return received
-
-
-@contextmanager
-def _recording(module: Any) -> Iterator[_Recorder]:
-    """Swap the protocol's (and its backend's) wire for a recorder for the duration of the block."""
-    recorder = _Recorder()
-    backend = getattr(module, "aggregation", None)
-    saved = module.wire, getattr(backend, "wire", None)
-    module.wire = recorder
-    if backend is not None and hasattr(backend, "wire"):
-        backend.wire = recorder
-    try:
-        yield recorder
-    finally:
-        module.wire = saved[0]
-        if backend is not None and hasattr(backend, "wire"):
-            backend.wire = saved[1]
-
-
 @dataclass
 class SoftLabelParts:
     """The teacher's soft labels for a set of samples, in the two parts their holders form: `y~ = (S_p + S_a) / C`.
@@ -323,7 +287,7 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
     was_training = teacher.training
     teacher.eval()
     try:
-        with _recording(teacher) as recorder:
+        with teacher.wire.recording() as held:
             logits = teacher.party_logits(batch.to(teacher.device))
     finally:
         teacher.train(was_training)
@@ -332,11 +296,11 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
     wanted = {id(v) for v in predictions.values()}
     from_passive = {
         id(received)
-        for src, dst, _, _, received in recorder.sent
+        for src, dst, _, _, received in held
         if dst == active and src != active and id(received) in wanted
     }
     at_producer = from_passive if producer != active else set()
-    for src, dst, payload, tag, received in recorder.sent:
+    for src, dst, payload, tag, received in held:
         if id(received) in at_producer:
             dst = producer
         if src != dst:  # the producer's own prediction, delivered to itself, does not cross the wire

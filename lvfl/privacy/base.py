@@ -10,13 +10,30 @@ Protocols call exactly three methods, in this order:
 
 `step` is the protocol's mask step counter (restored from checkpoints) and `index` numbers the tensors protected
 within one step, so that no mask stream is ever used twice.
+
+Capabilities. Every backend declares, as class attributes, what it guarantees, so that protocols decide what they
+accept from the declaration (`VFLModule.require_backend`) rather than from the backend's class, and one contract
+suite (tests/test_backend_contract.py) checks each declaration against the behaviour:
+
+* `reveals_shares`: the active party sees each passive tensor in the clear (`Plain`). Every backend can combine a
+  *sum*; anything else a protocol wants from the shares (a concatenation, a per-party weighting or score, one
+  model per site) needs each tensor, so it needs `reveals_shares=True`.
+* `refuses_nonfinite`: `protect` refuses NaN/inf with a `ValueError` naming the party (a masked or encrypted NaN
+  would poison the sum without saying whose it was). `Plain` passes such values through, as the plain sum would.
+* `refuses_reused_step`: the masks derive from `(step, index)`, so `protect` refuses a pair a party already used
+  (`DHMasking`); the HE backends draw fresh randomness on every call, so a repeated step is harmless there.
+* `error_bound(num_parties)`: the largest |combine - exact sum| per value, for float64 inputs.
+
+No weights. `combine` has no `weights`: a weighted sum `sum_k w_k E_k` (PraVFed Eq. 7, 9) is computed by weighting
+*before* `protect` (party k protects `w_k E_k`), which every backend supports unchanged; a ring (`DHMasking`) has
+no product by a real weight, and no protocol needed the weighted combine that `CKKS` alone once offered.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -29,6 +46,12 @@ class AggregationBackend(ABC):
 
     #: name of the party that holds secret keys for decryption (HE backends); None when no such party exists
     coordinator: str | None = None
+    #: the active party sees each passive party's tensor in the clear (so it can do more than sum them)
+    reveals_shares: ClassVar[bool] = False
+    #: `protect` refuses NaN/inf with a ValueError naming the party
+    refuses_nonfinite: ClassVar[bool] = True
+    #: masks derive from (step, index), so `protect` refuses a pair the party already used
+    refuses_reused_step: ClassVar[bool] = False
 
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:
         """Agree on keys among `parties` (passive ones protect, `active` combines); bytes go on `wire`."""
@@ -44,6 +67,14 @@ class AggregationBackend(ABC):
     @abstractmethod
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`active_tensor` plus the sum of the tensors behind `shares` (one share per passive party)."""
+
+    def error_bound(self, num_parties: int | None = None) -> float:
+        """Largest |combine - exact sum| per value for float64 inputs and `num_parties` passive parties.
+
+        Defaults to this backend's passive parties (after `setup`). Every backend states one; the contract suite
+        holds it to it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must state its error_bound")
 
     def check_roles(self, parties: Sequence[PartySpec], active: str) -> tuple[str, ...]:
         """Check names and roles before any key is made; returns the passive parties' names.

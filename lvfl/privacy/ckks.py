@@ -9,12 +9,11 @@ Protocol (semi-honest parties; the coordinator and the active party do not collu
    Each party deserializes its own copy (`ts.context_from`); the secret key never leaves the coordinator's object.
 2. Protect. Passive party k flattens its embedding E_k to float64 and encrypts it with the public key, packed into
    `ceil(numel / (N / 2))` ciphertexts of N/2 slots each (a 128 x 128 batch at N=8192: 4 ciphertexts).
-3. Combine. The active party adds the K ciphertexts slot-wise (optionally weighted, `sum_k w_k E_k`, by a
-   plaintext-scalar product and one rescale), adds a fresh real mask R drawn uniformly from [-M, M] per value
-   (`mask_bound=M`), and sends the masked aggregate to the coordinator (`tag="he_aggregate"`). The coordinator
-   decrypts it and returns `sum_k E_k + R` as float64 (`tag="he_decrypted"`, 8 bytes per value: float32 would round
-   at |R| * 2**-24, about 64 for M = 2**30). The active party subtracts R and adds its own embedding:
-   `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
+3. Combine. The active party adds the K ciphertexts slot-wise, adds a fresh real mask R drawn uniformly from
+   [-M, M] per value (`mask_bound=M`), and sends the masked aggregate to the coordinator (`tag="he_aggregate"`).
+   The coordinator decrypts it and returns `sum_k E_k + R` as float64 (`tag="he_decrypted"`, 8 bytes per value:
+   float32 would round at |R| * 2**-24, about 64 for M = 2**30). The active party subtracts R and adds its own
+   embedding: `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
 
 What each party learns:
     * A passive party: only the public key; it never receives a ciphertext or a decryption.
@@ -29,13 +28,13 @@ What each party learns:
       that attack (and would learn nothing it could not already compute). Noise flooding is not implemented.
 
 Statistical hiding. The coordinator decrypts `v_i = S_i + R_i` per value, R_i uniform in [-M, M], where the sum
-S_i of the K passive values (weighted: `sum_k w_k E_k`) lies in [-B, B] with `B = sum_k |w_k| * max_abs` (w_k = 1
-unweighted). For two aggregates S, S' the distributions of S + R and S' + R are uniform on intervals of length 2M
-shifted by |S - S'| <= 2B, so their statistical distance (the best advantage of any distinguisher) is exactly
-`|S - S'| / (2M) <= B / M` per value. A combine of n values draws n independent masks; the two views are uniform on
-boxes of equal volume, so the distance is exactly `1 - prod_i (1 - |S_i - S'_i| / (2M)) <= 1 - (1 - B / M)**n`
-(about n * B / M when that is small): `advantage_bound(numel)`. Over T combines that tell the same two hypotheses
-apart the advantage is at most T times the per-combine figure. At the defaults (M = 2**30, max_abs = 2**7) with 3
+S_i of the K passive values lies in [-B, B] with `B = K * max_abs`. For two aggregates S, S' the distributions of
+S + R and S' + R are uniform on intervals of length 2M shifted by |S - S'| <= 2B, so their statistical distance
+(the best advantage of any distinguisher) is exactly `|S - S'| / (2M) <= B / M` per value. A combine of n values
+draws n independent masks; the two views are uniform on boxes of equal volume, so the distance is exactly
+`1 - prod_i (1 - |S_i - S'_i| / (2M)) <= 1 - (1 - B / M)**n` (about n * B / M when that is small):
+`advantage_bound(numel)`. Over T combines that tell the same two hypotheses apart the advantage is at most T times
+the per-combine figure. At the defaults (M = 2**30, max_abs = 2**7) with 3
 passive parties the bound is 3.6e-7 per value, 1.8e-4 for a 64 x 8 batch and 5.8e-3 for a 128 x 128 batch (16,384
 values). `combine` refuses a batch whose bound exceeds `max_advantage` (0.01 by default), and the constructor and
 `setup` refuse `max_abs >= mask_bound` and `K * max_abs >= mask_bound` (a bound of 1: no hiding guaranteed at all),
@@ -55,32 +54,32 @@ for uniform ternary secrets and classical security (the same table SEAL enforces
 
 Defaults: N=8192, primes (60, 40, 40, 60) = 200 bits <= 218, scale 2**40. Headroom: a decrypted value must stay
 below `2**(L - scale_bits - 1)` in magnitude, L the bits of the primes left at decryption (all but the special
-prime). An unweighted sum is decrypted at the top level (L = 140: `headroom` 2**99); a weighted sum after its one
-rescale (L = 100: `weighted_headroom` 2**59). Both bound `K * max_abs + M`, and the mask needs a large M (above), so
-the second 40-bit prime is what lets a weighted sum (PraVFed) carry the default mask: with (60, 40, 60) a weighted
-sum's headroom is 2**19, too little for M = 2**30 (`combine` refuses it, naming the options). The shorter chain
-(60, 40, 60) still serves unweighted sums (headroom 2**59) at ~30% less time and bytes (56.2 vs 81.4 ms, 3.89 vs
-5.43 MB per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 60]`).
+prime). The sum is decrypted at the top level (L = 140: `headroom` 2**99), which bounds `K * max_abs + M`.
+`combine` takes no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is weighted by each party before
+`protect`), so no rescale is ever needed and the middle prime only adds headroom. The shorter chain (60, 40, 60)
+gives headroom 2**59, ample for the default mask, at ~30% less time and bytes (56.2 vs 81.4 ms, 3.89 vs 5.43 MB
+per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 60]`); the default stays
+(60, 40, 40, 60) so that existing checkpoints (whose settings are checked on load) and benchmarks stay comparable.
 
 Precision: decryption error per value is bounded (with overwhelming probability) by
-`error_bound() = (sum_k |w_k| * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
+`error_bound() = (K * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
 `B_clean = 8 sqrt(2) sigma N + 6 sigma sqrt(N) + 16 sigma sqrt(h N)` is the fresh-encryption noise bound and
 `B_scale = sqrt(N / 3) (3 + 8 sqrt(h))` the rounding bound of an encoding or a rescale (Cheon, Kim, Kim, Song,
 ASIACRYPT 2017, Lemmas 1-3; sigma = 3.2, h = 2N/3 for SEAL's uniform ternary secret). At the defaults this is
 about 6e-7 per passive party (observed ~1e-8). The last term is the float64 rounding of the masked value (magnitude
-up to `sum |w_k| * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is observed at the defaults (~8e-7 for
-3 passive parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted sum beyond `sum |w_k| * max_abs` plus
-that bound is refused as corrupted (wrong key or tampered ciphertexts).
+up to `K * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is observed at the defaults (~8e-7 for 3 passive
+parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted sum beyond `K * max_abs` plus that bound is
+refused as corrupted (wrong key or tampered ciphertexts).
 
 Cost (TenSEAL 0.3.18, one core, N=8192, the default primes (60, 40, 40, 60); (60, 40, 60) is faster and smaller,
 see above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
 ~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a decryption ~1 ms. So one
 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties is
 dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one thread and holds the
-GIL. For unweighted sums only, `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit
+GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit
 bound (109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60), but its headroom 2**13 only fits
 a mask_bound below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or
-`allow_insecure=True`), and it has no rescale for `weights`.
+`allow_insecure=True`).
 """
 
 from __future__ import annotations
@@ -221,6 +220,10 @@ class CKKS(AggregationBackend):
         >>> bool(((out - 2 * x).abs() <= backend.error_bound(2)).all())
         True
     """
+
+    reveals_shares = False
+    refuses_nonfinite = True
+    refuses_reused_step = False  # every encryption and every mask draws fresh randomness
 
     def __init__(
         self,
@@ -367,27 +370,17 @@ class CKKS(AggregationBackend):
 
     @property
     def headroom(self) -> float:
-        """An unweighted sum plus mask must stay below this: 2**(bits of all but the special prime - scale - 1)."""
+        """The sum plus mask must stay below this: 2**(bits of all but the special prime - scale - 1)."""
         return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-1]) - self.scale_bits - 1)
 
-    @property
-    def weighted_headroom(self) -> float:
-        """A weighted sum plus mask (after its one rescale) must stay below this: one middle prime fewer."""
-        return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-2]) - self.scale_bits - 1)
-
-    def advantage_bound(
-        self, numel: int, num_parties: int | None = None, weights: Mapping[str, float] | None = None
-    ) -> float:
+    def advantage_bound(self, numel: int, num_parties: int | None = None) -> float:
         """The most statistical distance between the coordinator's views of two aggregates of one combine.
 
-        `1 - (1 - B / M)**numel` for `numel` values, B = sum_k |w_k| * max_abs (see the module docstring). Defaults
-        to this backend's passive parties; a distinguisher's advantage per combine is at most this.
+        `1 - (1 - B / M)**numel` for `numel` values, B = K * max_abs (see the module docstring). Defaults to this
+        backend's passive parties; a distinguisher's advantage per combine is at most this.
         """
-        if weights is not None:
-            weight_sum = sum(abs(float(w)) for w in weights.values())
-        else:
-            weight_sum = len(self._passive) if num_parties is None else int(num_parties)
-        return masking_advantage(int(numel), 2.0 * weight_sum * self.max_abs, self.mask_bound)
+        k = len(self._passive) if num_parties is None else int(num_parties)
+        return masking_advantage(int(numel), 2.0 * k * self.max_abs, self.mask_bound)
 
     def num_ciphertexts(self, shape: Sequence[int]) -> int:
         """How many ciphertexts a tensor of `shape` is packed into."""
@@ -396,21 +389,16 @@ class CKKS(AggregationBackend):
             return shape[0] * math.ceil(numel // shape[0] / self.slots)
         return math.ceil(numel / self.slots)
 
-    def error_bound(self, num_parties: int | None = None, weights: Mapping[str, float] | None = None) -> float:
-        """Bound on |decoded passive sum - exact sum| per value, for `num_parties` passive parties (or `weights`).
+    def error_bound(self, num_parties: int | None = None) -> float:
+        """Bound on |decoded passive sum - exact sum| per value, for `num_parties` passive parties.
 
         Holds with overwhelming probability (see the module docstring). Defaults to this backend's passive parties.
         """
-        if weights is not None:
-            weight_sum, terms = sum(abs(float(w)) for w in weights.values()), len(weights) + 1  # + the rescale
-        else:
-            k = len(self._passive) if num_parties is None else int(num_parties)
-            weight_sum, terms = k, k
-        magnitude = weight_sum * self.max_abs + self.mask_bound
+        k = len(self._passive) if num_parties is None else int(num_parties)
+        magnitude = k * self.max_abs + self.mask_bound
         n = self.poly_modulus_degree
-        noise = weight_sum * fresh_noise_bound(n) + (terms + 2) * rounding_bound(n)
-        weight_rounding = 0.0 if weights is None else len(weights) * self.max_abs * 2.0 ** -(self.scale_bits + 1)
-        return noise * 2.0**-self.scale_bits + weight_rounding + magnitude * 2.0**-50
+        noise = k * fresh_noise_bound(n) + (k + 2) * rounding_bound(n)
+        return noise * 2.0**-self.scale_bits + magnitude * 2.0**-50
 
     # -- keys ----------------------------------------------------------------------------------------------------
     def _forget_keys(self) -> None:
@@ -420,7 +408,6 @@ class CKKS(AggregationBackend):
         self._passive: tuple[str, ...] = ()
         self._public_blob = b""  # the serialized public context, as sent to every party
         self._key_id = b""
-        self._rescale_factor = 1.0  # q_last / 2**scale_bits: the true scale after one rescale, relative
 
     def _require_setup(self) -> None:
         if self._contexts is None:
@@ -479,14 +466,6 @@ class CKKS(AggregationBackend):
         self._passive = passive
         self._public_blob = blob
         self._key_id = hashlib.sha256(blob).digest()[:16]
-        self._rescale_factor = self._last_prime(contexts[active]) / 2.0**self.scale_bits
-
-    @staticmethod
-    def _last_prime(context: ts.Context) -> int:
-        """The prime the first rescale divides by (public parameter)."""
-        import tenseal.sealapi  # noqa: F401 - registers seal::Modulus with pybind
-
-        return context.data.seal_context().first_context_data().parms().coeff_modulus()[-1].value()
 
     # -- 2. protect: at passive party k, public key only ------------------------------------------------------------
     def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> CKKSShare:
@@ -529,44 +508,22 @@ class CKKS(AggregationBackend):
         return ts.ckks_vector(context, chunk.tolist())
 
     # -- 3. combine: at the active party, decryption at the coordinator ---------------------------------------------
-    def combine(
-        self,
-        active_tensor: torch.Tensor,
-        shares: Mapping[str, Any],
-        weights: Mapping[str, float] | None = None,
-    ) -> torch.Tensor:
-        """`active_tensor + sum_k w_k E_k` (w_k = 1 without `weights`), in `active_tensor`'s dtype and device.
+    def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
+        """`active_tensor + sum_k E_k`, in `active_tensor`'s dtype and device.
 
-        The active party adds the ciphertexts (after a plaintext-scalar product and rescale if `weights` are
-        given), masks the sum, and has the coordinator decrypt it; the result is within `error_bound()` of the
-        exact sum. Gradients flow to `active_tensor` only.
+        The active party adds the ciphertexts, masks the sum, and has the coordinator decrypt it; the result is
+        within `error_bound()` of the exact sum. Gradients flow to `active_tensor` only. There are no weights (see
+        `lvfl.privacy.base`): a party that must contribute `w_k E_k` protects `w_k E_k`.
 
         Raises:
-            ValueError: if a passive party's share (or weight) is missing or unknown, has the wrong shape, or was
-                encrypted under another key; if the weighted sum could overflow the headroom.
-            TypeError: if a share is not a `CKKSShare`. RuntimeError: if the decrypted sum is corrupted.
+            ValueError: if a passive party's share is missing or unknown, has the wrong shape, or was encrypted
+                under another key. TypeError: if a share is not a `CKKSShare`. RuntimeError: if the decrypted sum
+                is corrupted.
         """
         self._require_setup()
         if not isinstance(active_tensor, torch.Tensor) or not active_tensor.is_floating_point():
             raise TypeError("combine: active_tensor must be a floating-point tensor")
         self.check_one_per_party(shares, self._passive, "share")
-        if weights is not None:
-            self.check_one_per_party(weights, self._passive, "weight")
-            if len(self.coeff_mod_bit_sizes) < 3:
-                raise ValueError(
-                    f"combine: weights need one rescale, i.e. a middle prime in coeff_mod_bit_sizes, got "
-                    f"{self.coeff_mod_bit_sizes}"
-                )
-            weights = {name: float(weights[name]) for name in self._passive}
-            if not all(math.isfinite(w) for w in weights.values()):
-                raise ValueError(f"combine: weights must be finite, got {weights}")
-            if sum(abs(w) for w in weights.values()) * self.max_abs + self.mask_bound >= self.weighted_headroom:
-                raise ValueError(
-                    f"combine: weights {weights} x max_abs={self.max_abs:g} + mask_bound={self.mask_bound:g} could "
-                    f"overflow the headroom 2**{int(math.log2(self.weighted_headroom))} of a weighted sum with "
-                    f"coeff_mod_bit_sizes={self.coeff_mod_bit_sizes} (one rescale): add a middle prime of scale_bits, "
-                    "or lower mask_bound or max_abs"
-                )
         if not self._passive:
             return active_tensor
         for name in self._passive:
@@ -583,7 +540,7 @@ class CKKS(AggregationBackend):
         numel = active_tensor.numel()
         if numel == 0:
             return active_tensor + torch.zeros_like(active_tensor)
-        advantage = self.advantage_bound(numel, weights=weights)
+        advantage = self.advantage_bound(numel)
         if advantage > self.max_advantage:
             self._insecure(
                 ("advantage", numel),
@@ -593,9 +550,9 @@ class CKKS(AggregationBackend):
                 "mask_bound, lower max_abs, or combine fewer values at a time",
             )
 
-        # at the active party: homomorphic (weighted) sum, then the mask
+        # at the active party: homomorphic sum, then the mask
         mask = uniform_mask(numel, self.mask_bound)
-        aggregate = self._masked_sum(shares, weights, self._chunks(mask, active_tensor.shape))
+        aggregate = self._masked_sum(shares, self._chunks(mask, active_tensor.shape))
         payload = CKKSShare(aggregate, active_tensor.shape, self._key_id, len(aggregate))
         at_coordinator = self.wire.send(self.active, self.coordinator, payload, tag="he_aggregate")
 
@@ -603,31 +560,19 @@ class CKKS(AggregationBackend):
         decrypted = self._decrypt(at_coordinator)
         received = self.wire.send(self.coordinator, self.active, decrypted, tag="he_decrypted")
 
-        # at the active party: remove the mask (and the rescale's scale drift), check, add its own embedding
+        # at the active party: remove the mask, check, add its own embedding
         passive_sum = received.numpy() - mask
-        if weights is not None:
-            passive_sum *= self._rescale_factor
-        self._check_decrypted(passive_sum, weights)
+        self._check_decrypted(passive_sum)
         decoded = torch.from_numpy(passive_sum).reshape(active_tensor.shape)
         return active_tensor + decoded.to(active_tensor)
 
-    def _masked_sum(
-        self, shares: Mapping[str, CKKSShare], weights: Mapping[str, float] | None, mask: list[np.ndarray]
-    ) -> list[ts.CKKSVector]:
+    def _masked_sum(self, shares: Mapping[str, CKKSShare], mask: list[np.ndarray]) -> list[ts.CKKSVector]:
         first, *rest = self._passive
-        if weights is None:  # add(mask) makes the new vector (a C++ copy, far cheaper than CKKSVector.copy())
-            out = [vec.add(m.tolist()) for vec, m in zip(shares[first].vectors, mask, strict=True)]
-            for name in rest:
-                for acc, vec in zip(out, shares[name].vectors, strict=True):
-                    acc.add_(vec)
-            return out
-        # plaintext-scalar products at scale 2**scale_bits, each followed by one rescale (TenSEAL auto_rescale)
-        out = [vec.mul(weights[first]) for vec in shares[first].vectors]
+        # add(mask) makes the new vector (a C++ copy, far cheaper than CKKSVector.copy())
+        out = [vec.add(m.tolist()) for vec, m in zip(shares[first].vectors, mask, strict=True)]
         for name in rest:
             for acc, vec in zip(out, shares[name].vectors, strict=True):
-                acc.add_(vec.mul(weights[name]))
-        for acc, m in zip(out, mask, strict=True):
-            acc.add_(m.tolist())
+                acc.add_(vec)
         return out
 
     def _decrypt(self, payload: CKKSShare) -> torch.Tensor:
@@ -637,13 +582,12 @@ class CKKS(AggregationBackend):
         )
         return torch.from_numpy(values)
 
-    def _check_decrypted(self, passive_sum: np.ndarray, weights: Mapping[str, float] | None) -> None:
-        weight_sum = len(self._passive) if weights is None else sum(abs(w) for w in weights.values())
-        limit = weight_sum * self.max_abs + self.error_bound(weights=weights)
+    def _check_decrypted(self, passive_sum: np.ndarray) -> None:
+        limit = len(self._passive) * self.max_abs + self.error_bound()
         if not np.isfinite(passive_sum).all() or float(np.abs(passive_sum).max()) > limit:
             raise RuntimeError(
                 f"combine: the aggregate decrypted by coordinator {self.coordinator!r} is corrupted (values beyond "
-                f"{limit:.6g} = sum |w| x max_abs + error bound): wrong key, tampered ciphertexts, or overflow"
+                f"{limit:.6g} = K x max_abs + error bound): wrong key, tampered ciphertexts, or overflow"
             )
 
     # -- checkpoints and pickling: never any key material --------------------------------------------------------
@@ -670,7 +614,6 @@ class CKKS(AggregationBackend):
             _passive=(),
             _public_blob=b"",
             _key_id=b"",
-            _rescale_factor=1.0,
         )
         return state
 

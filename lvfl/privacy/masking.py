@@ -74,6 +74,10 @@ class DHMasking(AggregationBackend):
         tensor([ 1.0000, -2.5000])
     """
 
+    reveals_shares = False
+    refuses_nonfinite = True
+    refuses_reused_step = True  # masks derive from (step, rank, index): see `_claim_stream`
+
     def __init__(self, frac_bits: int = fixedpoint.DEFAULT_FRAC_BITS, allow_insecure: bool = False) -> None:
         self.frac_bits = self._validate_frac_bits(frac_bits)
         self.allow_insecure = bool(allow_insecure)
@@ -94,6 +98,11 @@ class DHMasking(AggregationBackend):
         self._num_parties = 0
         # party -> (latest step, indices used at that step): refuses to reuse a mask stream
         self._used: dict[str, tuple[int, set[int]]] = {}
+
+    def error_bound(self, num_parties: int | None = None) -> float:
+        """`K * 2**-(frac_bits + 1)`: each passive value is rounded to fixed point once; the ring sum is exact."""
+        k = len(self._passive) if num_parties is None else int(num_parties)
+        return k * 2.0 ** -(self.frac_bits + 1)
 
     # -- 1. setup: key agreement, every byte on the wire -----------------------------------------------------------
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:

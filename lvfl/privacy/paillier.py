@@ -225,6 +225,9 @@ class Paillier(AggregationBackend):
     """
 
     coordinator: str = "coordinator"
+    reveals_shares = False
+    refuses_nonfinite = True
+    refuses_reused_step = False  # every encryption and every mask draws fresh randomness from the OS CSPRNG
 
     def __init__(
         self,
@@ -279,6 +282,11 @@ class Paillier(AggregationBackend):
         self._secret_key: phe_paillier.PaillierPrivateKey | None = None  # the coordinator's; never serialized
         self._public: dict[str, phe_paillier.PaillierPublicKey] = {}  # each party's copy, as received on the wire
         self._passive: tuple[str, ...] = ()
+
+    def error_bound(self, num_parties: int | None = None) -> float:
+        """`K * 2**-(frac_bits + 1)`: each passive value is rounded to fixed point once; the slot sums are exact."""
+        k = len(self._passive) if num_parties is None else int(num_parties)
+        return k * 2.0 ** -(self.frac_bits + 1)
 
     # -- 1. setup: the coordinator's key pair, the public key on the wire ---------------------------------------------
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:

@@ -15,7 +15,9 @@ from lvfl.wire import Wire
 class Plain(AggregationBackend):
     """Passive parties send their float embeddings as they are; the active party adds them up.
 
-    Reveals every passive embedding to the active party. It sends no keys, so `setup` puts nothing on the wire.
+    Reveals every passive embedding to the active party (`reveals_shares`), which is what lets protocols that need
+    each embedding (concatenation, per-party weights or scores) use it. It sends no keys, so `setup` puts nothing on
+    the wire. It checks nothing either: NaN/inf pass through to the sum, as in the plain reference it is.
 
     Example:
         >>> import torch
@@ -24,10 +26,18 @@ class Plain(AggregationBackend):
         tensor([2., 2.])
     """
 
+    reveals_shares = True
+    refuses_nonfinite = False
+    refuses_reused_step = False
+
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:
         """Remember the passive parties, so that `combine` can refuse a missing or unknown share."""
         super().setup(parties, active, wire, rank)
         self._passive = tuple(p.name for p in self.parties if p.role == "passive")
+
+    def error_bound(self, num_parties: int | None = None) -> float:
+        """0: the float sum itself (in the passive parties' order; another order differs by float rounding only)."""
+        return 0.0
 
     def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> torch.Tensor:
         """The tensor itself: no protection."""

@@ -60,7 +60,6 @@ from torch import nn
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
 AGGREGATE = "aggregate"
@@ -131,7 +130,7 @@ class AggVFL(VFLModule):
     @property
     def reveals_party_logits(self) -> bool:
         """Whether the active party receives each party's logits in the clear (so it can score them one by one)."""
-        return self.aggregate == "weighted" or isinstance(self.aggregation, Plain)
+        return self.aggregate == "weighted" or self.aggregation.reveals_shares
 
     @property
     def predicting_parties(self) -> list[str]:
@@ -146,12 +145,13 @@ class AggVFL(VFLModule):
         return params
 
     def check_backend(self) -> None:
-        """`weighted` needs every party's logits at the active party, which only `Plain` provides."""
-        if self.aggregate == "weighted" and not isinstance(self.aggregation, Plain):
-            raise ValueError(
-                f"model.aggregate='weighted' cannot run with model.aggregation={type(self.aggregation).__name__}: "
+        """`weighted` needs every party's logits at the active party: a backend that reveals shares (`Plain`)."""
+        if self.aggregate == "weighted":
+            self.require_backend(
+                "model.aggregate='weighted' cannot run with model.aggregation={backend}: "
                 "the active party cannot weight parties whose logits it cannot see (masks cancel only in an "
-                "unweighted sum); use model.aggregation=lvfl.privacy.Plain, or aggregate='sum' or 'mean'"
+                "unweighted sum); use model.aggregation=lvfl.privacy.Plain, or aggregate='sum' or 'mean'",
+                reveals_shares=True,
             )
 
     def aggregation_weights(self) -> torch.Tensor:

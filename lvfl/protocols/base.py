@@ -265,7 +265,28 @@ class VFLModule(LightningModule):
         return params
 
     def check_backend(self) -> None:
-        """Refuse backends that make no sense for this protocol (override in protocols that restrict them)."""
+        """Refuse backends that make no sense for this protocol (override in protocols that restrict them).
+
+        Overrides decide from the backend's declared capabilities (`lvfl.privacy.base`), through `require_backend`,
+        never from its class.
+        """
+
+    def require_backend(self, reason: str, **capabilities: bool) -> None:
+        """Refuse `self.aggregation` unless it declares each of `capabilities` (e.g. `reveals_shares=True`).
+
+        `reason` is the protocol's message; `{backend}` in it is replaced by the backend's class name, and the
+        message ends with what the backend declares and what this protocol needs.
+
+        Raises:
+            ValueError: if a declared capability differs from the one required.
+        """
+        backend = self.aggregation
+        name = type(backend).__name__
+        lacking = {key: want for key, want in capabilities.items() if getattr(backend, key) != want}
+        if lacking:
+            declared = ", ".join(f"{key}={getattr(backend, key)!r}" for key in lacking)
+            needed = ", ".join(f"{key}={want!r}" for key, want in lacking.items())
+            raise ValueError(f"{reason.format(backend=name)} ({name} declares {declared}; this needs {needed})")
 
     # ------------------------------------------------------------------------------------------------ optimizers
     def configure_optimizers(self) -> Any:

@@ -60,7 +60,6 @@ from lvfl.models.base import PartyModelFactory, check_positive_int
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
 
@@ -140,13 +139,13 @@ class CVFL(VFLModule):
         return params
 
     def check_backend(self) -> None:
-        """Only `Plain`: the active party concatenates the embeddings, so there is no sum for a backend to protect."""
-        if not isinstance(self.aggregation, Plain):
-            raise ValueError(
-                f"CVFL concatenates the parties' compressed embeddings and forwards them to every party, so the "
-                f"aggregation backend {type(self.aggregation).__name__} (which protects a sum) cannot apply; "
-                f"use model.aggregation=lvfl.privacy.Plain (the default)"
-            )
+        """Only a backend that reveals shares (`Plain`): the embeddings are concatenated, there is no sum to protect."""
+        self.require_backend(
+            "CVFL concatenates the parties' compressed embeddings and forwards them to every party, so the "
+            "aggregation backend {backend} (which protects a sum) cannot apply; "
+            "use model.aggregation=lvfl.privacy.Plain (the default)",
+            reveals_shares=True,
+        )
 
     # ------------------------------------------------------------------------------------------------ the steps
     def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:

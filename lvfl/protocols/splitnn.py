@@ -49,7 +49,6 @@ from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
 Fusion = Literal["concat", "sum", "mean"]
@@ -63,7 +62,8 @@ class SplitNN(VFLModule):
         top_model: the active party's top model factory, built as
             ``top_model((fused_dim,), top_hidden, num_classes)``; its whole forward (encoder then head) is the top
             model. fused_dim is ``C * embedding_dim`` for concat and ``embedding_dim`` for sum/mean.
-        aggregation: backend for the sum/mean fusions (e.g. DHMasking); concat allows only `Plain`.
+        aggregation: backend for the sum/mean fusions (e.g. DHMasking); concat needs one that reveals shares
+            (`Plain`).
         embedding_dim: the width of every bottom model's output.
         top_hidden: the width of the top model's encoder output (its ``embedding_dim``).
         fusion: how the active party combines the embeddings: ``concat`` (Pyvertical), ``sum`` or ``mean``.
@@ -141,12 +141,13 @@ class SplitNN(VFLModule):
 
     def check_backend(self) -> None:
         """Refuse a protecting backend with concat fusion: masks cancel only in a sum, never in a concatenation."""
-        if self.fusion == "concat" and not isinstance(self.aggregation, Plain):
-            raise ValueError(
-                f"SplitNN with fusion='concat' cannot use aggregation={type(self.aggregation).__name__}: masking a "
+        if self.fusion == "concat":
+            self.require_backend(
+                "SplitNN with fusion='concat' cannot use aggregation={backend}: masking a "
                 "concatenation makes no sense, since the active party must see each party's embedding in its own "
                 "slot of the top model's input and masks only cancel in a sum. Use fusion: sum (or fusion: mean) "
-                "with this backend, or aggregation: lvfl.privacy.Plain with concat"
+                "with this backend, or aggregation: lvfl.privacy.Plain with concat",
+                reveals_shares=True,
             )
 
     # ------------------------------------------------------------------------------------------------ the step

@@ -19,7 +19,6 @@ import torch
 
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.plain import Plain
 from lvfl.protocols.base import PartyConfig, VFLModule
 
 __all__ = ["Central", "Local", "SingleSite"]
@@ -51,12 +50,12 @@ class SingleSite(VFLModule):
 
     # ------------------------------------------------------------------------------------------------ building
     def check_backend(self) -> None:
-        """Refuse any aggregation backend but `Plain`: a single site has nothing to aggregate or protect."""
-        if type(self.aggregation) is not Plain:
-            raise ValueError(
-                f"{type(self).__name__} trains one model at one site and sends nothing, so "
-                f"model.aggregation={type(self.aggregation).__name__} would protect nothing; leave it unset (Plain)"
-            )
+        """Refuse a protecting backend (anything but one that reveals shares, `Plain`): one site protects nothing."""
+        self.require_backend(
+            f"{type(self).__name__} trains one model at one site and sends nothing, so "
+            "model.aggregation={backend} would protect nothing; leave it unset (Plain)",
+            reveals_shares=True,
+        )
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the single site's model from the active party's config and `site_spec`.
