@@ -4,7 +4,7 @@ For each dataset, overlap alpha and seed, one EASTER teacher (the VFL model) is 
 samples; then, on the active party's features alone and all its training samples, students of two families are
 fitted with `fit_student` for every lambda of the sweep:
 
-- `logistic`: `lvfl.inference.LogisticRegression` (the paper's student), Adam lr 0.01, batch 64, 20 epochs;
+- `logistic`: `lvfl.models.LogisticRegression` (the paper's student), Adam lr 0.01, batch 64, 20 epochs;
 - `mlp`: the active party's own model and optimizer in the teacher's config (breast_cancer: `MLP(hidden=[64])`, SGD
   lr 0.05 momentum 0.9, batch 32, 30 epochs; clickthrough: `MLP(hidden=[64])`, Adam lr 0.003, batch 64, 10 epochs).
 

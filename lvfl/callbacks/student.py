@@ -31,19 +31,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import OptimizerCallable
 
 from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_label_parts, untrained_copy
-from lvfl.inference.student import (
-    Encryption,
-    LogisticRegression,
-    PaillierDistillation,
-    build_student,
-    check_lam,
-    default_producer,
-    evaluate_student,
-    fit_student,
-    student_data,
-)
+from lvfl.inference.student import PaillierDistillation, build_student, check_lam, evaluate_student, fit_student
+from lvfl.inference.teacher import Encryption, default_producer, student_data
 from lvfl.loggers import log_to_loggers
 from lvfl.models.base import PartyModelFactory
+from lvfl.models.logistic import LogisticRegression
 
 PREFIX = "student"
 
@@ -56,7 +48,7 @@ class StudentDistillation(Callback):
 
     Args:
         model: the student's factory, called as `model(input_shape, embedding_dim, num_classes)` like a party model
-            (e.g. `lvfl.models.MLP` with its init args, or `lvfl.inference.LogisticRegression`, the default).
+            (e.g. `lvfl.models.MLP` with its init args, or `lvfl.models.LogisticRegression`, the default).
         embedding_dim: the student's embedding width (ignored by `LogisticRegression`).
         optimizer: the student's optimizer (callable on its parameters); default Adam, lr 0.01.
         lam: weight of the distillation term, in [0, 1].

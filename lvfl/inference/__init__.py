@@ -3,30 +3,30 @@
 from lvfl.inference.oblivious import ObliviousInference, ObliviousTable
 from lvfl.inference.router import RoutedPredictions, Router
 from lvfl.inference.student import (
-    LogisticRegression,
     PaillierDistillation,
-    SoftLabelParts,
-    StudentData,
     StudentFit,
     check_lam,
-    default_producer,
     distillation_loss,
     evaluate_student,
     fit_student,
+    student_loss,
+)
+from lvfl.inference.teacher import (
+    SoftLabelParts,
+    StudentData,
+    default_producer,
     plain_soft_labels,
     student_data,
-    student_loss,
     teacher_soft_label_parts,
     teacher_soft_labels,
 )
 
 __all__ = [
-    "LogisticRegression",
     "ObliviousInference",
     "ObliviousTable",
+    "PaillierDistillation",
     "RoutedPredictions",
     "Router",
-    "PaillierDistillation",
     "SoftLabelParts",
     "StudentData",
     "StudentFit",

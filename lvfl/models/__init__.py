@@ -7,6 +7,7 @@ Every model is built as ``Model(input_shape, embedding_dim, num_outputs, **hyper
 from lvfl.models.base import ACTIVATIONS, PartyModel, PartyModelFactory
 from lvfl.models.cnn import CNN
 from lvfl.models.lenet import LeNet
+from lvfl.models.logistic import LogisticRegression
 from lvfl.models.mlp import MLP
 
-__all__ = ["ACTIVATIONS", "CNN", "MLP", "LeNet", "PartyModel", "PartyModelFactory"]
+__all__ = ["ACTIVATIONS", "CNN", "MLP", "LeNet", "LogisticRegression", "PartyModel", "PartyModelFactory"]
