@@ -33,9 +33,11 @@ import statistics
 import time
 
 import torch
+from naive_ot import ot_1_of_n
 
-from lvfl.crypto import ot
+from lvfl.crypto.ot import TAG_BYTES
 from lvfl.inference.oblivious import ObliviousClient, ObliviousTable, prepare, query
+from lvfl.privacy.oblivious_transfer import batch_ot, ot_1_of_2
 from lvfl.wire import Wire
 
 
@@ -50,11 +52,11 @@ def time_one_of_two(repeats: int) -> tuple[float, float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        ot.ot_1_of_2(b"a" * 16, b"b" * 16, 1)
+        ot_1_of_2(b"a" * 16, b"b" * 16, 1, wire=Wire())
         times.append(time.perf_counter() - start)
     pairs = [(b"a" * 16, b"b" * 16)] * 1024
     start = time.perf_counter()
-    ot.batch_ot(pairs, [i & 1 for i in range(1024)])
+    batch_ot(pairs, [i & 1 for i in range(1024)], wire=Wire())
     return statistics.median(times) * 1e3, (time.perf_counter() - start) / 1024 * 1e3
 
 
@@ -100,7 +102,7 @@ def bench_naive(n_messages: int, plaintexts: list[bytes], repeats: int, rng: ran
         x = rng.randrange(len(plaintexts))
         messages, choice = (plaintexts[x - x % n : x - x % n + n], x % n) if sub else (plaintexts, x)
         start = time.perf_counter()
-        got = ot.ot_1_of_n(messages, choice, wire=wire)
+        got = ot_1_of_n(messages, choice, wire=wire)
         times.append(time.perf_counter() - start)
         if got != plaintexts[x]:
             raise RuntimeError("naive OT returned a wrong entry")
@@ -144,7 +146,7 @@ def main() -> None:
         big = bench_naive(mn, plaintexts, args.naive_repeats, rng, sub=False, n=n)
         small = bench_naive(n, plaintexts, args.naive_repeats, rng, sub=True, n=n)
         log_mn = math.ceil(math.log2(mn))
-        l_naive = len(plaintexts[0]) + ot.TAG_BYTES  # one GCM layer per message in the naive OTs
+        l_naive = len(plaintexts[0]) + TAG_BYTES  # one GCM layer per message in the naive OTs
         for name, row, paper_online in (
             (f"(MN over 1)-OT (l={l_naive})", big, 2 * l_naive * log_mn + l_naive * mn),
             (f"(N over 1)-OT (l={l_naive})", small, 2 * l_naive * b + l_naive * n),

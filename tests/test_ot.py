@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import secrets
+import sys
+from pathlib import Path
 
 import pytest
 from coincurve import PublicKey
 from cryptography.exceptions import InvalidTag
 
 from lvfl.crypto import ot
+from lvfl.privacy.oblivious_transfer import batch_ot, ot_1_of_2
 from lvfl.wire import Wire
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import naive_ot  # noqa: E402 - the OT benchmark's naive 1-out-of-N baseline, tested here
 
 
 @pytest.mark.parametrize("choice", [0, 1])
@@ -44,7 +50,7 @@ def test_batch_reuses_one_sender_point_and_meters_three_messages() -> None:
     pairs = [(bytes([i]) * 16, bytes([100 + i]) * 16) for i in range(8)]
     choices = [i % 2 for i in range(7)] + [1]
     wire = Wire()
-    got = ot.batch_ot(pairs, choices, wire=wire, sender="passive", receiver="active", tag="ot")
+    got = batch_ot(pairs, choices, wire=wire, sender="passive", receiver="active", tag="ot")
     assert got == [p[c] for p, c in zip(pairs, choices, strict=True)]
     assert wire.total_messages() == 3
     # A, then one point per OT, then two ciphertexts (16-byte message + 16-byte tag) per OT
@@ -64,17 +70,17 @@ def test_session_tags_must_match() -> None:
 def test_one_of_n_returns_the_chosen_message(n: int) -> None:
     messages = [secrets.token_bytes(12) for _ in range(n)]
     for choice in {0, n - 1, n // 3}:
-        assert ot.ot_1_of_n(messages, choice) == messages[choice]
+        assert naive_ot.ot_1_of_n(messages, choice, wire=Wire()) == messages[choice]
 
 
 def test_one_of_n_other_messages_do_not_open() -> None:
     n, nbits, choice = 8, 3, 5
     messages = [bytes([u]) * 8 for u in range(n)]
     pairs = [(secrets.token_bytes(16), secrets.token_bytes(16)) for _ in range(nbits)]
-    cts = ot.one_of_n_encrypt(messages, pairs)
+    cts = naive_ot.one_of_n_encrypt(messages, pairs)
     held = [pairs[j][bit] for j, bit in enumerate(ot.bits_of(choice, nbits))]
     for u in range(n):
-        key = ot.one_of_n_key(held, u)
+        key = naive_ot.one_of_n_key(held, u)
         if u == choice:
             assert ot.decrypt_message(key, cts[u]) == messages[u]
         else:
@@ -84,7 +90,7 @@ def test_one_of_n_other_messages_do_not_open() -> None:
 
 def test_one_of_n_wire_bytes() -> None:
     wire = Wire()
-    ot.ot_1_of_n([bytes(10)] * 16, 3, wire=wire)
+    naive_ot.ot_1_of_n([bytes(10)] * 16, 3, wire=wire)
     nbits = 4
     assert wire.total_messages() == 3
     assert wire.total_bytes() == 33 + nbits * 33 + nbits * 2 * (16 + 16) + 16 * (10 + 16)
@@ -92,12 +98,12 @@ def test_one_of_n_wire_bytes() -> None:
 
 def test_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match="power of two"):
-        ot.ot_1_of_n([b"a"] * 3, 0)
+        naive_ot.ot_1_of_n([b"a"] * 3, 0, wire=Wire())
     with pytest.raises(ValueError, match="same length"):
-        ot.ot_1_of_2(b"a", b"bb", 0)
+        ot_1_of_2(b"a", b"bb", 0, wire=Wire())
     with pytest.raises(ValueError, match="0 or 1"):
-        ot.ot_1_of_2(b"a", b"b", 2)
+        ot_1_of_2(b"a", b"b", 2, wire=Wire())
     with pytest.raises(ValueError, match="secp256k1"):
         ot.OTReceiver(b"\x02" + bytes(32))
     with pytest.raises(ValueError, match="choice"):
-        ot.ot_1_of_n([b"a"] * 4, 4)
+        naive_ot.ot_1_of_n([b"a"] * 4, 4, wire=Wire())

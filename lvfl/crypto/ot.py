@@ -25,15 +25,10 @@ Assumptions and caveats:
       or in arbitrary composition. Against semi-honest parties, receiver privacy is perfect (B is uniform whatever
       c is) and sender privacy reduces to CDH in the random-oracle model.
 
-1-out-of-N OT (N = 2**B) from B 1-out-of-2 OTs (Naor-Pinkas style): the sender draws B pairs of 16-byte keys
-(K_j^0, K_j^1) and sends every message m_u encrypted under SHA-256(K_0^{u_0}, ..., K_{B-1}^{u_{B-1}}, u) where u_j
-is bit j of u; the receiver obtains K_j^{c_j} for the bits of its choice c by B 1-out-of-2 OTs and can open exactly
-m_c. Cost: B OTs and N ciphertexts, the "(N over 1)-OT" row of Table 4 in the student-model oblivious inference
-paper.
-
-Party roles: `OTSender` and `OTReceiver` hold the secrets and produce/consume explicit messages; `ot_1_of_2` and
-`ot_1_of_n` run both roles in one process and put every message on a `Wire` when one is given (tag "ot" unless
-another is passed), so bytes and messages are metered there.
+Party roles: `OTSender` and `OTReceiver` hold the secrets and produce/consume explicit messages; this module moves
+nothing between parties (it imports nothing from the rest of lvfl). Drivers that run both roles with every message
+on a `Wire` live above it: `lvfl.privacy.oblivious_transfer` (batched 1-out-of-2 OT) and the oblivious lookup
+(`lvfl.inference.oblivious`); the naive 1-out-of-N OT baseline of the OT benchmark is `benchmarks/naive_ot.py`.
 """
 
 from __future__ import annotations
@@ -41,13 +36,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from coincurve import PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-if TYPE_CHECKING:
-    from lvfl.wire import Wire
 
 #: compressed secp256k1 point: 1 prefix byte (02/03) + 32-byte x coordinate
 POINT_BYTES = 33
@@ -59,7 +50,6 @@ KEY_BYTES = 16
 #: order of the secp256k1 group
 CURVE_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 OT_CONTEXT = b"lvfl/simplest-ot/secp256k1/v1"
-ONE_OF_N_CONTEXT = b"lvfl/1-of-n-ot/v1"
 _ZERO_NONCE = bytes(12)
 
 
@@ -218,46 +208,7 @@ class OTReceiver:
         return [ot_key(self.session, self._A_bytes, p, i, self._A.multiply(b)) for i, b, p, _ in self._pending]
 
 
-# -- both roles in one process, every message on the wire ------------------------------------------------------------
-def _send(wire: Wire | None, src: str, dst: str, payload, tag: str):
-    return payload if wire is None else wire.send(src, dst, payload, tag=tag)
-
-
-def batch_ot(
-    messages: Sequence[tuple[bytes, bytes]],
-    choices: Sequence[int],
-    *,
-    wire: Wire | None = None,
-    sender: str = "sender",
-    receiver: str = "receiver",
-    tag: str = "ot",
-    session: bytes = b"",
-) -> list[bytes]:
-    """Run len(messages) 1-out-of-2 OTs in one batch (3 messages in all); returns what the receiver learns.
-
-    Args:
-        messages: the sender's pairs (m0, m1), the two of a pair of equal length.
-        choices: the receiver's choice bits, one per pair.
-        wire: if given, every message is sent on it (sender -> receiver A, receiver -> sender the points,
-            sender -> receiver the ciphertext pairs).
-        sender: the sender's party name on the wire.
-        receiver: the receiver's party name on the wire.
-        tag: the wire tag of all three messages.
-        session: transcript tag hashed into the keys.
-    """
-    if len(messages) != len(choices):
-        raise ValueError(f"got {len(messages)} message pairs for {len(choices)} choices")
-    ot_sender = OTSender(session)
-    ot_receiver = OTReceiver(_send(wire, sender, receiver, ot_sender.public_point(), tag), session)
-    points = _send(wire, receiver, sender, ot_receiver.choose(choices), tag)
-    return ot_receiver.receive(_send(wire, sender, receiver, ot_sender.respond(points, messages), tag))
-
-
-def ot_1_of_2(m0: bytes, m1: bytes, choice: int, **kwargs) -> bytes:
-    """One 1-out-of-2 OT: the receiver learns `(m0, m1)[choice]` and nothing about the other; see `batch_ot`."""
-    return batch_ot([(m0, m1)], [choice], **kwargs)[0]
-
-
+# -- indices as choice bits (1-out-of-N from log2 N OTs) ------------------------------------------------------------
 def bits_of(value: int, nbits: int) -> list[int]:
     """The `nbits` low bits of `value`, least significant first (bit j of the index is the j-th OT's choice)."""
     return [(value >> j) & 1 for j in range(nbits)]
@@ -268,52 +219,3 @@ def log2_exact(n: int, name: str) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or n < 2 or n & (n - 1):
         raise ValueError(f"{name} must be a power of two >= 2, got {n!r}")
     return n.bit_length() - 1
-
-
-def one_of_n_key(bit_keys: Sequence[bytes], index: int) -> bytes:
-    """SHA-256(context, index, K_0, ..., K_{B-1}): the AES-GCM key of message `index` of a 1-out-of-N OT."""
-    h = hashlib.sha256(ONE_OF_N_CONTEXT + index.to_bytes(8, "big"))
-    for key in bit_keys:
-        h.update(key)
-    return h.digest()
-
-
-def one_of_n_encrypt(messages: Sequence[bytes], key_pairs: Sequence[tuple[bytes, bytes]]) -> list[bytes]:
-    """Encrypt message u under the keys K_j^{u_j} picked by the bits of u (the sender's side of 1-out-of-N OT)."""
-    nbits = len(key_pairs)
-    return [
-        encrypt_message(one_of_n_key([key_pairs[j][bit] for j, bit in enumerate(bits_of(u, nbits))], u), m)
-        for u, m in enumerate(messages)
-    ]
-
-
-def ot_1_of_n(
-    messages: Sequence[bytes],
-    choice: int,
-    *,
-    wire: Wire | None = None,
-    sender: str = "sender",
-    receiver: str = "receiver",
-    tag: str = "ot",
-    session: bytes = b"",
-) -> bytes:
-    """1-out-of-N OT (N a power of two) from log2 N 1-out-of-2 OTs on per-bit keys; returns `messages[choice]`.
-
-    Three messages: A; the receiver's log2 N points; the OT ciphertext pairs together with the N encrypted messages.
-
-    Raises:
-        ValueError: if N is not a power of two >= 2, the messages differ in length, or `choice` is out of range.
-    """
-    nbits = log2_exact(len(messages), "the number of messages")
-    if len({len(m) for m in messages}) != 1:
-        raise ValueError("all messages of a 1-out-of-N OT must have the same length (sizes would leak)")
-    if isinstance(choice, bool) or not 0 <= choice < len(messages):
-        raise ValueError(f"choice must be in [0, {len(messages)}), got {choice!r}")
-    key_pairs = [(secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES)) for _ in range(nbits)]
-    ot_sender = OTSender(session)
-    ot_receiver = OTReceiver(_send(wire, sender, receiver, ot_sender.public_point(), tag), session)
-    points = _send(wire, receiver, sender, ot_receiver.choose(bits_of(choice, nbits)), tag)
-    reply = [ot_sender.respond(points, key_pairs), one_of_n_encrypt(messages, key_pairs)]
-    key_cts, message_cts = _send(wire, sender, receiver, reply, tag)
-    bit_keys = ot_receiver.receive(key_cts)
-    return decrypt_message(one_of_n_key(bit_keys, choice), message_cts[choice])
