@@ -58,15 +58,12 @@ from dataclasses import dataclass
 import torch
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from lvfl.crypto.layered import ENTRY_KEY_BYTES, LAYER_TAG_BYTES, decrypt_entry, encrypt_entry, entry_nonce
 from lvfl.crypto.ot import OTReceiver, OTSender, bits_of, log2_exact
 from lvfl.wire import Wire
 
 #: (bucket: 8 bytes, t: 4 bytes), big-endian: the active party's online request
 REQUEST_BYTES = 12
-#: AES-GCM tag added by each encryption layer
-LAYER_TAG_BYTES = 16
-#: size of one key(i, j, k): AES-128
-ENTRY_KEY_BYTES = 16
 #: flag byte + 4-byte value length in front of every padded value
 HEADER_BYTES = 5
 _REAL, _FAIL = 1, 0
@@ -136,27 +133,6 @@ def _check_id(sample_id: object) -> int:
         return operator.index(sample_id)
     except TypeError:
         raise TypeError(f"a sample ID must be an int, got {type(sample_id).__name__}") from None
-
-
-def entry_nonce(bucket: int, offset: int) -> bytes:
-    """The 12-byte GCM nonce of entry (bucket, offset): key(i, j, k) encrypts each (bucket, offset) at most once."""
-    return bucket.to_bytes(8, "big") + offset.to_bytes(4, "big")
-
-
-def encrypt_entry(layer_ciphers: list[AESGCM], nonce: bytes, plaintext: bytes) -> bytes:
-    """Algorithm 3 for one entry and one key set: encrypt with layer 0's key first, layer B-1's last."""
-    ct = plaintext
-    for cipher in layer_ciphers:
-        ct = cipher.encrypt(nonce, ct, None)
-    return ct
-
-
-def decrypt_entry(layer_ciphers: list[AESGCM], nonce: bytes, ciphertext: bytes) -> bytes:
-    """Peel the layers of `encrypt_entry` (B-1 first); raises `InvalidTag` if any layer's key is not the one used."""
-    pt = ciphertext
-    for cipher in reversed(layer_ciphers):
-        pt = cipher.decrypt(nonce, pt, None)
-    return pt
 
 
 def _request_bytes(bucket: int, t: int) -> bytes:
