@@ -72,20 +72,18 @@ What each party learns from the student path:
 
 from __future__ import annotations
 
-import secrets
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import gmpy2
 import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812
 import torchmetrics
-from phe import paillier as phe_paillier
 from torch import nn
 
+from lvfl.crypto import paillier
 from lvfl.inference.teacher import (
     Encryption,
     SoftLabelParts,
@@ -122,8 +120,6 @@ __all__ = [
     "teacher_soft_labels",
 ]
 
-#: the smallest Paillier modulus accepted (112-bit security), as for the aggregation backend; no override
-MIN_KEY_SIZE = 2048
 #: probabilities are clamped here before the log in the encrypted loss (the exponent must be finite)
 _LOG_EPS = 1e-12
 
@@ -181,14 +177,6 @@ def student_loss(
 
 
 # -- Paillier roles (Algorithms 1-2) -----------------------------------------------------------------------------
-def _to_bytes(values: Sequence[int], width: int) -> bytes:
-    return b"".join(int(v).to_bytes(width, "big") for v in values)
-
-
-def _from_bytes(data: bytes, width: int) -> list[int]:
-    return [int.from_bytes(data[i : i + width], "big") for i in range(0, len(data), width)]
-
-
 class PaillierDistillation:
     """The encrypted soft-label channel and the coordinator of Algorithms 1-2, on a protocol's `Wire`.
 
@@ -243,11 +231,10 @@ class PaillierDistillation:
         active: str,
         producer: str,
         coordinator: str = "coordinator",
-        key_size: int = MIN_KEY_SIZE,
+        key_size: int = paillier.MIN_KEY_SIZE,
         frac_bits: int = 16,
     ) -> None:
-        if isinstance(key_size, bool) or not isinstance(key_size, int) or key_size < MIN_KEY_SIZE or key_size % 256:
-            raise ValueError(f"key_size must be an int >= {MIN_KEY_SIZE} and a multiple of 256, got {key_size!r}")
+        paillier.check_key_size(key_size)
         if isinstance(frac_bits, bool) or not isinstance(frac_bits, int) or not 1 <= frac_bits <= 30:
             raise ValueError(f"frac_bits must be an int in [1, 30], got {frac_bits!r}")
         if len({active, producer, coordinator}) != 3:
@@ -256,7 +243,7 @@ class PaillierDistillation:
             )
         self.wire, self.active, self.producer, self.coordinator = wire, active, producer, coordinator
         self.key_size, self.frac_bits = key_size, frac_bits
-        self._secret: phe_paillier.PaillierPrivateKey | None = None  # the coordinator's; never serialized
+        self._secret: Any = None  # the coordinator's; never serialized
         self._n_at: dict[str, int] = {}
         self._loss_sum = 0.0
         self._prev_epoch_loss: float | None = None
@@ -265,8 +252,8 @@ class PaillierDistillation:
     # -- 0. setup -------------------------------------------------------------------------------------------------
     def setup(self) -> None:
         """Generate the coordinator's key pair and send n to the active party and the producer (tag "keys")."""
-        public, secret = phe_paillier.generate_paillier_keypair(n_length=self.key_size)
-        n_bytes = public.n.to_bytes((public.n.bit_length() + 7) // 8, "big")
+        n, secret = paillier.generate_keypair(self.key_size)
+        n_bytes = n.to_bytes(paillier.plaintext_nbytes(n), "big")
         for party in (self.active, self.producer):
             self._n_at[party] = int.from_bytes(self.wire.send(self.coordinator, party, n_bytes, tag="keys"), "big")
         self._secret = secret
@@ -280,24 +267,18 @@ class PaillierDistillation:
     @property
     def ciphertext_nbytes(self) -> int:
         """Wire size of one ciphertext (an integer mod n**2 at fixed width)."""
-        return -(-2 * self._n(self.active).bit_length() // 8)
+        return paillier.ciphertext_nbytes(self._n(self.active))
 
     @property
     def plaintext_nbytes(self) -> int:
         """Wire size of one plaintext (an integer mod n at fixed width)."""
-        return -(-self._n(self.active).bit_length() // 8)
+        return paillier.plaintext_nbytes(self._n(self.active))
 
     def encode(self, x: torch.Tensor) -> np.ndarray:
         """Fixed point: `round(x * 2**frac_bits)` as int64 (exact in float64 for the values used here)."""
         return torch.round(x.detach().double().cpu() * 2.0**self.frac_bits).to(torch.int64).numpy()
 
     # -- 1. producer -> active party ------------------------------------------------------------------------------
-    @staticmethod
-    def _encrypt(n: Any, m: int) -> int:
-        """[[m]] = (1 + m n) r**n mod n**2 with a fresh uniform r (g = n + 1)."""
-        n2 = n * n
-        return int((1 + m * n) * gmpy2.powmod(secrets.randbelow(int(n) - 1) + 1, n, n2) % n2)
-
     def send_soft_labels(self, parts: SoftLabelParts) -> list[list[int]]:
         """Step 1: [[Q]] = [[q(S_p) + q(S_a)]] at the active party, one row of M ciphertexts per sample.
 
@@ -308,21 +289,18 @@ class PaillierDistillation:
         q_active = self.encode(parts.active)  # at the active party
         if (q_active < 0).any():
             raise ValueError("soft labels must be probabilities (non-negative)")
-        n = gmpy2.mpz(self._n(self.active))
-        n2 = n * n
+        n = self._n(self.active)
         if parts.num_producer:
             q_producer = self.encode(parts.producer)  # at the producer
             if (q_producer < 0).any():
                 raise ValueError("soft labels must be probabilities (non-negative)")
-            n_p = gmpy2.mpz(self._n(self.producer))
-            flat = [self._encrypt(n_p, int(m)) for m in q_producer.ravel()]
-            received = self.wire.send(
-                self.producer, self.active, _to_bytes(flat, self.ciphertext_nbytes), "soft_labels"
-            )
+            flat = paillier.encrypt(self._n(self.producer), [int(m) for m in q_producer.ravel()])
+            width = self.ciphertext_nbytes
+            received = self.wire.send(self.producer, self.active, paillier.to_bytes(flat, width), "soft_labels")
             # at the active party: [[a]] * g**b = [[a + b]]
             values = [
-                int(gmpy2.mpz(c) * (1 + int(m) * n) % n2)
-                for c, m in zip(_from_bytes(received, self.ciphertext_nbytes), q_active.ravel(), strict=True)
+                paillier.add_plain(n, c, int(m))
+                for c, m in zip(paillier.from_bytes(received, width), q_active.ravel(), strict=True)
             ]
         else:
             warnings.warn(
@@ -332,7 +310,7 @@ class PaillierDistillation:
                 UserWarning,
                 stacklevel=2,
             )
-            values = [self._encrypt(n, int(m)) for m in q_active.ravel()]
+            values = paillier.encrypt(n, [int(m) for m in q_active.ravel()])
         self.count = parts.count
         m = q_active.shape[1]
         return [values[i : i + m] for i in range(0, len(values), m)]
@@ -340,47 +318,37 @@ class PaillierDistillation:
     # -- 2.-4. active party <-> coordinator -----------------------------------------------------------------------
     def _powers(self, rows: Sequence[Sequence[int]], exponents: np.ndarray) -> list[Any]:
         """[[sum_i y~_ij e_ik]] for every (j, k): prod_i c_ij^e_ik mod n**2, flattened j-major. exponents: (B_o, K)."""
-        n = gmpy2.mpz(self._n(self.active))
-        n2 = n * n
-        cts = [[gmpy2.mpz(c) for c in row] for row in rows]
-        inverses = [[None] * len(row) for row in rows]
+        n = self._n(self.active)
+        inverses = [[None] * len(row) for row in rows]  # c^-1 mod n**2, computed once per ciphertext
         out = []
         num_classes = len(rows[0]) if rows else 0
         for j in range(num_classes):
             for k in range(exponents.shape[1]):
-                acc = gmpy2.mpz(1)
-                for i, row in enumerate(cts):
+                terms = []
+                for i, row in enumerate(rows):
                     e = int(exponents[i, k])
                     if e == 0:
                         continue
-                    base = row[j]
-                    if e < 0:  # c^-|e| = (c^-1)^|e|: a short exponent instead of n - |e|
-                        if inverses[i][j] is None:
-                            inverses[i][j] = gmpy2.invert(base, n2)
-                        base, e = inverses[i][j], -e
-                    acc = acc * gmpy2.powmod(base, e, n2) % n2
-                out.append(acc)
+                    if e < 0 and inverses[i][j] is None:
+                        inverses[i][j] = paillier.inverse(n, row[j])
+                    terms.append(paillier.power(n, row[j], e, inverse=inverses[i][j]))
+                out.append(paillier.add(n, terms))
         return out
 
     def _mask_and_decrypt(self, ciphertexts: Sequence[Any], tag: str) -> list[int]:
         """Active: mask, send; coordinator: decrypt, send back; active: unmask. Returns signed plaintexts."""
-        n_int = self._n(self.active)
-        n = gmpy2.mpz(n_int)
-        n2 = n * n
-        masks = [secrets.randbelow(n_int) for _ in ciphertexts]
-        masked = [int(c * (1 + r * n) % n2) for c, r in zip(ciphertexts, masks, strict=True)]
-        at_coordinator = self.wire.send(self.active, self.coordinator, _to_bytes(masked, self.ciphertext_nbytes), tag)
-        plain = [self._decrypt(c) for c in _from_bytes(at_coordinator, self.ciphertext_nbytes)]
-        back = self.wire.send(
-            self.coordinator, self.active, _to_bytes(plain, self.plaintext_nbytes), f"{tag}_decrypted"
-        )
-        values = [(v - r) % n_int for v, r in zip(_from_bytes(back, self.plaintext_nbytes), masks, strict=True)]
-        return [v - n_int if v > n_int // 2 else v for v in values]
+        n = self._n(self.active)
+        masked, masks = paillier.blind(n, ciphertexts)
+        cw, pw = self.ciphertext_nbytes, self.plaintext_nbytes
+        at_coordinator = self.wire.send(self.active, self.coordinator, paillier.to_bytes(masked, cw), tag)
+        plain = [self._decrypt(c) for c in paillier.from_bytes(at_coordinator, cw)]
+        back = self.wire.send(self.coordinator, self.active, paillier.to_bytes(plain, pw), f"{tag}_decrypted")
+        return paillier.unblind(n, paillier.from_bytes(back, pw), masks)
 
     def _decrypt(self, ciphertext: int) -> int:
         if self._secret is None:
             raise RuntimeError("PaillierDistillation has no keys: call setup() first")
-        return int(self._secret.raw_decrypt(int(ciphertext)))
+        return paillier.decrypt(self._secret, ciphertext)
 
     def distillation_gradient(self, rows: Sequence[Sequence[int]], h: torch.Tensor) -> torch.Tensor:
         """`sum_{i} y~_i h_i^T` (M x (K + 1), last column the bias) from [[Q]] rows and plaintext h (B_o x K).
@@ -399,22 +367,19 @@ class PaillierDistillation:
 
         Q = C y~ 2**frac_bits, so the plaintext part is scaled by the public C too and the coordinator divides by C.
         """
-        n_int = self._n(self.active)
-        n = gmpy2.mpz(n_int)
-        n2 = n * n
-        acc = gmpy2.mpz(1)
+        n = self._n(self.active)
+        terms = []
         if rows:
             exponents = self.encode(weighted_neg_log_p)  # (B_o, M), all >= 0
             for row, exps in zip(rows, exponents, strict=True):
-                for c, e in zip(row, exps, strict=True):
-                    acc = acc * gmpy2.powmod(gmpy2.mpz(c), int(e), n2) % n2
-        plain_q = round(plain_part * self.count * 2.0 ** (2 * self.frac_bits)) % n_int
-        acc = acc * (1 + plain_q * n) % n2  # + plain part, homomorphically (g**m = 1 + m n)
+                terms += [paillier.power(n, c, int(e)) for c, e in zip(row, exps, strict=True)]
+        plain_q = round(plain_part * self.count * 2.0 ** (2 * self.frac_bits))
+        total = paillier.add_plain(n, paillier.add(n, terms), plain_q)  # + the plain part, homomorphically
+        width = self.ciphertext_nbytes
         at_coordinator = self.wire.send(
-            self.active, self.coordinator, _to_bytes([int(acc)], self.ciphertext_nbytes), "student_loss"
+            self.active, self.coordinator, paillier.to_bytes([total], width), "student_loss"
         )
-        value = self._decrypt(_from_bytes(at_coordinator, self.ciphertext_nbytes)[0])
-        value = value - n_int if value > n_int // 2 else value
+        value = paillier.signed(self._decrypt(paillier.from_bytes(at_coordinator, width)[0]), n)
         self._loss_sum += value * 2.0 ** (-2 * self.frac_bits) / self.count
 
     def end_epoch(self, num_samples: int, tol: float | None) -> tuple[float, bool]:
