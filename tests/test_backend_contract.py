@@ -105,7 +105,7 @@ def test_declarations_per_backend():
 
 
 # -- protect + combine is the sum -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("num_passive", [2, 3, 4])
+@pytest.mark.parametrize("num_passive", [2, 3, 4, 5])
 @pytest.mark.parametrize("name", NAMES)
 def test_combine_is_the_sum_within_the_stated_bound(backends, name, num_passive):
     backend, _ = backends(name, num_passive)
@@ -280,4 +280,36 @@ def test_copies_hold_no_keys(backends, name):
         return
     with pytest.raises(RuntimeError, match="setup"):
         restored.protect("p1", torch.ones(2), 0)
-    assert "key" not in repr(backend).lower()
+    assert backend.protect("p1", torch.ones(2), Steps.next()) is not None  # the original keeps its keys
+
+
+# -- protocols decide from the declarations, never from the class ----------------------------------------------------
+def test_protocols_decide_from_declared_capabilities():
+    """A single site refuses any backend that protects shares and accepts one that reveals them, whatever its class."""
+    from helpers import mlp_parties
+
+    from lvfl.protocols import Local
+
+    class QuietPlain(Plain):  # a Plain that claims to protect: refused as a protecting backend would be
+        reveals_shares = False
+
+    with pytest.raises(ValueError, match=r"QuietPlain would protect nothing.*declares reveals_shares=False"):
+        Local(parties=mlp_parties(1), aggregation=QuietPlain())
+    with pytest.raises(ValueError, match=r"DHMasking would protect nothing.*this needs reveals_shares=True"):
+        Local(parties=mlp_parties(1), aggregation=DHMasking())
+
+    class OpenBackend(Plain):  # another class that reveals shares: accepted
+        pass
+
+    Local(parties=mlp_parties(1), aggregation=OpenBackend())
+
+
+def test_no_protocol_checks_a_backend_class():
+    from pathlib import Path
+
+    import lvfl.protocols
+
+    for path in Path(lvfl.protocols.__file__).parent.glob("*.py"):
+        source = path.read_text()
+        for needle in ("isinstance(self.aggregation", "type(self.aggregation) is", "from lvfl.privacy.masking"):
+            assert needle not in source, f"{path.name} checks the backend's class ({needle}); declare a capability"

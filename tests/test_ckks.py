@@ -118,7 +118,7 @@ def test_row_packing_uses_one_ciphertext_per_row() -> None:
             {"security_bits": 192, "coeff_mod_bit_sizes": (60, 40, 40, 60)},
             r"coeff_mod_bit_sizes.*total 200 bits exceeds the 152-bit bound for 192-bit",
         ),
-        ({"security_bits": 192}, r"coeff_mod_bit_sizes.*total 200 bits exceeds the 152-bit bound for 192-bit"),
+        ({"security_bits": 192}, r"coeff_mod_bit_sizes.*total 160 bits exceeds the 152-bit bound for 192-bit"),
         ({"security_bits": 80}, r"security_bits"),
         ({"poly_modulus_degree": 3000}, r"poly_modulus_degree.*power of two"),
         ({"poly_modulus_degree": 65536}, r"poly_modulus_degree"),
@@ -228,7 +228,7 @@ def test_load_state_dict_keeps_live_keys_and_refuses_other_settings(three) -> No
         ("mask_bound", 2.0**31),
         ("scale_bits", 30),
         ("max_abs", 1.0),
-        ("coeff_mod_bit_sizes", [60, 40, 60]),
+        ("coeff_mod_bit_sizes", [60, 40, 40, 60]),
     ]:
         with pytest.raises(ValueError, match=rf"{key}=.* in the checkpoint but .* in this run") as err:
             backend.load_state_dict({**state, key: other})

@@ -17,7 +17,7 @@ below 2048 bits (112-bit security, NIST SP 800-57), with no override.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import gmpy2
@@ -37,6 +37,7 @@ __all__ = [
     "from_bytes",
     "generate_keypair",
     "inverse",
+    "obfuscator_task",
     "obfuscators",
     "plaintext_nbytes",
     "power",
@@ -92,6 +93,16 @@ def obfuscators(n: int, rhos: Sequence[int]) -> list[Any]:
     return gmpy2.powmod_base_list([gmpy2.mpz(r) for r in rhos], modulus, modulus * modulus)
 
 
+def obfuscator_task(n: int) -> tuple[Callable[..., list[Any]], Any, Any]:
+    """`(function, n, n**2)` to compute rho**n mod n**2 in another process as `function(rhos, n, n**2)`.
+
+    The function is gmpy2's own, so a worker process imports gmpy2 and nothing of lvfl (cheap to start), and it
+    receives only public values: n and the random rhos, never the secret key or a plaintext.
+    """
+    modulus = gmpy2.mpz(n)
+    return gmpy2.powmod_base_list, modulus, modulus * modulus
+
+
 def finish_encryption(n: int, plaintexts: Iterable[int], obfs: Iterable[Any]) -> list[int]:
     """[[m]] = (1 + m n) * obfuscator mod n**2 for each (m, obfuscator)."""
     modulus = gmpy2.mpz(n)
@@ -144,9 +155,10 @@ def blind(n: int, ciphertexts: Sequence[int]) -> tuple[list[int], list[int]]:
     return [add_plain(n, c, r) for c, r in zip(ciphertexts, masks, strict=True)], masks
 
 
-def unblind(n: int, plaintexts: Sequence[int], masks: Sequence[int]) -> list[int]:
-    """(m + r) - r mod n, read as signed integers."""
-    return [signed((v - r) % n, n) for v, r in zip(plaintexts, masks, strict=True)]
+def unblind(n: int, plaintexts: Sequence[int], masks: Sequence[int], as_signed: bool = True) -> list[int]:
+    """(m + r) - r mod n, read as signed integers (or left in [0, n), e.g. for packed non-negative slots)."""
+    values = [(int(v) - int(r)) % n for v, r in zip(plaintexts, masks, strict=True)]
+    return [signed(v, n) for v in values] if as_signed else values
 
 
 # -- bytes on the wire --------------------------------------------------------------------------------------------

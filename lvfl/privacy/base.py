@@ -24,6 +24,9 @@ suite (tests/test_backend_contract.py) checks each declaration against the behav
   (`DHMasking`); the HE backends draw fresh randomness on every call, so a repeated step is harmless there.
 * `error_bound(num_parties)`: the largest |combine - exact sum| per value, for float64 inputs.
 
+Each backend declares all three itself (the contract suite checks that it does); the base's defaults are the
+cautious reading of an undeclared one: it protects its shares, so a protocol that needs each tensor refuses it.
+
 No weights. `combine` has no `weights`: a weighted sum `sum_k w_k E_k` (PraVFed Eq. 7, 9) is computed by weighting
 *before* `protect` (party k protects `w_k E_k`), which every backend supports unchanged; a ring (`DHMasking`) has
 no product by a real weight, and no protocol needed the weighted combine that `CKKS` alone once offered.

@@ -52,14 +52,13 @@ for uniform ternary secrets and classical security (the same table SEAL enforces
     256-bit        14     29     58     118    237    476
     =============  =====  =====  =====  =====  =====  =====
 
-Defaults: N=8192, primes (60, 40, 40, 60) = 200 bits <= 218, scale 2**40. Headroom: a decrypted value must stay
+Defaults: N=8192, primes (60, 40, 60) = 160 bits <= 218, scale 2**40. Headroom: a decrypted value must stay
 below `2**(L - scale_bits - 1)` in magnitude, L the bits of the primes left at decryption (all but the special
-prime). The sum is decrypted at the top level (L = 140: `headroom` 2**99), which bounds `K * max_abs + M`.
-`combine` takes no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is weighted by each party before
-`protect`), so no rescale is ever needed and the middle prime only adds headroom. The shorter chain (60, 40, 60)
-gives headroom 2**59, ample for the default mask, at ~30% less time and bytes (56.2 vs 81.4 ms, 3.89 vs 5.43 MB
-per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 60]`); the default stays
-(60, 40, 40, 60) so that existing checkpoints (whose settings are checked on load) and benchmarks stay comparable.
+prime). The sum is decrypted at the top level (L = 100: `headroom` 2**59), which bounds `K * max_abs + M`, ample for
+the default mask M = 2**30. `combine` takes no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is
+weighted by each party before `protect`), so no rescale is ever needed and a longer chain only adds headroom: the
+often-quoted (60, 40, 40, 60) (headroom 2**99) costs ~45% more time and ~40% more bytes (81.4 vs 56.2 ms, 5.43 vs
+3.89 MB per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 40 60]`).
 
 Precision: decryption error per value is bounded (with overwhelming probability) by
 `error_bound() = (K * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
@@ -71,13 +70,13 @@ up to `K * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is observed a
 parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted sum beyond `K * max_abs` plus that bound is
 refused as corrupted (wrong key or tampered ciphertexts).
 
-Cost (TenSEAL 0.3.18, one core, N=8192, the default primes (60, 40, 40, 60); (60, 40, 60) is faster and smaller,
-see above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes (SEAL-compressed) to
-~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a decryption ~1 ms. So one
-128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties is
-dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one thread and holds the
-GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit
-bound (109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60), but its headroom 2**13 only fits
+Cost (TenSEAL 0.3.18, one core, N=8192, measured with the primes (60, 40, 40, 60); the default (60, 40, 60) is
+faster and smaller, see above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes
+(SEAL-compressed) to ~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a
+decryption ~1 ms. So one 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3
+passive parties is dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one
+thread and holds the GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit bound
+(109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60), but its headroom 2**13 only fits
 a mask_bound below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or
 `allow_insecure=True`).
 """
@@ -229,7 +228,7 @@ class CKKS(AggregationBackend):
         self,
         coordinator: str = "coordinator",
         poly_modulus_degree: int = 8192,
-        coeff_mod_bit_sizes: Sequence[int] = (60, 40, 40, 60),
+        coeff_mod_bit_sizes: Sequence[int] = (60, 40, 60),
         scale_bits: int = 40,
         security_bits: int = 128,
         mask_bound: float = 2.0**30,

@@ -79,7 +79,6 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
-import secrets
 import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -87,20 +86,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-import gmpy2
 import numpy as np
 import torch
 from phe import paillier as phe_paillier
 
-from lvfl.crypto import packing, prg
+from lvfl.crypto import packing, paillier, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Wire
 
-#: the smallest modulus accepted: 2048 bits ~ 112-bit security (NIST SP 800-57); there is no override
-MIN_KEY_SIZE = 2048
-#: key sizes are multiples of this (2048, 2304, ..., 3072, 4096: p and q of whole 128-bit words)
-KEY_SIZE_STEP = 256
 #: fixed-point fractional bits accepted
 MAX_FRAC_BITS = 40
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
@@ -110,35 +104,6 @@ MAX_VALUE_BITS = 53
 MIN_PARALLEL_CIPHERTEXTS = 4
 #: aim for this many chunks per worker, so that a slow worker does not hold up the rest
 CHUNKS_PER_WORKER = 4
-
-
-# -- raw Paillier on integers (g = n + 1) ----------------------------------------------------------------------------
-def _random_units(n: int, count: int) -> list[gmpy2.mpz]:
-    """`count` fresh uniform rho in [1, n) from the OS CSPRNG (in Z_n^* but with probability ~2**-1000)."""
-    return [gmpy2.mpz(secrets.randbelow(n - 1) + 1) for _ in range(count)]
-
-
-def _obfuscators(n: int, rhos: Sequence[int]) -> list[gmpy2.mpz]:
-    """`rho**n mod n**2` for each rho: the whole cost of an encryption, one C call for the chunk.
-
-    A pool worker runs exactly this (as `gmpy2.powmod_base_list`): it receives the public n and random rhos, never
-    the secret key or a plaintext.
-    """
-    n = gmpy2.mpz(n)
-    return gmpy2.powmod_base_list([gmpy2.mpz(r) for r in rhos], n, n * n)
-
-
-def _encrypt_chunk(n: int, plaintexts: Sequence[int]) -> list[int]:
-    """`(1 + m * n) * rho**n mod n**2` for each plaintext m in [0, n), with fresh uniform rho in [1, n)."""
-    n = int(n)
-    return _finish_encryption(n, plaintexts, _obfuscators(n, _random_units(n, len(plaintexts))))
-
-
-def _finish_encryption(n: int, plaintexts: Sequence[int], obfuscators: Sequence[int]) -> list[int]:
-    """`(1 + m * n) * obfuscator mod n**2`: the cheap part of each encryption, in the calling process."""
-    n = gmpy2.mpz(n)
-    n2 = n * n
-    return [int((1 + gmpy2.mpz(m) * n) * obf % n2) for m, obf in zip(plaintexts, obfuscators, strict=True)]
 
 
 def _chunks(items: Sequence[int], count: int) -> list[Sequence[int]]:
@@ -207,7 +172,8 @@ class Paillier(AggregationBackend):
 
     Example:
         >>> import torch
-        >>> from lvfl.parties import PartySpec
+        >>> from lvfl.crypto import paillier
+    from lvfl.parties import PartySpec
         >>> from lvfl.wire import Wire
         >>> parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1),
         ...            PartySpec("p2", "passive", (2,), 2)]
@@ -231,7 +197,7 @@ class Paillier(AggregationBackend):
 
     def __init__(
         self,
-        key_size: int = MIN_KEY_SIZE,
+        key_size: int = paillier.MIN_KEY_SIZE,
         frac_bits: int = 16,
         int_bits: int = 12,
         pack: bool = True,
@@ -255,14 +221,7 @@ class Paillier(AggregationBackend):
 
     @staticmethod
     def _validate_key_size(key_size: int) -> int:
-        if isinstance(key_size, bool) or not isinstance(key_size, int):
-            raise TypeError(f"Paillier(key_size=...) must be an int, got {type(key_size).__name__}")
-        if key_size < MIN_KEY_SIZE or key_size % KEY_SIZE_STEP:
-            raise ValueError(
-                f"Paillier(key_size=...) must be at least {MIN_KEY_SIZE} bits and a multiple of {KEY_SIZE_STEP}, got "
-                f"{key_size}: smaller moduli can be factored (no override; 2048 bits ~ 112-bit security)"
-            )
-        return key_size
+        return paillier.check_key_size(key_size, "Paillier(key_size=...)")  # smaller moduli can be factored
 
     @staticmethod
     def _validate_bits(frac_bits: int, int_bits: int) -> tuple[int, int]:
@@ -304,8 +263,8 @@ class Paillier(AggregationBackend):
 
         super().setup(parties, active, wire, rank)
         self._forget_keys()
-        public, secret = phe_paillier.generate_paillier_keypair(n_length=self.key_size)
-        n_bytes = public.n.to_bytes((public.n.bit_length() + 7) // 8, "big")
+        n, secret = paillier.generate_keypair(self.key_size)
+        n_bytes = n.to_bytes(paillier.plaintext_nbytes(n), "big")
         for party in (active, *passive):  # coordinator -> every other party: n; g = n + 1 is implied
             received = wire.send(self.coordinator, party, n_bytes, tag="keys")
             self._public[party] = phe_paillier.PaillierPublicKey(int.from_bytes(received, "big"))
@@ -339,12 +298,12 @@ class Paillier(AggregationBackend):
     @property
     def ciphertext_nbytes(self) -> int:
         """Wire size of one ciphertext: an integer mod n**2 at fixed width, `ceil(2 * key_bits / 8)`."""
-        return -(-2 * self.public_key.n.bit_length() // 8)
+        return paillier.ciphertext_nbytes(self.public_key.n)
 
     @property
     def plaintext_nbytes(self) -> int:
         """Wire size of one decrypted (masked) plaintext: an integer mod n at fixed width."""
-        return -(-self.public_key.n.bit_length() // 8)
+        return paillier.plaintext_nbytes(self.public_key.n)
 
     # -- 2. protect: at passive party k, public key only -------------------------------------------------------------
     def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> PaillierShare:
@@ -400,21 +359,20 @@ class Paillier(AggregationBackend):
     # -- parallel encryption ------------------------------------------------------------------------------------------
     def _encrypt(self, n: int, plaintexts: list[int]) -> list[int]:
         if self.workers == 1 or len(plaintexts) < MIN_PARALLEL_CIPHERTEXTS:
-            return _encrypt_chunk(n, plaintexts)
+            return paillier.encrypt(n, plaintexts)
         n = int(n)
-        rhos = _random_units(n, len(plaintexts))  # drawn here: the workers get only n and these
+        rhos = paillier.random_units(n, len(plaintexts))  # drawn here: the workers get only n and these
         pool = self._get_pool()
         chunks = _chunks(rhos, self.workers * CHUNKS_PER_WORKER)
-        modulus = gmpy2.mpz(n)
-        squared = modulus * modulus
+        task, modulus, squared = paillier.obfuscator_task(n)  # public values only; gmpy2's function, no lvfl import
         obfuscators: list[int] = []
-        try:  # gmpy2's own function, so a worker imports gmpy2 and nothing of lvfl (no torch: fast to start)
-            for part in pool.map(gmpy2.powmod_base_list, chunks, [modulus] * len(chunks), [squared] * len(chunks)):
+        try:
+            for part in pool.map(task, chunks, [modulus] * len(chunks), [squared] * len(chunks)):
                 obfuscators.extend(part)
         except BrokenProcessPool:
             self.close()  # a worker died (e.g. killed for memory): the next call starts a fresh pool
             raise
-        return _finish_encryption(n, plaintexts, obfuscators)
+        return paillier.finish_encryption(n, plaintexts, obfuscators)
 
     def _get_pool(self) -> Executor:
         if self._pool is None:
@@ -447,17 +405,14 @@ class Paillier(AggregationBackend):
             raise TypeError("combine: active_tensor must be a floating-point tensor")
         self.check_one_per_party(shares, self._passive)
         width, slots = self._check_shares(active_tensor, shares)
-        public = self._public[self.active]
-        n = gmpy2.mpz(public.n)
-        n2 = n * n
+        n = int(self._public[self.active].n)
         first = shares[self._passive[0]]
 
         # 3. active party: homomorphic sum (product of ciphertexts), then + r (times g**r = 1 + r * n)
-        aggregate = [gmpy2.mpz(c) for c in first.ciphertexts]
-        for name in self._passive[1:]:
-            aggregate = [a * c % n2 for a, c in zip(aggregate, shares[name].ciphertexts, strict=True)]
-        masks = [gmpy2.mpz(secrets.randbelow(int(n))) for _ in aggregate]
-        masked = tuple(int(a * (1 + r * n) % n2) for a, r in zip(aggregate, masks, strict=True))
+        columns = zip(*(shares[name].ciphertexts for name in self._passive), strict=True)
+        aggregate = [paillier.add(n, column) for column in columns]
+        blinded, masks = paillier.blind(n, aggregate)
+        masked = tuple(blinded)
         message = PaillierShare(masked, first.shape, width, slots, first.step, first.index, self.ciphertext_nbytes)
         at_coordinator = self.wire.send(self.active, self.coordinator, message, tag="he_aggregate")
 
@@ -466,11 +421,7 @@ class Paillier(AggregationBackend):
         at_active = self.wire.send(self.coordinator, self.active, decrypted, tag="he_decrypted")
 
         # 5. active party: unmask, unpack, check the slots, decode
-        size = self.plaintext_nbytes
-        plaintexts = [
-            (int.from_bytes(at_active[i : i + size], "big") - int(r)) % int(n)
-            for i, r in zip(range(0, len(at_active), size), masks, strict=True)
-        ]
+        plaintexts = paillier.unblind(n, paillier.from_bytes(at_active, self.plaintext_nbytes), masks, as_signed=False)
         total = self._decode(plaintexts, width, slots, first.numel)
         decoded = torch.from_numpy(total).to(torch.float64).mul_(2.0**-self.frac_bits).reshape(first.shape)
         return active_tensor + decoded.to(active_tensor)
@@ -513,9 +464,8 @@ class Paillier(AggregationBackend):
 
     def _decrypt(self, ciphertexts: Sequence[int]) -> bytes:
         """The coordinator's step: CRT decryption, each plaintext as `plaintext_nbytes` big-endian bytes."""
-        size = self.plaintext_nbytes
         secret = self._secret_key
-        return b"".join(int(secret.raw_decrypt(int(c))).to_bytes(size, "big") for c in ciphertexts)
+        return paillier.to_bytes((paillier.decrypt(secret, c) for c in ciphertexts), self.plaintext_nbytes)
 
     def _decode(self, plaintexts: list[int], width: int, slots: int, count: int) -> np.ndarray:
         """Slot sums minus K offsets, as int64, after checking every slot is in the range K encodings can reach."""
