@@ -12,6 +12,7 @@ gradient is exactly its own loss gradient, and Lightning's DDP sees one backward
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,7 +109,7 @@ def _callable_name(factory: Any) -> str:
     return f"{module}.{name}"
 
 
-class VFLModule(LightningModule):
+class VFLModule(LightningModule, ABC):
     """Base LightningModule for VFL protocols: one model, optimizer and scheduler per party, one wire.
 
     Args:
@@ -478,9 +479,9 @@ class VFLModule(LightningModule):
             log_to_loggers(self._trainer, dict(zip(names, stacked.tolist(), strict=True)))
 
     # ------------------------------------------------------------------------------------------------ evaluation
+    @abstractmethod
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Each party's prediction for the batch, as the active party receives it. Protocols override."""
-        raise NotImplementedError(f"{type(self).__name__} must implement party_logits")
+        """Each predicting party's logits for the batch, as the active party holds them, every move on the wire."""
 
     # ------------------------------------------------------------------------------------------------ inference
     # ID-private inference (`lvfl.inference.router`) splits a prediction in two: each passive party precomputes its

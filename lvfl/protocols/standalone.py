@@ -13,6 +13,7 @@ list of one party named after the active party (see `SingleSite.build`).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -80,13 +81,13 @@ class SingleSite(VFLModule):
         self.feature_specs = specs
         super().build([self.site_spec(specs, specs[position])], task, rank=rank)
 
+    @abstractmethod
     def site_spec(self, specs: list[PartySpec], active: PartySpec) -> PartySpec:
         """The spec the single model is built from (subclasses say which features it sees)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement site_spec")
 
+    @abstractmethod
     def site_features(self, batch: VFLBatch) -> torch.Tensor:
         """The input of the single model for `batch` (subclasses say which features it sees)."""
-        raise NotImplementedError(f"{type(self).__name__} must implement site_features")
 
     # ------------------------------------------------------------------------------------------------ the step
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
