@@ -96,6 +96,13 @@ def recording(protocol: type, *, labels: bool = False, aggregates: bool = False,
     return Recording
 
 
+def spy_on(wire) -> list[tuple[str, str, str, object]]:
+    """Every later message on `wire` as its receiver gets it: (src, dst, tag, payload), in order (a Wire observer)."""
+    seen: list[tuple[str, str, str, object]] = []
+    wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag, payload)))
+    return seen
+
+
 def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
     """DHMasking's key exchange, once: each passive party's 32-byte public key up, the K - 1 others' keys down."""
     k_passive = len(model.passive)

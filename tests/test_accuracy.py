@@ -28,7 +28,10 @@ def test_digits_every_party_learns_and_beats_local_by_40_points():
     local, _ = run_experiment("configs/easter/digits_local.yaml", seed=0)
     accs = parties(easter)
     assert len(accs) == 4
-    assert all(0.92 <= a <= 1.0 for a in accs.values()), accs
+    # upper bound: the Central MLP on all 64 pixels reaches 0.966 +/- 0.003 (docs/results.md); a party of EASTER, which
+    # sees 2 of 8 columns plus the averaged embedding, at 0.985 (355/360) or above means the test split or the labels
+    # leaked into training (measured at seed 0: 0.955-0.958; seeds 1-4: 0.936-0.964)
+    assert all(0.92 <= a < 0.985 for a in accs.values()), accs
     assert 0.2 < local["test/acc/mean"] < 0.6  # 2 of 8 pixel columns: well above chance, far below EASTER
     assert easter["test/acc/mean"] - local["test/acc/mean"] >= 0.40
 
@@ -36,7 +39,10 @@ def test_digits_every_party_learns_and_beats_local_by_40_points():
 def test_breast_cancer_every_party_at_least_095():
     metrics, _ = run_experiment("configs/easter/breast_cancer.yaml", seed=0)
     accs = parties(metrics)
-    assert all(0.95 <= a <= 1.0 for a in accs.values()), accs
+    # upper bound: only a perfect score, the mark of test labels leaking into training. The test split is 114
+    # samples and honest runs come close (seed 0: 0.956-0.965; seed 2: 0.982 = 112/114; Central on all 30 features:
+    # 0.968 +/- 0.010 in docs/results.md), so a tighter bound would flag good seeds, not a broken setup
+    assert all(0.95 <= a < 1.0 for a in accs.values()), accs
     assert all(a >= 0.97 for a in parties(metrics, "auroc").values())
 
 

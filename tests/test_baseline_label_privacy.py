@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import make_trainer, mlp_parties
+from helpers import make_trainer, mlp_parties, recording, spy_on
 
 from lvfl.callbacks import LabelLeakageAudit
 from lvfl.datamodules import Digits
@@ -17,26 +16,10 @@ from lvfl.privacy import LaplaceLabels, RandomizedResponse
 from lvfl.protocols import CVFL, AggVFL, SplitNN
 
 
-def spy_on(wire) -> list[tuple[str, str, str, object]]:
-    """Every message as its receiver gets it."""
-    seen: list[tuple[str, str, str, object]] = []
-    wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag, payload)))
-    return seen
-
-
-class FirstStep(SplitNN):
-    """SplitNN that snapshots the active party's bottom and top models before its first step."""
-
-    def training_step(self, batch, batch_idx):
-        if batch_idx == 0:
-            self.before = (copy.deepcopy(self.party_models[self.active]), copy.deepcopy(self.top), batch)
-        return super().training_step(batch, batch_idx)
-
-
 def test_splitnn_sends_gradients_of_the_protected_labels(tmp_path):
     torch.manual_seed(0)
     mechanism = RandomizedResponse(epsilon=1.0, seed=3)
-    model = FirstStep(
+    model = recording(SplitNN, snapshot=True)(
         parties=mlp_parties(4),
         top_model=partial(MLP, hidden=[]),
         embedding_dim=8,
@@ -45,7 +28,7 @@ def test_splitnn_sends_gradients_of_the_protected_labels(tmp_path):
     )
     seen = spy_on(model.wire)
     make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=Digits(num_parties=4))
-    encoder, top, batch = model.before
+    encoder, top, batch = model.before[model.active], model.before["top"], model.batches[0]
     received = {src: p for src, dst, tag, p in seen if tag == "embeddings"}
     z = torch.cat([encoder.encoder(batch.features["party0"]).detach(), *received.values()], dim=1)
     z.requires_grad_(True)

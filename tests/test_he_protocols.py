@@ -6,8 +6,7 @@ import math
 from functools import partial
 
 import pytest
-import torch
-from helpers import make_trainer, mlp_parties
+from helpers import make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits
 from lvfl.models import MLP
@@ -64,31 +63,17 @@ def test_coordinator_receives_only_the_masked_aggregate(tmp_path, protocol, back
     assert not any(s in model.passive and d != model.active for s, d, _ in seen)  # passive parties talk to A only
 
 
-class Tracking(EASTER):
-    """EASTER that keeps each step's protected aggregate beside the plain sum of the same embeddings."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def aggregate_embeddings(self, local):
-        out = super().aggregate_embeddings(local)
-        plain = sum(e.detach() for e in local.values())
-        self.pairs.append((out.detach().clone(), plain.clone()))
-        return out
-
-
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 def test_easter_aggregate_matches_plain_at_every_step(tmp_path, backend_name):
     backend = BACKENDS[backend_name]()
-    model = Tracking(parties=mlp_parties(4), aggregation=backend, embedding_dim=8)
+    model = recording(EASTER, aggregates=True)(parties=mlp_parties(4), aggregation=backend, embedding_dim=8)
     make_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=0).fit(
         model, datamodule=Digits(num_parties=4, batch_size=64)
     )
     k = len(model.passive)
     tolerance = backend.error_bound(k) if isinstance(backend, CKKS) else k * 2.0**-17  # round-to-nearest per value
-    assert len(model.pairs) == 4
-    for step, (protected, plain) in enumerate(model.pairs):
+    assert len(model.aggregates) == 4
+    for step, (protected, plain) in enumerate(model.aggregates):
         diff = (protected - plain).abs().max().item()
         assert diff <= tolerance, f"step {step}: {diff} > {tolerance}"
 

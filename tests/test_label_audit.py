@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import easter, make_trainer
+from helpers import easter, make_trainer, mlp_parties
 
 from lvfl.callbacks import CommunicationMeter
 from lvfl.callbacks.label_audit import LabelLeakageAudit, gradient_label_scores, infer_labels_from_gradients
@@ -120,8 +120,6 @@ def test_state_dict_round_trip():
 
 def test_randomized_response_caps_the_attack_at_its_keep_probability(tmp_path):
     """With k-ary randomized response the gradient carries the released label: the attack hits it, not the truth."""
-    from helpers import mlp_parties
-
     from lvfl.privacy import RandomizedResponse
     from lvfl.protocols import EASTER
 

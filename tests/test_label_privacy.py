@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import REPO, make_trainer, mlp_parties, recording
+from helpers import REPO, make_trainer, mlp_parties, recording, spy_on
 
 from lvfl.cli import build_cli
 from lvfl.datamodules import Digits
@@ -86,13 +86,7 @@ def test_passive_gradient_is_cross_entropy_of_the_protected_label(tmp_path):
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=64)
     model = recording_easter(RandomizedResponse(epsilon=1.0, seed=1))
-    sent: list[tuple[str, str, str, torch.Tensor]] = []
-
-    def keep(src, dst, tag, payload):  # every tensor as its receiver gets it
-        if isinstance(payload, torch.Tensor):
-            sent.append((src, dst, tag, payload.detach().clone()))
-
-    model.wire.subscribe(keep)
+    sent = spy_on(model.wire)
     make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
     ((_, batch, used),) = model.steps
     protected = model.protected_labels(batch.ids)

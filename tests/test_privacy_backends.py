@@ -372,7 +372,7 @@ def test_only_the_out_of_range_party_is_named(bad, culprit):
 def test_a_diverging_third_party_is_named_in_a_protocol_step(tmp_path):
     """Inside EASTER: only party3's encoder blows up; the refusal names party3, not the first passive party."""
     import lightning.pytorch as pl
-    from conftest import easter, make_trainer
+    from helpers import easter, make_trainer
 
     from lvfl.datamodules import Digits
 

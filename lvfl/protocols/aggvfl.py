@@ -205,10 +205,7 @@ class AggVFL(VFLModule):
 
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """One Agg_VFL step (steps 1-5 of the module docstring)."""
-        optimizers = self.party_optimizers()
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-
+        optimizers = self.begin_step()
         local = self.local_logits(batch)  # step 1
         self.check_finite(local, "logits")
         agg, _, coeff = self.aggregate_logits(local)  # steps 2-3
@@ -220,17 +217,14 @@ class AggVFL(VFLModule):
             key = id(labels[k])
             if key not in grad_of_agg:
                 (grad_of_agg[key],) = torch.autograd.grad(losses[k], agg, retain_graph=True)
-            grad_at_k = self.wire.send(self.active, k, grad_of_agg[key] * coeff[k], "gradients")
-            surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dLF/dtheta_k
+            surrogate.append(self.gradient_down(k, local[k], grad_of_agg[key] * coeff[k]))  # = dLF/dtheta_k
         if self.private_head is not None:  # true labels: reaches the private copy of the active model only
             own = batch.features[self.active]
             private_agg = self.private_aggregate(own, local[self.active], agg, coeff)
             private = self.task_loss(private_agg, self.private_labels(batch))
             surrogate.append(private)
             losses = {**losses, f"{self.active}/private_head": private.detach()}
-        self.manual_backward(torch.stack(surrogate).sum())  # step 5
-        for opt in optimizers.values():
-            opt.step()
+        self.end_step(optimizers, surrogate)  # step 5
         self.record_train_losses(losses)
 
     # ------------------------------------------------------------------------------------------------ evaluation

@@ -335,6 +335,35 @@ class VFLModule(LightningModule, ABC):
         self.mask_step += 1
         return step
 
+    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
+        """Every party embeds its own feature slice with its encoder, locally (no message)."""
+        return {k: self.party_models[k].encoder(batch.features[k]) for k in self.party_names}
+
+    def begin_step(self) -> dict[str, Any]:
+        """Clear every party's gradients; returns the optimizers keyed by party (for `end_step`)."""
+        optimizers = self.party_optimizers()
+        for opt in optimizers.values():
+            opt.zero_grad(set_to_none=True)
+        return optimizers
+
+    def end_step(self, optimizers: Mapping[str, Any], surrogate: Sequence[torch.Tensor]) -> None:
+        """One backward pass over the sum of the surrogate terms, then every party's optimizer steps.
+
+        Each term reaches only its own party's parameters (everything that crossed the wire is detached), so every
+        party gets exactly its own loss gradient, and DDP sees one backward per forward.
+        """
+        self.manual_backward(torch.stack(list(surrogate)).sum())
+        for opt in optimizers.values():
+            opt.step()
+
+    def gradient_down(self, party: str, output: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Send dloss/d`output` (computed at the active party) down to `party`; returns party's surrogate term.
+
+        `<output, grad>` has the gradient `grad` in `output`, so its gradient in the party's parameters is exactly
+        the loss gradient the party would get by backpropagating through the wire.
+        """
+        return (output * self.wire.send(self.active, party, grad, "gradients")).sum()
+
     def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Passive shares up the wire, combined at the active party: returns E_a + sum_k E_k (not divided)."""
         if self.training:

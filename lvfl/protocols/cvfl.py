@@ -190,8 +190,7 @@ class CVFL(VFLModule):
 
         losses: dict[str, torch.Tensor] = {}
         for q in range(self.local_iterations):  # step 4
-            for opt in optimizers.values():
-                opt.zero_grad(set_to_none=True)
+            self.begin_step()
             own = local if q == 0 else self.local_embeddings(batch)
             surrogate = []  # one backward pass; each party's loss touches only its own parameters
             for k in self.party_names:
@@ -206,9 +205,7 @@ class CVFL(VFLModule):
                 surrogate.append(private)
                 if q == 0:
                     losses[f"{active}/private_head"] = private.detach()
-            self.manual_backward(torch.stack(surrogate).sum())
-            for opt in optimizers.values():
-                opt.step()
+            self.end_step(optimizers, surrogate)
         self.record_train_losses(losses)
 
     # ------------------------------------------------------------------------------------------------ evaluation

@@ -50,10 +50,6 @@ class EASTER(VFLModule):
             spec = next(s for s in self.party_specs if s.is_active)
             self.private_head = self.build_party_model(spec, self._configs[self.active]).head
 
-    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Step 1: each party embeds its own feature slice."""
-        return {k: self.party_models[k].encoder(batch.features[k]) for k in self.party_names}
-
     def global_embedding(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Steps 2-3: aggregate (Eq. 7) at the active party and send E back down; returns E as each party holds it."""
         e = self.aggregate_embeddings(local) / self.num_parties
@@ -61,10 +57,7 @@ class EASTER(VFLModule):
 
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """One EASTER step (Algorithm 1, lines 2-14)."""
-        optimizers = self.party_optimizers()
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-
+        optimizers = self.begin_step()
         local = self.local_embeddings(batch)  # step 1
         e_at = self.global_embedding(local)  # steps 2-3
         c = self.num_parties
@@ -80,16 +73,13 @@ class EASTER(VFLModule):
                 r_recv = self.wire.send(k, self.active, r_k, "predictions").requires_grad_(True)
                 loss = self.task_loss(r_recv, self.labels_for(k, batch))  # step 5, Eq. 8, at the active party
                 (grad,) = torch.autograd.grad(loss, r_recv)
-                grad_at_k = self.wire.send(self.active, k, grad, "gradients")
-                surrogate.append((r_k * grad_at_k).sum())  # d/dtheta_k equals dloss_k/dtheta_k
+                surrogate.append(self.gradient_down(k, r_k, grad))  # d/dtheta_k equals dloss_k/dtheta_k
             losses[k] = loss.detach()
         if self.private_head is not None:  # true labels, detached E: reaches the private head only
             private = self.private_loss(e_at[self.active], batch)
             surrogate.append(private)
             losses[f"{self.active}/private_head"] = private.detach()
-        self.manual_backward(torch.stack(surrogate).sum())
-        for opt in optimizers.values():  # step 6 (Eq. 3)
-            opt.step()
+        self.end_step(optimizers, surrogate)  # step 6 (Eq. 3)
         self.record_train_losses(losses)
 
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:

@@ -151,10 +151,6 @@ class SplitNN(VFLModule):
             )
 
     # ------------------------------------------------------------------------------------------------ the step
-    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Step 1: each party runs its bottom model on its own feature slice."""
-        return {k: self.party_models[k].encoder(batch.features[k]) for k in self.party_names}
-
     def gather(self, local: dict[str, torch.Tensor]) -> torch.Tensor:
         """Steps 2-3 (fusion): the passive embeddings go up; returns Z at the active party, detached.
 
@@ -193,11 +189,8 @@ class SplitNN(VFLModule):
 
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """One SplitNN step (steps 1-5 of the module docstring)."""
-        optimizers = self.party_optimizers()
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
-
-        local = self.local_embeddings(batch)  # step 1
+        optimizers = self.begin_step()
+        local = self.local_embeddings(batch)  # step 1: each party's bottom model
         if self.fusion == "concat":  # sum/mean check inside aggregate_embeddings
             self.check_finite(local, "embedding")
         z = self.gather(local).requires_grad_(True)  # steps 2-3: a leaf at the active party
@@ -206,18 +199,16 @@ class SplitNN(VFLModule):
         (grad_z,) = torch.autograd.grad(loss, z, retain_graph=True)
         grads = self.embedding_gradients(grad_z)
         surrogate = [loss]  # reaches the top model; each term below reaches only party k's bottom model
-        for k in self.party_names:
-            grad_at_k = grads[k] if k == self.active else self.wire.send(self.active, k, grads[k], "gradients")
-            surrogate.append((local[k] * grad_at_k).sum())  # d/dtheta_k equals dloss/dtheta_k (step 4)
+        surrogate.append((local[self.active] * grads[self.active]).sum())  # the active bottom model, locally
+        for k in self.passive:  # step 4: d/dtheta_k equals dloss/dtheta_k
+            surrogate.append(self.gradient_down(k, local[k], grads[k]))
         losses = {self.active: loss.detach()}
         self.check_finite(losses, "training loss", context=local)  # one joint loss: point at the embeddings
         if self.private_head is not None:  # true labels on the detached fused input: the private top model only
             private = self.private_loss(self.top_input(z), batch)
             surrogate.append(private)
             losses[f"{self.active}/private_head"] = private.detach()
-        self.manual_backward(torch.stack(surrogate).sum())  # step 5
-        for opt in optimizers.values():
-            opt.step()
+        self.end_step(optimizers, surrogate)  # step 5
         self.record_train_losses(losses)
 
     # ------------------------------------------------------------------------------------------------ evaluation

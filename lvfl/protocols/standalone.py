@@ -92,12 +92,10 @@ class SingleSite(VFLModule):
     # ------------------------------------------------------------------------------------------------ the step
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """Ordinary supervised training of the one model: forward, cross-entropy, one optimizer step."""
-        (opt,) = self.party_optimizers().values()
-        opt.zero_grad(set_to_none=True)
+        optimizers = self.begin_step()
         logits = self.party_models[self.active](self.site_features(batch))
         loss = self.task_loss(logits, self.labels_for(self.active, batch))
-        self.manual_backward(loss)
-        opt.step()
+        self.end_step(optimizers, [loss])
         self.record_train_losses({self.active: loss.detach()})
 
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
