@@ -214,3 +214,22 @@ def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path
         main(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
     assert info.value.code != 0, "testing an untrained model is not a success"
     assert str(tmp_path / "easter_wine" / "checkpoints") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["easter", "aggvfl", "splitnn", "cvfl"])
+def test_homogeneous_configs_take_any_party_count(protocol, tmp_path):
+    """One `parties` entry serves every party: `--data.init_args.num_parties=6` needs no other change."""
+    cli = build_cli(
+        [
+            "fit",
+            "--config",
+            f"configs/{protocol}/digits_homo.yaml",
+            "--data.init_args.num_parties=6",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+            *quick(tmp_path),
+        ]
+    )
+    assert cli.model.party_names == [f"party{i}" for i in range(6)]
+    assert cli.trainer.global_step > 0
