@@ -150,7 +150,7 @@ def run_experiment(
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the `lvfl` console script: LightningCLI's subcommands, plus `lvfl bench GRID`.
+    """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.entry.main`).
 
     A refused input (bad option or value, class path that does not import, refused backend, bad data) prints one
     line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything else (a bug) keeps its traceback.
@@ -173,9 +173,4 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(argv: list[str]) -> None:
-    if argv and argv[0] == "bench":
-        from lvfl.bench import main as bench_main
-
-        bench_main(argv[1:])
-        return
     build_cli(argv, exit_on_error=False)

@@ -233,3 +233,29 @@ def test_homogeneous_configs_take_any_party_count(protocol, tmp_path):
     )
     assert cli.model.party_names == [f"party{i}" for i in range(6)]
     assert cli.trainer.global_step > 0
+
+
+def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
+    from lvfl.entry import SUBCOMMANDS
+    from lvfl.entry import main as lvfl
+
+    lvfl(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"  {name} " in out for name in ("fit", "validate", "test", "predict", "bench"))
+    assert set(SUBCOMMANDS) == {"fit", "validate", "test", "predict", "bench"}
+    with pytest.raises(SystemExit) as bare:
+        lvfl([])
+    assert bare.value.code == 2
+    with pytest.raises(SystemExit) as bench_help:
+        lvfl(["bench", "--help"])
+    assert bench_help.value.code == 0
+    assert "usage: lvfl bench" in capsys.readouterr().out
+
+
+def test_cli_and_bench_do_not_import_each_other_at_module_level():
+    import ast
+
+    for module, other in (("cli", "lvfl.bench"), ("bench", "lvfl.entry")):
+        tree = ast.parse((REPO / "lvfl" / f"{module}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert other not in imported, f"lvfl/{module}.py imports {other}"

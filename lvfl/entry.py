@@ -1,0 +1,50 @@
+"""The `lvfl` command: a front door over LightningCLI's subcommands (`lvfl.cli`) and the benchmark grid (`lvfl.bench`).
+
+Kept apart from both so that neither imports the other's entry point: `lvfl.bench` uses `lvfl.cli` to build runs, and
+`lvfl.cli` knows nothing of `bench`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: every subcommand, with the one line `lvfl --help` prints for it
+SUBCOMMANDS = {
+    "fit": "train a protocol on a datamodule (resume with --ckpt_path last)",
+    "validate": "one evaluation epoch over the validation split",
+    "test": "every party's model on the test split, and their mean (--ckpt_path last for the fitted weights)",
+    "predict": "every predicting party's class probabilities on the test split (returned in Python; no file yet)",
+    "bench": "a grid of protocols x datasets x seeds, each a fit + test in its own process, with tables and plots",
+}
+
+HELP = "\n".join(
+    [
+        "usage: lvfl {" + ",".join(SUBCOMMANDS) + "} ...",
+        "",
+        "lvfl: vertical federated learning on PyTorch Lightning.",
+        "",
+        "subcommands:",
+        *(f"  {name:<9} {text}" for name, text in SUBCOMMANDS.items()),
+        "",
+        "`lvfl SUBCOMMAND --help` shows a subcommand's options, e.g. `lvfl fit --help`, `lvfl bench --help`.",
+        "A refused input prints one line, 'lvfl: error: ...'; add --debug (or set LVFL_DEBUG=1) for tracebacks.",
+    ]
+)
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the `lvfl` console script and of `python -m lvfl`."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(HELP)
+        if not argv:
+            raise SystemExit(2)
+        return
+    if argv[0] == "bench":
+        from lvfl.bench import main as bench_main
+
+        bench_main(argv[1:])
+        return
+    from lvfl.cli import main as cli_main
+
+    cli_main(argv)
