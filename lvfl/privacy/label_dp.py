@@ -283,8 +283,11 @@ class RandomizedResponse(LabelMechanism):
 
 
 @dataclass(frozen=True)
-class LabelRelease:
-    """One release of protected labels: which mechanism, the epsilon it spent, how many labels, and a tag."""
+class ReleaseRecord:
+    """A ledger entry for one release of protected labels: the mechanism, the epsilon spent, how many labels, a tag.
+
+    (The release itself, the protected labels of a run, is `lvfl.privacy.label_release.LabelRelease`.)
+    """
 
     mechanism: str
     epsilon: float
@@ -310,13 +313,13 @@ class PrivacyLedger:
     """
 
     def __init__(self) -> None:
-        self.releases: list[LabelRelease] = []
+        self.releases: list[ReleaseRecord] = []
 
-    def record(self, mechanism: LabelMechanism, num_labels: int, tag: str = "train") -> LabelRelease:
+    def record(self, mechanism: LabelMechanism, num_labels: int, tag: str = "train") -> ReleaseRecord:
         """Record one release of `num_labels` labels by `mechanism`; warns when `tag` was already released."""
         if isinstance(num_labels, bool) or not isinstance(num_labels, numbers.Integral) or num_labels < 0:
             raise ValueError(f"num_labels must be an integer >= 0, got {num_labels!r}")
-        entry = LabelRelease(mechanism.name, check_epsilon(mechanism.epsilon), int(num_labels), str(tag))
+        entry = ReleaseRecord(mechanism.name, check_epsilon(mechanism.epsilon), int(num_labels), str(tag))
         previous = [r for r in self.releases if r.tag == entry.tag]
         self.releases.append(entry)
         if previous:
@@ -364,7 +367,7 @@ class PrivacyLedger:
         """Restore what `state_dict` returned; raises a ValueError on a malformed state."""
         try:
             releases = [
-                LabelRelease(
+                ReleaseRecord(
                     mechanism=str(r["mechanism"]),
                     epsilon=check_epsilon(r["epsilon"]),
                     num_labels=int(r["num_labels"]),
