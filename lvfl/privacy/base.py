@@ -71,13 +71,13 @@ class AggregationBackend(ABC):
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`active_tensor` plus the sum of the tensors behind `shares` (one share per passive party)."""
 
+    @abstractmethod
     def error_bound(self, num_parties: int | None = None) -> float:
         """Largest |combine - exact sum| per value for float64 inputs and `num_parties` passive parties.
 
         Defaults to this backend's passive parties (after `setup`). Every backend states one; the contract suite
         holds it to it.
         """
-        raise NotImplementedError(f"{type(self).__name__} must state its error_bound")
 
     def check_roles(self, parties: Sequence[PartySpec], active: str) -> tuple[str, ...]:
         """Check names and roles before any key is made; returns the passive parties' names.
