@@ -401,9 +401,9 @@ class VFLModule(LightningModule, ABC):
             raise RuntimeError("private_loss needs a private head: protocols build one when protects_labels")
         return self.task_loss(self.private_head(inputs.detach()), self.private_labels(batch))
 
-    def active_prediction(self, shared_logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """The active party's reported prediction: its private head on `inputs` if it has one, else `shared_logits`."""
-        return shared_logits if self.private_head is None else self.private_head(inputs)
+    def active_prediction(self, shared_head: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        """The active party's reported prediction on `inputs`: its private head if it has one, else `shared_head`."""
+        return (shared_head if self.private_head is None else self.private_head)(inputs)
 
     def check_finite(
         self, values: Mapping[str, torch.Tensor], what: str, context: Mapping[str, torch.Tensor] | None = None

@@ -89,7 +89,7 @@ class EASTER(VFLModule):
         out = {}
         for k in self.party_names:
             if k == self.active:
-                out[k] = self.active_prediction(self.party_models[k].head(e_at[k]), e_at[k])
+                out[k] = self.active_prediction(self.party_models[k].head, e_at[k])
             else:
                 out[k] = self.wire.send(k, self.active, self.party_models[k].head(e_at[k]), "predictions")
         return out
@@ -100,4 +100,4 @@ class EASTER(VFLModule):
         """The active party's head on E = (E_a + sum_k E_k) / C, its `party_logits` from fetched embeddings."""
         model = self.party_models[self.active]
         e = self.plain_sum(model.encoder(active_features), contributions, self.passive) / self.num_parties
-        return self.active_prediction(model.head(e), e)
+        return self.active_prediction(model.head, e)
