@@ -36,6 +36,7 @@ ratios grow with ``--threads``; report the thread count with the table (it is in
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import tempfile
@@ -249,6 +250,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--synthetic-embedding-dim", type=int, default=128, help="default 128")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the per-repetition epoch times here (for revisions.py)")
     args = parser.parse_args()
     if args.epochs < 2:
         parser.error("--epochs must be at least 2 (the first epoch is not timed)")
@@ -263,6 +265,8 @@ def main() -> None:
     for name in args.workloads:
         workload = workloads[name]()
         rows.append((workload, measure(workload, args.repeats, args.epochs, args.seed)))
+    if args.json is not None:
+        args.json.write_text(json.dumps({workload.name: times for workload, times in rows}))
 
     print(
         f"\nEASTER training throughput, {args.repeats} interleaved repetitions x {args.epochs - 1} timed epochs "

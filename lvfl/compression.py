@@ -28,6 +28,8 @@ from typing import NamedTuple
 
 import torch
 
+from lvfl.checks import is_int, is_real
+
 #: `bits` value meaning "no quantization": values travel at their own dtype (float32: 4 bytes)
 NO_QUANTIZATION = 32
 #: the most bits a quantized code may have
@@ -38,7 +40,7 @@ QUANTIZATION_HEADER_BYTES = 8
 
 def check_bits(bits: int) -> int:
     """Return `bits` if it is an int in [1, 16] or 32 (no quantization), else raise naming the option."""
-    if isinstance(bits, bool) or not isinstance(bits, int):
+    if not is_int(bits):
         raise TypeError(f"bits must be an int in [1, {MAX_BITS}] or {NO_QUANTIZATION} (no quantization), got {bits!r}")
     if not (1 <= bits <= MAX_BITS or bits == NO_QUANTIZATION):
         raise ValueError(f"bits must be in [1, {MAX_BITS}] or {NO_QUANTIZATION} (no quantization), got bits={bits}")
@@ -47,7 +49,7 @@ def check_bits(bits: int) -> int:
 
 def check_topk(topk: float) -> float:
     """Return `topk` as a float if it is a fraction in (0, 1], else raise naming the option."""
-    if isinstance(topk, bool) or not isinstance(topk, int | float):
+    if not is_real(topk):
         raise TypeError(f"topk must be a fraction in (0, 1], got {topk!r}")
     if not 0.0 < topk <= 1.0:  # also refuses NaN
         raise ValueError(f"topk must be a fraction in (0, 1] (1 keeps every element), got topk={topk}")

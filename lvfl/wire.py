@@ -140,6 +140,11 @@ class Wire:
         """Stop the observer registered under `handle` (unknown handles are ignored, so teardown is idempotent)."""
         self._observers.pop(handle, None)
 
+    @property
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers subscribed now, in subscription order (so a caller can check it cleaned up after itself)."""
+        return tuple(self._observers.values())
+
     def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
         """Move `payload` from `src` to `dst`, recording its size; returns the payload as `dst` receives it."""
         if src == dst:

@@ -99,7 +99,7 @@ def test_easter_without_label_mechanism_leaks_every_label(tmp_path):
             assert epoch[party] >= 0.99, (party, epoch)
     state = audit.state_dict()  # the last epoch's counts: training samples only, validation never scored
     assert state["total"] == {k: len(dm.train_set) for k in ("party1", "party2", "party3")}
-    assert not model.wire._observers  # unsubscribed at the end of fit
+    assert model.wire.observers == ()  # unsubscribed at the end of fit
 
     (path,) = list(tmp_path.rglob("metrics.csv"))
     rows = [r for r in csv.DictReader(path.open()) if r.get("audit/label_attack_acc/party1")]

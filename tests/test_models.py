@@ -127,11 +127,11 @@ def test_input_shape_list_is_accepted() -> None:
 
 
 BAD_ARGUMENTS = [
-    (MLP, ((13,), 0, 2), {}, "embedding_dim=0"),
-    (MLP, ((13,), 4, 0), {}, "num_outputs=0"),
-    (CNN, ((1, 8, 2), -1, 2), {}, "embedding_dim=-1"),
-    (LeNet, ((1, 8, 2), 4, 0), {}, "num_outputs=0"),
-    (MLP, ((13,), 4.0, 2), {}, "embedding_dim=4.0"),
+    (MLP, ((13,), 0, 2), {}, "embedding_dim must be an int >= 1, got 0$"),
+    (MLP, ((13,), 4, 0), {}, "num_outputs must be an int >= 1, got 0$"),
+    (CNN, ((1, 8, 2), -1, 2), {}, "embedding_dim must be an int >= 1, got -1$"),
+    (LeNet, ((1, 8, 2), 4, 0), {}, "num_outputs must be an int >= 1, got 0$"),
+    (MLP, ((13,), 4.0, 2), {}, "embedding_dim must be an int >= 1, got 4.0$"),
     (MLP, ((), 4, 2), {}, r"input_shape=\(\)"),
     (MLP, ((13, 0), 4, 2), {}, r"input_shape=\(13, 0\)"),
     (MLP, (13, 4, 2), {}, "input_shape=13"),
@@ -143,7 +143,7 @@ BAD_ARGUMENTS = [
     (MLP, ((13,), 4, 2), {"hidden": [8, 0]}, r"hidden=\[8, 0\]"),
     (MLP, ((13,), 4, 2), {"head_hidden": [-3]}, r"head_hidden=\[-3\]"),
     (CNN, ((1, 8, 2), 4, 2), {"channels": []}, r"channels=\[\]"),
-    (CNN, ((1, 8, 2), 4, 2), {"kernel_size": 0}, "kernel_size=0"),
+    (CNN, ((1, 8, 2), 4, 2), {"kernel_size": 0}, "kernel_size must be an int >= 1, got 0$"),
     (CNN, ((1, 8, 2), 4, 2), {"head_hidden": [0]}, r"head_hidden=\[0\]"),
 ]
 

@@ -15,7 +15,10 @@ def _ids(dataset) -> set[int]:
 
 @pytest.mark.parametrize("alpha", [0.0, -0.5, 1.5, float("nan"), True])
 def test_overlap_out_of_range_raises_naming_the_option(alpha):
-    with pytest.raises(ValueError, match=r"overlap must be in \(0, 1\]") as info:
+    with pytest.raises(
+        ValueError,
+        match=r"overlap must be a finite number in \(0, 1\] \(the fraction of samples every party holds\), got ",
+    ) as info:
         BreastCancer(overlap=alpha)
     assert repr(alpha) in str(info.value)
 

@@ -45,3 +45,23 @@ def test_recording_holds_messages_back_until_the_caller_sends_them():
     assert len(seen) == 1
     wire.send("party1", "party0", x, "predictions")  # after the block, sends are metered again
     assert wire.total_messages() == 2
+
+
+def test_observers_lists_the_subscribed_in_order_and_unsubscribe_stops_one():
+    wire = Wire()
+    seen: list[str] = []
+
+    def first(*message: object) -> None:
+        seen.append("first")
+
+    def second(*message: object) -> None:
+        seen.append("second")
+
+    handle = wire.subscribe(first)
+    wire.subscribe(second)
+    assert wire.observers == (first, second)
+    wire.unsubscribe(handle)
+    wire.unsubscribe(handle)  # idempotent
+    assert wire.observers == (second,)
+    wire.send("party1", "party0", torch.zeros(1), "embeddings")
+    assert seen == ["second"]

@@ -27,17 +27,27 @@ MAX_HEADROOM = 2**10
 _U64 = np.dtype(np.uint64)
 
 
-def _check_frac_bits(frac_bits: int) -> int:
+#: the most fractional bits any backend accepts. Beyond 40 too little integer range is left: |x| < 2**(63 - 40) / C
+#: in the ring, and `int_bits + frac_bits + 1 <= 53` (float64-exact Paillier encodings) leaves |x| < 2**12
+MAX_FRAC_BITS = 40
+
+
+def check_frac_bits(frac_bits: object, option: str = "frac_bits") -> int:
+    """The one fixed-point resolution rule every backend and channel applies: an int in [1, MAX_FRAC_BITS].
+
+    One rule, so that a config's `frac_bits` means the same in DHMasking, Paillier and the soft-label channels;
+    a backend with less capacity (Paillier's `int_bits`) adds its own check on top, naming its own option.
+    """
     if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
-        raise TypeError(f"frac_bits must be an int, got {type(frac_bits).__name__}")
-    if not 0 <= frac_bits <= 62:
-        raise ValueError(f"frac_bits must be in [0, 62], got {frac_bits}")
+        raise TypeError(f"{option} must be an int, got {type(frac_bits).__name__} {frac_bits!r}")
+    if not 1 <= frac_bits <= MAX_FRAC_BITS:
+        raise ValueError(f"{option} must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
     return frac_bits
 
 
 def max_abs_value(frac_bits: int = DEFAULT_FRAC_BITS, headroom_parties: int = 1) -> float:
     """The bound B that every encoded |x| must stay strictly below: `B * 2**frac_bits * headroom_parties == 2**63`."""
-    _check_frac_bits(frac_bits)
+    check_frac_bits(frac_bits)
     return math.ldexp(1.0, 63 - frac_bits) / headroom_parties
 
 
@@ -109,7 +119,7 @@ def encode(
     Returns:
         An int64 tensor of `x`'s shape on `x`'s device.
     """
-    _check_frac_bits(frac_bits)
+    check_frac_bits(frac_bits)
     check_range(x, frac_bits, headroom_parties, who)
     work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     scaled = x.detach().to(work).mul(2.0**frac_bits)  # a fresh tensor, so the next op may be in place
@@ -122,7 +132,7 @@ def decode(q: torch.Tensor, frac_bits: int = DEFAULT_FRAC_BITS, dtype: torch.dty
     The cast to `dtype` rounds to nearest once; the scaling by a power of two is then exact (no float64 detour,
     which would round twice and cost two extra passes).
     """
-    _check_frac_bits(frac_bits)
+    check_frac_bits(frac_bits)
     _check_ring(q, "q")
     work = dtype if dtype in (torch.float32, torch.float64) else torch.float64
     return q.to(work).mul_(2.0**-frac_bits).to(dtype)

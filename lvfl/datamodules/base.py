@@ -32,6 +32,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
+from lvfl.checks import check_real
 from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_columns
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.runs import seeded_generator
@@ -250,8 +251,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 < overlap <= 1.0:
-            raise ValueError(f"overlap must be in (0, 1] (the fraction of samples every party holds), got {overlap!r}")
+        check_real(overlap, "overlap", 0.0, 1.0, open_low=True, why="the fraction of samples every party holds")
         self.partitioner = partitioner if partitioner is not None else self.default_partitioner()
         self.batch_size = batch_size
         self.val_fraction = val_fraction

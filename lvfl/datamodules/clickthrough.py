@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lvfl.checks import check_int
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 
@@ -73,8 +74,7 @@ class ClickThrough(VerticalDataModule):
     num_classes = 2
 
     def __init__(self, num_samples: int = 4000, data_seed: int = 0, num_parties: int = 2, **kwargs: Any) -> None:
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 20:
-            raise ValueError(f"num_samples must be an integer >= 20, got {num_samples!r}")
+        check_int(num_samples, "num_samples", 20)
         max_parties = 1 + len(USER_FEATURES)
         if not isinstance(num_parties, int) or not 1 <= num_parties <= max_parties:
             raise ValueError(

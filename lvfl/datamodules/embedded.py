@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from sklearn.datasets import load_breast_cancer, load_diabetes, load_digits, load_wine, make_classification
 
+from lvfl.checks import check_int
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ImageStrips, Partitioner
 
@@ -120,9 +121,8 @@ class Synthetic(VerticalDataModule):
         data_seed: int = 0,
         **kwargs: Any,
     ) -> None:
-        for name, value, least in (("num_samples", num_samples, 1), ("num_features", num_features, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an integer >= {least}, got {name}={value!r}")
+        check_int(num_samples, "num_samples", 1)
+        check_int(num_features, "num_features", 1)
         if num_classes < 2:
             raise ValueError(f"num_classes must be at least 2, got {num_classes}")
         if not 1 <= num_informative <= num_features:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lvfl.checks import is_int
+
 __all__ = [
     "ContiguousColumns",
     "ExplicitColumns",
@@ -122,7 +124,7 @@ class ExplicitColumns(Partitioner):
         for k, cols in enumerate(columns):
             if len(cols) == 0:
                 raise ValueError(f"ExplicitColumns: party {k} has no columns; every party needs at least one")
-            bad = [c for c in cols if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0]
+            bad = [c for c in cols if not is_int(c) or c < 0]
             if bad:
                 raise ValueError(f"ExplicitColumns: party {k} has invalid column indices {bad}; use ints >= 0")
         self.columns = [[int(c) for c in cols] for cols in columns]

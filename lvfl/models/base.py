@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from lvfl.checks import check_int, is_int
+
 ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
     "leaky_relu": nn.LeakyReLU,
@@ -82,9 +84,7 @@ hyperparameters should be `PartyModel` subclasses.
 
 def check_positive_int(name: str, value: int) -> int:
     """Return ``value`` if it is an integer >= 1, else raise a ValueError naming the option."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}")
-    return value
+    return check_int(value, name, 1)
 
 
 def check_input_shape(input_shape: Sequence[int], ndim: int | None = None, what: str = "") -> tuple[int, ...]:
@@ -99,7 +99,7 @@ def check_input_shape(input_shape: Sequence[int], ndim: int | None = None, what:
         shape = tuple(input_shape)
     except TypeError:
         raise ValueError(f"input_shape must be a tuple of integers, got input_shape={input_shape!r}") from None
-    if not shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape):
+    if not shape or any(not is_int(d) or d < 1 for d in shape):
         raise ValueError(f"input_shape must be a non-empty tuple of integers >= 1, got input_shape={input_shape!r}")
     if ndim is not None and len(shape) != ndim:
         layout = f" {what}" if what else ""
@@ -110,7 +110,7 @@ def check_input_shape(input_shape: Sequence[int], ndim: int | None = None, what:
 def check_widths(name: str, widths: Sequence[int]) -> list[int]:
     """Return a list of layer widths after checking each is an integer >= 1."""
     widths = list(widths)
-    if any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+    if any(not is_int(w) or w < 1 for w in widths):
         raise ValueError(f"{name} must be a list of integers >= 1, got {name}={widths!r}")
     return widths
 

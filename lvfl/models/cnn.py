@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
+from lvfl.checks import check_int
 from lvfl.models.base import PartyModel, check_input_shape, check_widths, flat_size, make_head, pool_kernel
 
 
@@ -47,8 +48,7 @@ class CNN(PartyModel):
         channels = check_widths("channels", channels)
         if not channels:
             raise ValueError("channels must list at least one conv block, got channels=[]")
-        if isinstance(kernel_size, bool) or not isinstance(kernel_size, int) or kernel_size < 1:
-            raise ValueError(f"kernel_size must be an integer >= 1, got kernel_size={kernel_size!r}")
+        check_int(kernel_size, "kernel_size", 1)
         head_hidden = check_widths("head_hidden", head_hidden)
 
         blocks: list[nn.Module] = []

@@ -40,9 +40,6 @@ from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Wire
 
-#: frac_bits beyond this leave too little integer range: |x| < 2**(63 - frac_bits) / C
-MAX_FRAC_BITS = 40
-
 
 class DHMasking(AggregationBackend):
     """Secure aggregation of passive embeddings by pairwise X25519 + AES-CTR masks in Z_2^64.
@@ -79,17 +76,9 @@ class DHMasking(AggregationBackend):
     refuses_reused_step = True  # masks derive from (step, rank, index): see `_claim_stream`
 
     def __init__(self, frac_bits: int = fixedpoint.DEFAULT_FRAC_BITS, allow_insecure: bool = False) -> None:
-        self.frac_bits = self._validate_frac_bits(frac_bits)
+        self.frac_bits = fixedpoint.check_frac_bits(frac_bits, "DHMasking(frac_bits=...)")
         self.allow_insecure = bool(allow_insecure)
         self._forget_keys()
-
-    @staticmethod
-    def _validate_frac_bits(frac_bits: int) -> int:
-        if isinstance(frac_bits, bool) or not isinstance(frac_bits, int):
-            raise TypeError(f"DHMasking(frac_bits=...) must be an int, got {type(frac_bits).__name__}")
-        if not 1 <= frac_bits <= MAX_FRAC_BITS:
-            raise ValueError(f"DHMasking(frac_bits=...) must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
-        return frac_bits
 
     def _forget_keys(self) -> None:
         # party -> ((pair key, add?), ...) for every other passive party: add if the party precedes the peer

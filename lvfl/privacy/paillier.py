@@ -90,13 +90,11 @@ import numpy as np
 import torch
 from phe import paillier as phe_paillier
 
-from lvfl.crypto import packing, paillier, prg
+from lvfl.crypto import fixedpoint, packing, paillier, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Wire
 
-#: fixed-point fractional bits accepted
-MAX_FRAC_BITS = 40
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
 MAX_VALUE_BITS = 53
 #: fewer ciphertexts than this are encrypted in-process. Measured (2048-bit key, 2 cores): one encryption ~9 ms, a
@@ -225,11 +223,9 @@ class Paillier(AggregationBackend):
 
     @staticmethod
     def _validate_bits(frac_bits: int, int_bits: int) -> tuple[int, int]:
-        for name, value in (("frac_bits", frac_bits), ("int_bits", int_bits)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"Paillier({name}=...) must be an int, got {type(value).__name__}")
-        if not 1 <= frac_bits <= MAX_FRAC_BITS:
-            raise ValueError(f"Paillier(frac_bits=...) must be in [1, {MAX_FRAC_BITS}], got {frac_bits}")
+        fixedpoint.check_frac_bits(frac_bits, "Paillier(frac_bits=...)")
+        if isinstance(int_bits, bool) or not isinstance(int_bits, int):
+            raise TypeError(f"Paillier(int_bits=...) must be an int, got {type(int_bits).__name__}")
         if not 0 <= int_bits <= MAX_VALUE_BITS - 1 - frac_bits:
             raise ValueError(
                 f"Paillier(int_bits=...) must be in [0, {MAX_VALUE_BITS - 1 - frac_bits}] with frac_bits={frac_bits} "

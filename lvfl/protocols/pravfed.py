@@ -49,6 +49,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from lvfl.checks import check_int
 from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels
@@ -101,12 +102,11 @@ class PraVFed(VFLModule):
                 "label-DP release"
             )
         super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
-        if isinstance(local_epochs, bool) or not isinstance(local_epochs, int) or local_epochs <= 0:
-            raise ValueError(
-                f"model.local_epochs must be an integer >= 1 (T_k, the passive parties' pre-training epochs on the "
-                f"label-DP release), got local_epochs={local_epochs!r}: without pre-training the passive embeddings "
-                "are those of untrained models"
-            )
+        why = (
+            "T_k, the passive parties' pre-training epochs on the label-DP release: without pre-training the passive "
+            "embeddings are those of untrained models"
+        )
+        check_int(local_epochs, "model.local_epochs", 1, why=why)
         if weighting not in get_args(Weighting):
             raise ValueError(f"model.weighting must be one of {list(get_args(Weighting))}, got weighting={weighting!r}")
         self.local_epochs = local_epochs
