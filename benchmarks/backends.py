@@ -227,7 +227,7 @@ def main() -> None:
 
 def ckks_distinguisher(s: Setup, rows: int, dim: int, trials: int) -> str:
     """The coordinator telling passive sums 0 and 1 apart from its decryptions: measured advantage vs the bound."""
-    from lvfl.privacy.ckks import masking_advantage
+    from lvfl.crypto.ckks import masking_advantage
 
     backend: CKKS = s.backend
     passive = [p.name for p in s.parties if p.role == "passive"]

@@ -1,7 +1,8 @@
 """Writing lvfl's own figures to every configured Lightning logger, cheaply.
 
-`LightningModule.log` costs ~0.6 ms a call (Lightning's result collection moves and walks every value), which is
-a tenth of an epoch on the tiny embedded datasets. Figures that nothing monitors (per-step losses, epoch losses,
+`LightningModule.log` is costly per call (Lightning's result collection moves and walks every value; the cost
+beside a direct logger write is measured by `benchmarks/costs.py`, docs/results.md section 6), and lvfl writes
+dozens of figures a step on datasets whose whole epoch takes milliseconds. Figures that nothing monitors (per-step losses, epoch losses,
 communication bytes) are therefore written straight to `trainer.loggers`, as Lightning's own
 `LearningRateMonitor` does, at Lightning's step counter and cadence. Validation and test metrics still go through
 `self.log`, so `ModelCheckpoint` and `EarlyStopping` can monitor them.

@@ -1,5 +1,9 @@
 """CKKS aggregation: sums against a plain float reference within the stated bound, packing, parameter checks,
-the exact ledger (the coordinator only ever sees the masked aggregate), and secrets kept out of checkpoints."""
+the exact ledger (the coordinator only ever sees the masked aggregate), and secrets kept out of checkpoints.
+
+The pure functions of `lvfl.crypto.ckks` are held to independent references at the end: SEAL's own security table
+and parameter check, measured TenSEAL decryption errors, and a Monte-Carlo distinguisher.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,18 @@ import math
 import pickle
 import warnings
 
+import numpy as np
 import pytest
 import tenseal as ts
+import tenseal.sealapi as seal  # SEAL's own API, bound by TenSEAL: the independent reference for the table
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from lvfl.crypto import ckks
+from lvfl.crypto.ckks import CKKSParameters, masking_advantage
 from lvfl.parties import PartySpec
-from lvfl.privacy.ckks import CKKS, CKKSShare, masking_advantage
+from lvfl.privacy.ckks import CKKS, CKKSShare
 from lvfl.wire import Wire
 
 SLOTS = 4096  # N / 2 at the default N = 8192
@@ -243,8 +253,6 @@ def test_load_state_dict_keeps_live_keys_and_refuses_other_settings(three) -> No
 # -- statistical hiding: the stated bound, enforced, and a distinguisher held to it ------------------------------
 def test_advantage_bound_is_the_exact_statistical_distance() -> None:
     """1 - (1 - d/2M)**n, checked against the overlap of two shifted uniform boxes computed independently."""
-    from lvfl.privacy.ckks import masking_advantage
-
     for n, d, m in [(1, 1.0, 4.0), (3, 0.5, 1.0), (64, 2.0, 2.0**10), (16384, 768.0, 2.0**30)]:
         overlap = math.prod([(2 * m - d) / (2 * m)] * n)  # volume of the boxes' intersection over a box's volume
         assert masking_advantage(n, d, m) == pytest.approx(1 - overlap, rel=1e-9, abs=1e-15)
@@ -373,6 +381,217 @@ def test_coordinator_must_be_a_separate_party() -> None:
         CKKS(coordinator="p1").setup(make_parties(2), "a", Wire())
     parties = [*make_parties(2), PartySpec("coordinator", "coordinator", (1,))]
     CKKS().setup(parties, "a", Wire())  # listed with its own role: fine
+
+
+# -- lvfl.crypto.ckks: the pure functions against independent references ---------------------------------------
+SEAL_LEVELS = {128: seal.SEC_LEVEL_TYPE.TC128, 192: seal.SEC_LEVEL_TYPE.TC192, 256: seal.SEC_LEVEL_TYPE.TC256}
+
+
+def valid_chain(total_bits: int) -> tuple[tuple[int, ...], int]:
+    """Primes totalling `total_bits` that meet the chain rules (first > scale, middle = scale, special largest)."""
+    scale = min(30, total_bits // 2 - 1)
+    middle = max(0, math.ceil((total_bits - 120) / scale))
+    rest = total_bits - middle * scale
+    first = rest // 2
+    return (first, *[scale] * middle, rest - first), scale
+
+
+def seal_accepts(n: int, sizes: tuple[int, ...], security_bits: int) -> bool:
+    """SEAL's own verdict on a CKKS parameter set at a security level (its HomomorphicEncryption.org check)."""
+    parms = seal.EncryptionParameters(seal.SCHEME_TYPE.CKKS)
+    parms.set_poly_modulus_degree(n)
+    parms.set_coeff_modulus(seal.CoeffModulus.Create(n, list(sizes)))
+    return seal.SEALContext(parms, True, SEAL_LEVELS[security_bits]).parameters_set()
+
+
+@pytest.mark.parametrize("security_bits", sorted(SEAL_LEVELS))
+def test_security_table_is_seals(security_bits: int) -> None:
+    table = ckks.MAX_COEFF_MODULUS_BITS[security_bits]
+    assert sorted(table) == [1024, 2048, 4096, 8192, 16384, 32768]
+    for n, bound in table.items():
+        assert bound == seal.CoeffModulus.MaxBitCount(n, SEAL_LEVELS[security_bits]), n
+
+
+@pytest.mark.parametrize("security_bits", sorted(SEAL_LEVELS))
+@pytest.mark.parametrize("n", [4096, 8192, 16384, 32768])  # below 4096 SEAL finds no NTT primes this small
+def test_parameters_accept_exactly_what_seal_accepts_at_the_bound(security_bits: int, n: int) -> None:
+    bound = ckks.MAX_COEFF_MODULUS_BITS[security_bits][n]
+    sizes, scale = valid_chain(bound)
+    assert sum(sizes) == bound
+    assert seal_accepts(n, sizes, security_bits)
+    params = CKKSParameters(n, sizes, scale, security_bits)
+    assert (params.poly_modulus_degree, params.coeff_mod_bit_sizes) == (n, sizes)
+    over, scale = valid_chain(bound + 1)
+    assert not seal_accepts(n, over, security_bits)
+    with pytest.raises(ValueError, match=rf"total {bound + 1} bits exceeds the {bound}-bit bound for {security_bits}"):
+        CKKSParameters(n, over, scale, security_bits)
+
+
+def test_tenseal_refuses_one_bit_over_the_bound_too() -> None:
+    sizes, scale = valid_chain(109)
+    ckks.secret_context(CKKSParameters(4096, sizes, scale))
+    over, _ = valid_chain(110)
+    with pytest.raises(ValueError, match="encryption parameters are not set correctly"):
+        ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=list(over))
+
+
+def test_parameters_are_frozen_normalized_and_refuse_bools() -> None:
+    params = CKKSParameters(np.int64(8192), [60, np.int32(40), 60], np.int16(40))
+    assert params == CKKSParameters()
+    assert hash(params) == hash(CKKSParameters())
+    assert params.coeff_mod_bit_sizes == (60, 40, 60)
+    assert all(type(v) is int for v in (params.poly_modulus_degree, params.scale_bits, *params.coeff_mod_bit_sizes))
+    with pytest.raises(AttributeError):
+        params.scale_bits = 30  # type: ignore[misc]
+    assert copy.deepcopy(params) == pickle.loads(pickle.dumps(params)) == params  # noqa: S301 - our own bytes
+    for kwargs, option in [
+        ({"scale_bits": True}, "scale_bits"),
+        ({"poly_modulus_degree": 8192.0}, "poly_modulus_degree"),
+        ({"security_bits": True}, "security_bits"),
+        ({"coeff_mod_bit_sizes": (60, True, 60)}, "coeff_mod_bit_sizes"),
+        ({"scale_bits": 60, "coeff_mod_bit_sizes": (60, 60)}, "scale_bits"),
+    ]:
+        with pytest.raises(ValueError, match=rf"CKKS\({option}=") as err:
+            CKKSParameters(**kwargs)
+        assert err.type is ValueError
+
+
+def test_headroom_is_where_a_decrypted_sum_wraps() -> None:
+    """Sums just below `headroom` decrypt exactly; above it they wrap around the first prime (constant vectors make
+    the polynomial the constant value x scale, so the threshold is sharp)."""
+    params = CKKSParameters(4096, (54, 55), 40)
+    limit = ckks.headroom(params)
+    assert limit == 2.0**13
+    context = ckks.secret_context(params)
+    for value, parties in [(0.4999, 2), (0.33, 3), (0.4, 3), (0.49, 3)]:
+        vector = ckks.encrypt(context, np.full(8, value * limit))
+        decrypted = ckks.decrypt(ckks.masked_sum([[vector]] * parties, [np.zeros(8)]), context.secret_key())
+        exact = parties * value * limit
+        error = float(np.abs(decrypted - exact).max())
+        if exact < limit:
+            assert error <= ckks.error_bound(params, parties, value * limit)
+        else:
+            assert error > limit / 2  # wrapped: off by about 2 x headroom
+
+
+@pytest.mark.parametrize(
+    ("params", "max_abs", "mask_bound"),
+    [
+        (CKKSParameters(), 2.0**7, 2.0**30),  # the backend's defaults: float64 rounding of the mask dominates
+        (CKKSParameters(), 2.0**7, 0.0),  # encryption noise alone
+        (CKKSParameters(4096, (54, 55), 40), 1.0, 2.0**12),
+        (CKKSParameters(8192, (60, 50, 60), 50), 4.0, 0.0),
+    ],
+    ids=["defaults", "no-mask", "N4096", "scale50"],
+)
+@pytest.mark.parametrize("summands", [1, 3])
+def test_error_bound_holds_and_is_not_vacuous_on_measured_tenseal_errors(params, max_abs, mask_bound, summands):
+    """Encrypt random values at the bound of their range, sum and mask as the backend does, decrypt: every value is
+    within `error_bound`, and the worst one within a factor 1000 of it (the bound is not vacuous)."""
+    rng = np.random.default_rng(summands)
+    numel = 2 * ckks.slots(params) + 5  # three ciphertexts, the last partly filled
+    shape = (numel,)
+    secret = ckks.secret_context(params)
+    public = ckks.load_public_context(ckks.public_context_bytes(secret))
+    xs = [rng.uniform(-max_abs, max_abs, numel) for _ in range(summands)]
+    xs[0][0] = max_abs  # the extreme of the range, once
+    mask = ckks.uniform_mask(numel, mask_bound)
+    summed = ckks.masked_sum(
+        [[ckks.encrypt(public, c) for c in ckks.chunks(params, x, shape)] for x in xs], ckks.chunks(params, mask, shape)
+    )
+    assert len(summed) == ckks.num_ciphertexts(params, shape) == 3
+    error = float(np.abs(ckks.decrypt(summed, secret.secret_key()) - mask - np.sum(xs, axis=0)).max())
+    bound = ckks.error_bound(params, summands, max_abs, mask_bound)
+    assert bound / 1000 < error <= bound
+
+
+def test_error_bound_terms() -> None:
+    """The Cheon et al. terms at N = 8192 by hand, and the float64 term scaling with the magnitude."""
+    params = CKKSParameters()
+    n, sigma = 8192, 3.2
+    b_clean = 8 * 2**0.5 * sigma * n + 6 * sigma * n**0.5 + 16 * sigma * (2 * n / 3 * n) ** 0.5
+    b_scale = (n / 3) ** 0.5 * (3 + 8 * (2 * n / 3) ** 0.5)
+    assert ckks.fresh_noise_bound(params) == pytest.approx(b_clean, rel=1e-12)
+    assert ckks.rounding_bound(params) == pytest.approx(b_scale, rel=1e-12)
+    assert ckks.error_bound(params, 1, 0.0) == pytest.approx((b_clean + 3 * b_scale) * 2.0**-40, rel=1e-12)
+    assert ckks.error_bound(params, 1, 0.0) < 7e-7  # "about 6e-7 per summand" (the module docstring)
+    assert ckks.error_bound(params, 3, 128.0, 2.0**30) - ckks.error_bound(params, 3, 0.0) == pytest.approx(
+        (3 * 128 + 2**30) * 2.0**-50
+    )
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="num_summands"):
+            ckks.error_bound(params, bad, 1.0)
+
+
+def test_masking_advantage_matches_a_monte_carlo_distinguisher() -> None:
+    """Sums 0 vs d per value under masks from `uniform_mask`: the optimal test (a value above M can only come from d)
+    achieves the stated advantage, up to sampling error."""
+    trials, numel, bound, spread = 20_000, 3, 1.0, 0.2
+    stated = masking_advantage(numel, spread, bound)
+    assert stated == pytest.approx(1 - 0.9**3)
+    zero = ckks.uniform_mask(trials * numel, bound).reshape(trials, numel)
+    shifted = ckks.uniform_mask(trials * numel, bound).reshape(trials, numel) + spread
+    guessed_shift = (shifted > bound).any(axis=1).mean()
+    false_alarm = (zero > bound).any(axis=1).mean()
+    assert false_alarm == 0.0  # the mask never leaves [-M, M)
+    measured = guessed_shift - false_alarm
+    assert abs(measured - stated) <= 5 * math.sqrt(stated * (1 - stated) / trials)
+
+
+def test_uniform_mask_is_uniform_on_the_53_bit_grid() -> None:
+    bound = 2.0**30
+    values = ckks.uniform_mask(160_000, bound)
+    assert values.dtype == np.float64
+    assert values.shape == (160_000,)
+    assert values.min() >= -bound
+    assert values.max() < bound
+    grid = (values / bound + 1.0) * 2.0**52  # (2u - 1) M with u = k 2**-53: an integer k
+    assert np.array_equal(grid, np.round(grid))
+    counts, _ = np.histogram(values, bins=16, range=(-bound, bound))
+    chi2 = float(((counts - 10_000) ** 2 / 10_000).sum())
+    assert chi2 < 60  # 15 degrees of freedom: P(chi2 > 60) ~ 1e-7
+    assert not np.array_equal(values[:8], ckks.uniform_mask(8, bound))  # fresh OS randomness on every call
+    assert ckks.uniform_mask(0, bound).shape == (0,)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.one_of(  # flat, rows shorter or longer than the 512 slots, 3-D
+        st.tuples(st.integers(0, 2000)),
+        st.tuples(st.integers(0, 6), st.integers(0, 1200)),
+        st.tuples(st.integers(0, 5), st.integers(0, 5), st.integers(0, 60)),
+    ),
+    packing=st.sampled_from(ckks.PACKINGS),
+)
+def test_chunks_cover_the_values_in_num_ciphertexts_ciphertexts(shape: tuple[int, ...], packing: str) -> None:
+    params = CKKSParameters(1024, (13, 14), 12)  # 512 slots
+    values = np.arange(math.prod(shape), dtype=np.float64)
+    pieces = ckks.chunks(params, values, shape, packing)
+    joined = np.concatenate(pieces) if pieces else np.zeros(0)
+    assert np.array_equal(joined, values)
+    # a chunk longer than the slots (a long row) is encrypted by TenSEAL into several ciphertexts
+    assert sum(math.ceil(p.size / 512) for p in pieces) == ckks.num_ciphertexts(params, shape, packing)
+    if packing == "slots":
+        assert all(p.size <= 512 for p in pieces)
+        assert len(pieces) == math.ceil(values.size / 512)
+
+
+def test_public_context_has_no_secret_and_key_id_tells_keys_apart() -> None:
+    params = CKKSParameters(4096, (54, 55), 40)
+    secret = ckks.secret_context(params)
+    blob = ckks.public_context_bytes(secret)
+    assert secret.is_private()  # the coordinator's context keeps its key
+    public = ckks.load_public_context(blob)
+    assert not public.is_private()
+    assert not public.has_galois_keys()
+    assert not public.has_relin_keys()
+    with pytest.raises(ValueError, match="must not hold the secret key"):
+        ckks.load_public_context(secret.serialize(save_secret_key=True))
+    other = ckks.public_context_bytes(ckks.secret_context(params))
+    assert len(ckks.key_id(blob)) == 16
+    assert ckks.key_id(blob) == ckks.key_id(bytes(blob)) != ckks.key_id(other)
+    vector = ckks.encrypt(public, np.array([1.5, -2.0]))
+    assert np.abs(ckks.decrypt([vector], secret.secret_key()) - [1.5, -2.0]).max() <= ckks.error_bound(params, 1, 2)
 
 
 @pytest.mark.gpu

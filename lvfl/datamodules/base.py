@@ -400,7 +400,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         return split
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Move a `VFLBatch` tensor by tensor: Lightning's generic dataclass walk costs ~0.2 ms a step."""
+        """Move a `VFLBatch` tensor by tensor, non-blocking, instead of Lightning's generic dataclass walk.
+
+        The two are compared by `benchmarks/costs.py` (docs/results.md section 6).
+        """
         if isinstance(batch, VFLBatch):
             return batch.to(device, non_blocking=True)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)

@@ -15,6 +15,9 @@ Protocol (semi-honest parties; the coordinator and the active party do not collu
    float32 would round at |R| * 2**-24, about 64 for M = 2**30). The active party subtracts R and adds its own
    embedding: `E_active + sum_k E_k`, differentiable with respect to `E_active` only.
 
+The parameter maths (security table, prime-chain rules, headroom, error bound, masking advantage) and every TenSEAL
+call live in `lvfl.crypto.ckks`; this class holds the keys, runs the three steps and applies the policy below.
+
 What each party learns:
     * A passive party: only the public key; it never receives a ciphertext or a decryption.
     * The active party: the sum of the passive embeddings (which the protocol needs), never an individual one: it
@@ -41,112 +44,54 @@ values). `combine` refuses a batch whose bound exceeds `max_advantage` (0.01 by 
 each naming the options, unless `allow_insecure=True`, which warns instead. The mask costs precision only through
 float64 rounding of the decrypted value (`M * 2**-50` per value, ~1e-6 at M = 2**30; see the error bound below).
 
-Security parameters. The total coefficient-modulus size must respect the HomomorphicEncryption.org standard bound
-for uniform ternary secrets and classical security (the same table SEAL enforces for 128 bits):
+Security parameters. `CKKSParameters` (see `lvfl.crypto.ckks` for the HomomorphicEncryption.org table) refuses a
+total coefficient-modulus size above the standard bound for `security_bits`. Defaults: N=8192, primes (60, 40, 60)
+= 160 bits <= 218, scale 2**40. Headroom: a decrypted value must stay below `2**(L - scale_bits - 1)` in magnitude,
+L the bits of the primes left at decryption (all but the special prime). The sum is decrypted at the top level
+(L = 100: `headroom` 2**59), which bounds `K * max_abs + M`, ample for the default mask M = 2**30. `combine` takes
+no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is weighted by each party before `protect`), so
+no rescale is ever needed and a longer chain only adds headroom: the often-quoted (60, 40, 40, 60) (headroom 2**99)
+costs more time and bytes for headroom lvfl does not need (docs/results.md, section 3; `benchmarks/backends.py
+--ckks-moduli 60 40 40 60`).
 
-    =============  =====  =====  =====  =====  =====  =====
-    N              1024   2048   4096   8192   16384  32768
-    =============  =====  =====  =====  =====  =====  =====
-    128-bit        27     54     109    218    438    881
-    192-bit        19     37     75     152    305    611
-    256-bit        14     29     58     118    237    476
-    =============  =====  =====  =====  =====  =====  =====
+Precision: decryption error per value is bounded (with overwhelming probability) by `error_bound()`, the bound of
+`lvfl.crypto.ckks.error_bound` for K passive summands, values up to `max_abs` and the mask up to `mask_bound`:
+`(K * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude` (Cheon, Kim, Kim, Song, ASIACRYPT 2017).
+At the defaults the noise term is about 6e-7 per passive party (observed ~1e-8). The last term is the float64
+rounding of the masked value (magnitude up to `K * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is
+observed at the defaults (~8e-7 for 3 passive parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted
+sum beyond `K * max_abs` plus that bound is refused as corrupted (wrong key or tampered ciphertexts).
 
-Defaults: N=8192, primes (60, 40, 60) = 160 bits <= 218, scale 2**40. Headroom: a decrypted value must stay
-below `2**(L - scale_bits - 1)` in magnitude, L the bits of the primes left at decryption (all but the special
-prime). The sum is decrypted at the top level (L = 100: `headroom` 2**59), which bounds `K * max_abs + M`, ample for
-the default mask M = 2**30. `combine` takes no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is
-weighted by each party before `protect`), so no rescale is ever needed and a longer chain only adds headroom: the
-often-quoted (60, 40, 40, 60) (headroom 2**99) costs ~45% more time and ~40% more bytes (81.4 vs 56.2 ms, 5.43 vs
-3.89 MB per 128 x 128 batch, measured with `benchmarks/backends.py [--ckks-moduli 60 40 40 60]`).
-
-Precision: decryption error per value is bounded (with overwhelming probability) by
-`error_bound() = (K * B_clean + (K + 2) * B_scale) / 2**scale_bits + 2**-50 * magnitude`, where
-`B_clean = 8 sqrt(2) sigma N + 6 sigma sqrt(N) + 16 sigma sqrt(h N)` is the fresh-encryption noise bound and
-`B_scale = sqrt(N / 3) (3 + 8 sqrt(h))` the rounding bound of an encoding or a rescale (Cheon, Kim, Kim, Song,
-ASIACRYPT 2017, Lemmas 1-3; sigma = 3.2, h = 2N/3 for SEAL's uniform ternary secret). At the defaults this is
-about 6e-7 per passive party (observed ~1e-8). The last term is the float64 rounding of the masked value (magnitude
-up to `K * max_abs + M`), ~1e-6 at M = 2**30, which dominates what is observed at the defaults (~8e-7 for 3 passive
-parties and a 128 x 128 batch, within the bound 2.8e-6). A decrypted sum beyond `K * max_abs` plus that bound is
-refused as corrupted (wrong key or tampered ciphertexts).
-
-Cost (TenSEAL 0.3.18, one core, N=8192, measured with the primes (60, 40, 40, 60); the default (60, 40, 60) is
-faster and smaller, see above): a public-key encryption of one packed ciphertext takes ~3.8 ms and serializes
-(SEAL-compressed) to ~331 KB in ~1.3 ms; adding ciphertexts ~0.03 ms; a plaintext (mask) addition ~0.8 ms; a
-decryption ~1 ms. So one 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3
-passive parties is dominated by the 12 encryptions. `n_threads` does not help: TenSEAL encrypts a vector on one
-thread and holds the GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)` meets the same 128-bit bound
-(109 bits) at ~1.5-2.5x the speed and 0.37x the bytes of (60, 40, 40, 60), but its headroom 2**13 only fits
-a mask_bound below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or
+Cost: one 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties
+is dominated by the 12 public-key encryptions (timings in docs/results.md, section 3). `n_threads` does not help:
+TenSEAL encrypts a vector on one thread and holds the GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)`
+meets the same 128-bit bound (109 bits) faster and in fewer bytes, but its headroom 2**13 only fits a mask_bound
+below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or
 `allow_insecure=True`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import numbers
-import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tenseal as ts
 import torch
 
+from lvfl.checks import check_int, check_positive, check_real
+from lvfl.crypto import ckks
+from lvfl.crypto.ckks import CKKSParameters
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Wire
 
-#: HomomorphicEncryption.org standard: max total coefficient-modulus bits per N, by classical security level
-MAX_COEFF_MODULUS_BITS: dict[int, dict[int, int]] = {
-    128: {1024: 27, 2048: 54, 4096: 109, 8192: 218, 16384: 438, 32768: 881},
-    192: {1024: 19, 2048: 37, 4096: 75, 8192: 152, 16384: 305, 32768: 611},
-    256: {1024: 14, 2048: 29, 4096: 58, 8192: 118, 16384: 237, 32768: 476},
-}
-#: SEAL's limit on one prime of the coefficient modulus
-MAX_PRIME_BITS = 60
-#: standard deviation of SEAL's error distribution
-NOISE_SIGMA = 3.2
-#: packing layouts: "slots" fills every ciphertext (the default); "row" encrypts each leading-dim row separately
-PACKINGS = ("slots", "row")
+if TYPE_CHECKING:
+    import tenseal as ts
+
 #: the largest statistical distance per combine (a distinguisher's advantage) accepted without allow_insecure
 DEFAULT_MAX_ADVANTAGE = 0.01
-
-
-def masking_advantage(numel: int, spread: float, mask_bound: float) -> float:
-    """Statistical distance between `S + R` and `S' + R`, R uniform in [-M, M]^numel, for |S_i - S'_i| <= spread.
-
-    Exactly `1 - (1 - spread / (2M))**numel` at the worst case |S_i - S'_i| = spread (uniform laws on boxes of equal
-    volume: one minus the overlap), and 1 when spread >= 2M. This is the best advantage any distinguisher has.
-    """
-    if numel <= 0 or spread <= 0:
-        return 0.0
-    per_value = spread / (2.0 * mask_bound)
-    if per_value >= 1.0:
-        return 1.0
-    return -math.expm1(numel * math.log1p(-per_value))
-
-
-def fresh_noise_bound(poly_modulus_degree: int) -> float:
-    """B_clean: the canonical-embedding bound on a fresh public-key encryption's noise (Cheon et al. 2017)."""
-    n = poly_modulus_degree
-    h = 2 * n / 3  # expected Hamming weight of a uniform ternary secret
-    return 8 * math.sqrt(2) * NOISE_SIGMA * n + 6 * NOISE_SIGMA * math.sqrt(n) + 16 * NOISE_SIGMA * math.sqrt(h * n)
-
-
-def rounding_bound(poly_modulus_degree: int) -> float:
-    """B_scale: the canonical-embedding bound on the rounding error of an encoding or a rescale."""
-    n = poly_modulus_degree
-    return math.sqrt(n / 3) * (3 + 8 * math.sqrt(2 * n / 3))
-
-
-def uniform_mask(numel: int, bound: float) -> np.ndarray:
-    """`numel` float64 values uniform in [-bound, bound), from the OS CSPRNG (53 random bits each)."""
-    words = np.frombuffer(os.urandom(8 * numel), dtype=np.uint64)
-    unit = (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return (2.0 * unit - 1.0) * bound
 
 
 class CKKSShare:
@@ -201,8 +146,8 @@ class CKKS(AggregationBackend):
         max_advantage: the largest statistical distance per combine (`advantage_bound`) accepted.
         allow_insecure: run with weaker hiding (max_abs >= mask_bound, or a combine whose bound exceeds
             `max_advantage`), with a warning instead of an error.
-        packing: "slots" packs N/2 values per ciphertext; "row" one ciphertext per row (comparison only: ~30x
-            slower and larger for a 128 x 128 batch).
+        packing: "slots" packs N/2 values per ciphertext; "row" one ciphertext per row (comparison only: far
+            slower and larger for a batch of short rows).
         n_threads: TenSEAL thread-pool size of every context (vector encryption is sequential either way).
 
     Example:
@@ -238,11 +183,9 @@ class CKKS(AggregationBackend):
         max_advantage: float = DEFAULT_MAX_ADVANTAGE,
         allow_insecure: bool = False,
     ) -> None:
-        self.n_threads = self._validate_threads(n_threads)
+        self.n_threads = check_int(n_threads, "CKKS(n_threads=...)", low=1)
         self.allow_insecure = bool(allow_insecure)
-        self.max_advantage = self._positive(max_advantage, "max_advantage")
-        if self.max_advantage > 1:
-            raise ValueError(f"CKKS(max_advantage=...) must be in (0, 1], got {max_advantage!r}")
+        self.max_advantage = check_real(max_advantage, "CKKS(max_advantage=...)", 0.0, 1.0, open_low=True)
         self._warned: set[tuple] = set()
         self._configure(
             coordinator,
@@ -269,11 +212,11 @@ class CKKS(AggregationBackend):
         """Validate and set every parameter, and forget any key (a new configuration needs a new setup)."""
         if not isinstance(coordinator, str) or not coordinator:
             raise TypeError(f"CKKS(coordinator=...) must be a non-empty party name, got {coordinator!r}")
-        parameters = self._validate_parameters(poly_modulus_degree, coeff_mod_bit_sizes, scale_bits, security_bits)
-        mask_bound = self._positive(mask_bound, "mask_bound")
-        max_abs = self._positive(max_abs, "max_abs")
-        if packing not in PACKINGS:
-            raise ValueError(f"CKKS(packing=...) must be one of {PACKINGS}, got {packing!r}")
+        parameters = CKKSParameters(poly_modulus_degree, coeff_mod_bit_sizes, scale_bits, security_bits)
+        mask_bound = check_positive(mask_bound, "CKKS(mask_bound=...)")
+        max_abs = check_positive(max_abs, "CKKS(max_abs=...)")
+        if packing not in ckks.PACKINGS:
+            raise ValueError(f"CKKS(packing=...) must be one of {ckks.PACKINGS}, got {packing!r}")
         if max_abs >= mask_bound:
             self._insecure(
                 ("max_abs", "mask_bound"),
@@ -281,7 +224,7 @@ class CKKS(AggregationBackend):
                 "statistical distance up to 1 per value); raise mask_bound or lower max_abs",
             )
         self.coordinator = coordinator
-        self.poly_modulus_degree, self.coeff_mod_bit_sizes, self.scale_bits, self.security_bits = parameters
+        self.parameters = parameters
         self.mask_bound, self.max_abs, self.packing = mask_bound, max_abs, packing
         self._forget_keys()
 
@@ -293,73 +236,31 @@ class CKKS(AggregationBackend):
             self._warned.add(key)
             warnings.warn(why + "; running anyway because allow_insecure=True", UserWarning, stacklevel=3)
 
-    # -- parameter validation -------------------------------------------------------------------------------------
-    @staticmethod
-    def _validate_parameters(
-        poly_modulus_degree: int, coeff_mod_bit_sizes: Sequence[int], scale_bits: int, security_bits: int
-    ) -> tuple[int, tuple[int, ...], int, int]:
-        def is_int(v: object) -> bool:
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    # -- the parameter set and what it guarantees (lvfl.crypto.ckks) -----------------------------------------------
+    @property
+    def poly_modulus_degree(self) -> int:
+        """Ring dimension N."""
+        return self.parameters.poly_modulus_degree
 
-        if not is_int(security_bits) or int(security_bits) not in MAX_COEFF_MODULUS_BITS:
-            raise ValueError(
-                f"CKKS(security_bits=...) must be one of {sorted(MAX_COEFF_MODULUS_BITS)}, got {security_bits!r}"
-            )
-        table = MAX_COEFF_MODULUS_BITS[int(security_bits)]
-        if not is_int(poly_modulus_degree) or int(poly_modulus_degree) not in table:
-            raise ValueError(
-                f"CKKS(poly_modulus_degree=...) must be a power of two in {sorted(table)}, got {poly_modulus_degree!r}"
-            )
-        if not is_int(scale_bits) or not 1 <= scale_bits < MAX_PRIME_BITS:
-            raise ValueError(f"CKKS(scale_bits=...) must be an int in [1, {MAX_PRIME_BITS}), got {scale_bits!r}")
-        sizes = tuple(coeff_mod_bit_sizes)
-        if len(sizes) < 2 or not all(is_int(b) and 2 <= b <= MAX_PRIME_BITS for b in sizes):
-            raise ValueError(
-                f"CKKS(coeff_mod_bit_sizes=...) needs at least 2 primes of 2..{MAX_PRIME_BITS} bits "
-                f"(first, middle..., special), got {sizes}"
-            )
-        n, sizes, scale_bits = int(poly_modulus_degree), tuple(int(b) for b in sizes), int(scale_bits)
-        total, bound = sum(sizes), table[n]
-        if total > bound:
-            raise ValueError(
-                f"CKKS(coeff_mod_bit_sizes={sizes}): total {total} bits exceeds the {bound}-bit bound for "
-                f"{security_bits}-bit security at poly_modulus_degree={n} (HomomorphicEncryption.org standard); "
-                "use fewer or smaller primes, or a larger poly_modulus_degree"
-            )
-        first, middle, special = sizes[0], sizes[1:-1], sizes[-1]
-        if any(b != scale_bits for b in middle):
-            raise ValueError(
-                f"CKKS(coeff_mod_bit_sizes={sizes}): the middle primes must equal scale_bits={scale_bits}, so that "
-                "each rescale divides out exactly one scale factor"
-            )
-        if first <= scale_bits:
-            raise ValueError(
-                f"CKKS(coeff_mod_bit_sizes={sizes}): the first prime ({first} bits) must exceed scale_bits="
-                f"{scale_bits} to leave integer headroom for the decrypted values"
-            )
-        if special < max(sizes[:-1]):
-            raise ValueError(
-                f"CKKS(coeff_mod_bit_sizes={sizes}): the last (special) prime ({special} bits) must be at least as "
-                "large as every other prime"
-            )
-        return n, sizes, scale_bits, int(security_bits)
+    @property
+    def coeff_mod_bit_sizes(self) -> tuple[int, ...]:
+        """Bit sizes of the coefficient-modulus primes (first, middle..., special)."""
+        return self.parameters.coeff_mod_bit_sizes
 
-    @staticmethod
-    def _validate_threads(n_threads: int) -> int:
-        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
-            raise ValueError(f"CKKS(n_threads=...) must be a positive int, got {n_threads!r}")
-        return n_threads
+    @property
+    def scale_bits(self) -> int:
+        """log2 of the CKKS scale."""
+        return self.parameters.scale_bits
 
-    @staticmethod
-    def _positive(value: float, name: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < float(value) < math.inf:
-            raise ValueError(f"CKKS({name}=...) must be a positive finite number, got {value!r}")
-        return float(value)
+    @property
+    def security_bits(self) -> int:
+        """Classical security level of the parameter set."""
+        return self.parameters.security_bits
 
     @property
     def slots(self) -> int:
         """Values per ciphertext: N / 2."""
-        return self.poly_modulus_degree // 2
+        return ckks.slots(self.parameters)
 
     @property
     def public_context_bytes(self) -> bytes:
@@ -370,7 +271,7 @@ class CKKS(AggregationBackend):
     @property
     def headroom(self) -> float:
         """The sum plus mask must stay below this: 2**(bits of all but the special prime - scale - 1)."""
-        return 2.0 ** (sum(self.coeff_mod_bit_sizes[:-1]) - self.scale_bits - 1)
+        return ckks.headroom(self.parameters)
 
     def advantage_bound(self, numel: int, num_parties: int | None = None) -> float:
         """The most statistical distance between the coordinator's views of two aggregates of one combine.
@@ -379,14 +280,11 @@ class CKKS(AggregationBackend):
         backend's passive parties; a distinguisher's advantage per combine is at most this.
         """
         k = len(self._passive) if num_parties is None else int(num_parties)
-        return masking_advantage(int(numel), 2.0 * k * self.max_abs, self.mask_bound)
+        return ckks.masking_advantage(int(numel), 2.0 * k * self.max_abs, self.mask_bound)
 
     def num_ciphertexts(self, shape: Sequence[int]) -> int:
         """How many ciphertexts a tensor of `shape` is packed into."""
-        numel = math.prod(shape)
-        if self.packing == "row" and len(shape) > 1 and numel:
-            return shape[0] * math.ceil(numel // shape[0] / self.slots)
-        return math.ceil(numel / self.slots)
+        return ckks.num_ciphertexts(self.parameters, shape, self.packing)
 
     def error_bound(self, num_parties: int | None = None) -> float:
         """Bound on |decoded passive sum - exact sum| per value, for `num_parties` passive parties.
@@ -394,10 +292,7 @@ class CKKS(AggregationBackend):
         Holds with overwhelming probability (see the module docstring). Defaults to this backend's passive parties.
         """
         k = len(self._passive) if num_parties is None else int(num_parties)
-        magnitude = k * self.max_abs + self.mask_bound
-        n = self.poly_modulus_degree
-        noise = k * fresh_noise_bound(n) + (k + 2) * rounding_bound(n)
-        return noise * 2.0**-self.scale_bits + magnitude * 2.0**-50
+        return ckks.error_bound(self.parameters, k, self.max_abs, self.mask_bound)
 
     # -- keys ----------------------------------------------------------------------------------------------------
     def _forget_keys(self) -> None:
@@ -442,29 +337,18 @@ class CKKS(AggregationBackend):
         super().setup(parties, active, wire, rank)
         self._forget_keys()
         # at the coordinator: the secret context, and its public view without rotation or relinearization keys
-        secret = ts.context(
-            ts.SCHEME_TYPE.CKKS,
-            poly_modulus_degree=self.poly_modulus_degree,
-            coeff_mod_bit_sizes=list(self.coeff_mod_bit_sizes),
-            n_threads=self.n_threads,
-        )
-        secret.global_scale = 2.0**self.scale_bits
-        public = secret.copy()
-        public.make_context_public()
-        blob = public.serialize(
-            save_public_key=True, save_secret_key=False, save_galois_keys=False, save_relin_keys=False
-        )
-        del public
+        secret = ckks.secret_context(self.parameters, self.n_threads)
+        blob = ckks.public_context_bytes(secret)
         contexts = {}
         for party in (active, *passive):  # coordinator -> every party: the public context, one message each
             received = wire.send(self.coordinator, party, blob, tag="keys")
-            contexts[party] = ts.context_from(received, n_threads=self.n_threads)
+            contexts[party] = ckks.load_public_context(received, self.n_threads)
         self._secret_context = secret
         self._secret_key = secret.secret_key()
         self._contexts = contexts
         self._passive = passive
         self._public_blob = blob
-        self._key_id = hashlib.sha256(blob).digest()[:16]
+        self._key_id = ckks.key_id(blob)
 
     # -- 2. protect: at passive party k, public key only ------------------------------------------------------------
     def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> CKKSShare:
@@ -492,19 +376,11 @@ class CKKS(AggregationBackend):
                 "within the headroom, or scale the embedding)"
             )
         context = self._contexts[party]
-        vectors = [self._encrypt(context, chunk) for chunk in self._chunks(values, tensor.shape)]
+        vectors = [ckks.encrypt(context, chunk) for chunk in self._chunks(values, tensor.shape)]
         return CKKSShare(vectors, tensor.shape, self._key_id, self.num_ciphertexts(tensor.shape))
 
     def _chunks(self, values: np.ndarray, shape: Sequence[int]) -> list[np.ndarray]:
-        if self.packing == "row" and len(shape) > 1 and values.size:
-            return list(values.reshape(shape[0], -1))
-        return [values[i : i + self.slots] for i in range(0, values.size, self.slots)]
-
-    @staticmethod
-    def _encrypt(context: ts.Context, chunk: np.ndarray) -> ts.CKKSVector:
-        # TenSEAL's public constructor; its private native one (ts._ts_cpp.CKKSVector) skips a PlainTensor round
-        # trip and measured ~6% faster, not worth depending on a private API that a TenSEAL release may change
-        return ts.ckks_vector(context, chunk.tolist())
+        return ckks.chunks(self.parameters, values, shape, self.packing)
 
     # -- 3. combine: at the active party, decryption at the coordinator ---------------------------------------------
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
@@ -550,7 +426,7 @@ class CKKS(AggregationBackend):
             )
 
         # at the active party: homomorphic sum, then the mask
-        mask = uniform_mask(numel, self.mask_bound)
+        mask = ckks.uniform_mask(numel, self.mask_bound)
         aggregate = self._masked_sum(shares, self._chunks(mask, active_tensor.shape))
         payload = CKKSShare(aggregate, active_tensor.shape, self._key_id, len(aggregate))
         at_coordinator = self.wire.send(self.active, self.coordinator, payload, tag="he_aggregate")
@@ -566,20 +442,11 @@ class CKKS(AggregationBackend):
         return active_tensor + decoded.to(active_tensor)
 
     def _masked_sum(self, shares: Mapping[str, CKKSShare], mask: list[np.ndarray]) -> list[ts.CKKSVector]:
-        first, *rest = self._passive
-        # add(mask) makes the new vector (a C++ copy, far cheaper than CKKSVector.copy())
-        out = [vec.add(m.tolist()) for vec, m in zip(shares[first].vectors, mask, strict=True)]
-        for name in rest:
-            for acc, vec in zip(out, shares[name].vectors, strict=True):
-                acc.add_(vec)
-        return out
+        return ckks.masked_sum([shares[name].vectors for name in self._passive], mask)
 
     def _decrypt(self, payload: CKKSShare) -> torch.Tensor:
         """At the coordinator: the decrypted values of the aggregate, float64."""
-        values = np.concatenate(
-            [np.asarray(vec.decrypt(self._secret_key), dtype=np.float64) for vec in payload.vectors]
-        )
-        return torch.from_numpy(values)
+        return torch.from_numpy(ckks.decrypt(payload.vectors, self._secret_key))
 
     def _check_decrypted(self, passive_sum: np.ndarray) -> None:
         limit = len(self._passive) * self.max_abs + self.error_bound()

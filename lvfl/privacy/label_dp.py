@@ -25,7 +25,6 @@ the release (Mironov, CCS 2012); randomized response has no such floating-point 
 from __future__ import annotations
 
 import math
-import numbers
 import secrets
 import warnings
 from abc import ABC, abstractmethod
@@ -34,6 +33,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from lvfl.checks import check_int, check_positive
 
 #: task kinds a categorical label mechanism fits (the kinds of `lvfl.parties.TaskInfo`)
 CLASSIFICATION_KINDS = ("binary", "multiclass")
@@ -48,19 +49,13 @@ ONE_HOT_L1_SENSITIVITY = 2.0
 
 
 def check_epsilon(epsilon: float) -> float:
-    """`epsilon` as a float, or a ValueError/TypeError naming it when it is not a finite number > 0."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
-        raise TypeError(f"epsilon must be a real number, got {epsilon!r} ({type(epsilon).__name__})")
-    value = float(epsilon)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"epsilon must be finite and > 0, got epsilon={epsilon!r}")
-    return value
+    """`epsilon` as a float; an `OptionError` (a ValueError and a TypeError) naming it unless a finite number > 0."""
+    return check_positive(epsilon, "epsilon")
 
 
 def check_labels(labels: torch.Tensor, num_classes: int) -> None:
     """Raise a ValueError unless `labels` is a 1-D integer tensor with values in [0, num_classes)."""
-    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
-        raise ValueError(f"a label mechanism needs num_classes >= 2 (a classification task), got {num_classes!r}")
+    check_int(num_classes, "num_classes for a label mechanism", low=2)
     if not isinstance(labels, torch.Tensor):
         raise TypeError(f"labels must be a torch.Tensor, got {type(labels).__name__}")
     if labels.dtype == torch.bool or labels.dtype.is_floating_point or labels.dtype.is_complex:
@@ -188,8 +183,7 @@ class LabelMechanism(ABC):
                 f"{type(self).__name__} protects class labels and does not fit a {kind!r} task "
                 f"(supported kinds: {', '.join(CLASSIFICATION_KINDS)})"
             )
-        if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 2:
-            raise ValueError(f"{type(self).__name__} needs num_classes >= 2, got num_classes={num_classes!r}")
+        check_int(num_classes, f"num_classes for {type(self).__name__}", low=2)
 
     def release(self, labels: torch.Tensor, num_classes: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """The protected labels for `labels` (N,); draws from `generator`, or the mechanism's own when None.
@@ -317,8 +311,7 @@ class PrivacyLedger:
 
     def record(self, mechanism: LabelMechanism, num_labels: int, tag: str = "train") -> ReleaseRecord:
         """Record one release of `num_labels` labels by `mechanism`; warns when `tag` was already released."""
-        if isinstance(num_labels, bool) or not isinstance(num_labels, numbers.Integral) or num_labels < 0:
-            raise ValueError(f"num_labels must be an integer >= 0, got {num_labels!r}")
+        check_int(num_labels, "num_labels", low=0)
         entry = ReleaseRecord(mechanism.name, check_epsilon(mechanism.epsilon), int(num_labels), str(tag))
         previous = [r for r in self.releases if r.tag == entry.tag]
         self.releases.append(entry)

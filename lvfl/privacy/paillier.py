@@ -53,11 +53,11 @@ see the passive-to-active messages):
 If the coordinator colluded with the active party they could decrypt each passive party's ciphertexts; that is the
 trust assumption of coordinator-based HE in vertical FL and it is stated, not defended.
 
-Cost: an encryption is one exponentiation `rho**n mod n**2` (~9 ms for a 2048-bit key, like phe's `encrypt`),
-whatever the plaintext, so packing S values divides the passive parties' work, the ciphertext bytes and the
-coordinator's decryptions (~2.5 ms each, CRT) by S. The exponentiations run in a `ProcessPoolExecutor` of `workers`
-processes (reused across calls, work split into a few chunks per worker; fewer than `MIN_PARALLEL_CIPHERTEXTS`
-ciphertexts stay in-process). Decryption stays in the coordinator's own process.
+Cost: an encryption is one exponentiation `rho**n mod n**2` (like phe's `encrypt`), whatever the plaintext, so
+packing S values divides the passive parties' work, the ciphertext bytes and the coordinator's (CRT) decryptions
+by S; the unit costs are measured by `benchmarks/costs.py` (docs/results.md section 6). The exponentiations run
+in a `ProcessPoolExecutor` of `workers` processes (reused across calls, work split into a few chunks per worker;
+fewer than `MIN_PARALLEL_CIPHERTEXTS` ciphertexts stay in-process). Decryption stays in the coordinator's own process.
 
 Worker processes never hold the secret key. A worker receives only the public modulus n and fresh random rho values
 (drawn in the calling process from the OS CSPRNG) and returns `rho**n mod n**2`; the calling process multiplies in
@@ -66,9 +66,10 @@ Worker processes never hold the secret key. A worker receives only the public mo
 was itself started by `exec` of a fresh interpreter, never forked from this process, so they inherit none of its
 memory (the coordinator's key object and primes, which live in the same process in this one-process simulation,
 included). `fork` would copy the whole address space, key included. The price: starting the pool costs a fresh
-interpreter once per backend (~0.3 s on 2 busy cores), plus whatever the main script imports, since multiprocessing
-re-imports the main module in every worker (scripts must keep their work under `if __name__ == "__main__":`; the
-`lvfl` console script re-imports `lvfl.cli`, a few seconds once per run, `python -m lvfl` and pytest nothing).
+interpreter once per backend (measured by `benchmarks/costs.py`), plus whatever the main script imports, since
+multiprocessing re-imports the main module in every worker (scripts must keep their work under
+`if __name__ == "__main__":`; the `lvfl` console script re-imports its entry module once per run, `python -m lvfl`
+and pytest nothing).
 
 Secure defaults: `key_size` >= 2048 bits (112-bit security) with no override; fresh randomness from `secrets` (the
 OS CSPRNG) for every ciphertext and every mask; the secret key never enters `state_dict`, pickles or copies.
@@ -90,6 +91,7 @@ import numpy as np
 import torch
 from phe import paillier as phe_paillier
 
+from lvfl.checks import check_int
 from lvfl.crypto import fixedpoint, packing, paillier, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
@@ -97,8 +99,8 @@ from lvfl.wire import Wire
 
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
 MAX_VALUE_BITS = 53
-#: fewer ciphertexts than this are encrypted in-process. Measured (2048-bit key, 2 cores): one encryption ~9 ms, a
-#: warm pool round trip ~1 ms (starting the pool costs a fresh interpreter, once); so the pool wins from ~4 on
+#: fewer ciphertexts than this are encrypted in-process: a warm pool's round trip costs about a tenth of one
+#: 2048-bit encryption (docs/results.md section 6), so the pool wins from a handful of ciphertexts on
 MIN_PARALLEL_CIPHERTEXTS = 4
 #: aim for this many chunks per worker, so that a slow worker does not hold up the rest
 CHUNKS_PER_WORKER = 4
@@ -207,9 +209,7 @@ class Paillier(AggregationBackend):
         self.pack = bool(pack)
         if workers is None:
             workers = os.cpu_count() or 1
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"Paillier(workers=...) must be a positive int or None, got {workers!r}")
-        self.workers = workers
+        self.workers = check_int(workers, "Paillier(workers=...)", low=1)  # None: one per CPU
         if not isinstance(coordinator, str) or not coordinator:
             raise ValueError(f"Paillier(coordinator=...) must be a non-empty party name, got {coordinator!r}")
         self.coordinator = coordinator
@@ -224,8 +224,7 @@ class Paillier(AggregationBackend):
     @staticmethod
     def _validate_bits(frac_bits: int, int_bits: int) -> tuple[int, int]:
         fixedpoint.check_frac_bits(frac_bits, "Paillier(frac_bits=...)")
-        if isinstance(int_bits, bool) or not isinstance(int_bits, int):
-            raise TypeError(f"Paillier(int_bits=...) must be an int, got {type(int_bits).__name__}")
+        int_bits = check_int(int_bits, "Paillier(int_bits=...)")
         if not 0 <= int_bits <= MAX_VALUE_BITS - 1 - frac_bits:
             raise ValueError(
                 f"Paillier(int_bits=...) must be in [0, {MAX_VALUE_BITS - 1 - frac_bits}] with frac_bits={frac_bits} "
