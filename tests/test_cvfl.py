@@ -171,7 +171,7 @@ def cvfl(n: int = 4, lr: float = 0.1, momentum: float = 0.0, embedding_dim: int 
 
 
 def snapshot(model: CVFL) -> tuple[dict, torch.nn.Module]:
-    return copy.deepcopy({k: model.party_models[k] for k in model.party_names}), copy.deepcopy(model.top)
+    return copy.deepcopy({k: model.party_models[k].encoder for k in model.party_names}), copy.deepcopy(model.top)
 
 
 def split_learning_step(encoders: dict, top, batch, lr: float) -> tuple[dict, dict]:
@@ -213,7 +213,8 @@ def cvfl_reference(encoders: dict, top, batch, lr: float, q: int, bits: int) -> 
 
 
 def trained_params(model: CVFL) -> dict[str, torch.Tensor]:
-    out = {f"{k}.{n}": p.detach() for k in model.party_names for n, p in model.party_models[k].named_parameters()}
+    encoders = {k: model.party_models[k].encoder for k in model.party_names}
+    out = {f"{k}.{n}": p.detach() for k, enc in encoders.items() for n, p in enc.named_parameters()}
     return out | {f"top.{n}": p.detach() for n, p in model.top.named_parameters()}
 
 
@@ -315,7 +316,7 @@ def test_evaluation_uses_the_compressed_embeddings():
     batch = next(iter(dm.val_dataloader()))
     with torch.no_grad():
         got = model.party_logits(batch)["party0"]
-        e = {k: model.party_models[k](batch.features[k]) for k in model.party_names}
+        e = {k: model.party_models[k].encoder(batch.features[k]) for k in model.party_names}
         z = torch.cat([e[k] if k == "party0" else dequantize(*quantize(e[k], 2)) for k in model.party_names], dim=1)
         uncompressed = model.top(torch.cat(list(e.values()), dim=1))
     assert torch.allclose(got, model.top(z), atol=1e-6)
@@ -344,9 +345,10 @@ def test_masking_backend_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"local_iterations": 0}, r"model.local_iterations must be an integer >= 1, got model.local_iterations=0"),
-        ({"local_iterations": 1.5}, r"model.local_iterations=1.5"),
-        ({"top_hidden": 0}, r"model.top_hidden=0"),
+        ({"local_iterations": 0}, r"model.local_iterations must be an int >= 1, got 0$"),
+        ({"local_iterations": 1.5}, r"model.local_iterations must be an int >= 1, got 1.5$"),
+        ({"local_iterations": True}, r"model.local_iterations must be an int >= 1, got True$"),
+        ({"top_hidden": 0}, r"model.top_hidden must be an int >= 1, got 0$"),
     ],
 )
 def test_bad_protocol_arguments_name_the_option(kwargs, match):

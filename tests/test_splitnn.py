@@ -184,7 +184,7 @@ def test_unknown_fusion_names_the_option():
 
 
 def test_bad_top_hidden_names_the_option():
-    with pytest.raises(ValueError, match=r"model.top_hidden must be an integer >= 1, got top_hidden=0"):
+    with pytest.raises(ValueError, match=r"model.top_hidden must be an int >= 1, got 0$"):
         SplitNN(parties=mlp_parties(4), top_model=MLP, top_hidden=0)
 
 

@@ -7,5 +7,17 @@ from lvfl.protocols.easter import EASTER
 from lvfl.protocols.pravfed import PraVFed
 from lvfl.protocols.splitnn import SplitNN
 from lvfl.protocols.standalone import Central, Local
+from lvfl.protocols.top_model import TopModelProtocol
 
-__all__ = ["CVFL", "EASTER", "AggVFL", "Central", "Local", "PartyConfig", "PraVFed", "SplitNN", "VFLModule"]
+__all__ = [
+    "CVFL",
+    "EASTER",
+    "AggVFL",
+    "Central",
+    "Local",
+    "PartyConfig",
+    "PraVFed",
+    "SplitNN",
+    "TopModelProtocol",
+    "VFLModule",
+]

@@ -3,8 +3,9 @@
 Castiglia, Das, Wang, Patterson, "Compressed-VFL: Communication-efficient learning with vertically partitioned
 data", ICML 2023 (Algorithm 1). Parties: one active party (features + labels + the top, or "server", model
 theta_0) and K passive parties (features only), C = K + 1. Every party k owns an embedding network h_k (the
-encoder of its configured party model; the head is not used) and its own optimizer; the active party's optimizer
-also holds the top model. The top model sees the concatenation [E_0, ..., E_K] of all embeddings in party order.
+encoder of its configured party model) and its own optimizer; the active party's optimizer also holds the top
+model. The top model sees the concatenation [E_0, ..., E_K] of all embeddings in party order (`TopModelProtocol`
+builds the models and fuses).
 
 One communication round per mini-batch B, every cross-party move on the wire:
 
@@ -23,7 +24,10 @@ One communication round per mini-batch B, every cross-party move on the wire:
    and theta_0 together). The others' embeddings stay as they were at the start of the round (stale).
 
 With `bits=32, topk=1, local_iterations=1` this is exactly split learning: every party's gradient is the gradient
-of one loss, top(concat(E)), evaluated at the same parameters.
+of one loss, top(concat(E)), evaluated at the same parameters. `tests/test_top_model.py` checks it against
+`SplitNN(fusion="concat")`: the same losses and parameters, bit for bit, and the same embeddings up the wire; only
+the messages down differ (C-VFL's (C - 1) W(B) + 4 P + B bytes per passive party instead of SplitNN's gradient,
+4 B d), from which each passive party computes exactly the gradient SplitNN would have sent it.
 
 Labels: in C-VFL every party evaluates the loss locally, so it needs the labels. Here only the active party holds
 them, so it sends each passive party the labels of the round's mini-batch (`labels_for(k, batch)`, as the smallest
@@ -51,16 +55,19 @@ embedding, P the top model's parameter count): per passive party W(B) up, (C - 1
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
-from torch import nn
 from torch.func import functional_call
 
+from lvfl.checks import check_int
 from lvfl.compression import CompressedTensor, Compressor
-from lvfl.models.base import PartyModelFactory, check_positive_int
-from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.models.base import PartyModelFactory
+from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import PartyConfig
+from lvfl.protocols.top_model import TopModelProtocol
 
 
 def label_dtype(num_classes: int) -> torch.dtype:
@@ -72,7 +79,7 @@ def label_dtype(num_classes: int) -> torch.dtype:
     return torch.int32
 
 
-class CVFL(VFLModule):
+class CVFL(TopModelProtocol):
     """C-VFL: encoders at every party, a top model at the active party, compressed embeddings, Q local iterations.
 
     Args:
@@ -100,43 +107,20 @@ class CVFL(VFLModule):
         compressor: Compressor | None = None,
         label_mechanism: LabelMechanism | None = None,
     ) -> None:
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
-        self.top_model_factory = top_model
-        self.top_hidden = check_positive_int("model.top_hidden", top_hidden)
-        self.local_iterations = check_positive_int("model.local_iterations", local_iterations)
+        super().__init__(
+            parties,
+            top_model,
+            aggregation=aggregation,
+            embedding_dim=embedding_dim,
+            top_hidden=top_hidden,
+            label_mechanism=label_mechanism,
+        )
+        self.local_iterations = check_int(local_iterations, "model.local_iterations", low=1)
         if compressor is None:
             compressor = Compressor()
         if not isinstance(compressor, Compressor):
             raise TypeError(f"model.compressor must be an lvfl.compression.Compressor, got {type(compressor).__name__}")
         self.compressor = compressor
-        self.top: nn.Module | None = None
-
-    # ------------------------------------------------------------------------------------------------ building
-    def build(self, party_specs: list[PartySpec], task: TaskInfo, rank: int = 0) -> None:
-        """Build the parties' encoders (base), then the active party's top model on their concatenation."""
-        super().build(party_specs, task, rank=rank)
-        width = (self.num_parties * self.embedding_dim,)
-        self.top = self.top_model_factory(width, self.top_hidden, task.num_classes)
-        if self.protects_labels:
-            self.private_head = self.top_model_factory(width, self.top_hidden, task.num_classes)
-
-    def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
-        """Party `spec`'s encoder (the bottom model): the configured model's head is dropped, never trained."""
-        return super().build_party_model(spec, config).encoder
-
-    @property
-    def predicting_parties(self) -> list[str]:
-        """Only the active party predicts, with the top model."""
-        return [self.active]
-
-    def party_parameters(self, party: str) -> list[nn.Parameter]:
-        """A party's encoder; the active party's optimizer also holds the top model (and the private head)."""
-        params = super().party_parameters(party)
-        if party == self.active:
-            if self.top is None:
-                raise RuntimeError("the top model is built by build(), before the optimizers")
-            params += list(self.top.parameters())
-        return params
 
     def check_backend(self) -> None:
         """Only a backend that reveals shares (`Plain`): the embeddings are concatenated, there is no sum to protect."""
@@ -148,33 +132,26 @@ class CVFL(VFLModule):
         )
 
     # ------------------------------------------------------------------------------------------------ the steps
-    def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Each party embeds its own feature slice (step 1, and step 4 for party k's own slot)."""
-        return {k: self.party_models[k](batch.features[k]) for k in self.party_names}
+    def embeddings_up(self, local: Mapping[str, torch.Tensor]) -> dict[str, CompressedTensor]:
+        """Steps 1-2: each passive party compresses its embedding and sends C(E_k) up; what the active party holds."""
+        return {
+            k: self.wire.send(k, self.active, self.compressor.compress(local[k]), "embeddings") for k in self.passive
+        }
 
     def top_snapshot(self) -> dict[str, torch.Tensor]:
         """The top model's parameters and buffers as the active party serializes them (a copy, not the live ones)."""
-        if self.top is None:
-            raise RuntimeError("the top model is built by build()")
-        state = dict(self.top.named_parameters())
-        state.update(self.top.named_buffers())
+        top = self._top()
+        state = dict(top.named_parameters())
+        state.update(top.named_buffers())
         return {name: t.detach().clone() for name, t in state.items()}
-
-    def concat_view(self, own: str, own_embedding: torch.Tensor, others: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The top model's input as party `own` sees it: its embedding in its slot, the others' in theirs."""
-        return torch.cat([own_embedding if j == own else others[j] for j in self.party_names], dim=1)
 
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """One communication round (Algorithm 1): steps 1-3 once, then Q local iterations (step 4)."""
-        optimizers = self.party_optimizers()
         active = self.active
         local = self.local_embeddings(batch)  # step 1
         self.check_finite(local, "embedding")
-        sent = {k: self.compressor.compress(local[k]) for k in self.party_names}
-        # step 2: passive embeddings up; the active party holds every party's compressed embedding
-        held: dict[str, CompressedTensor] = {active: sent[active]}
-        for k in self.passive:
-            held[k] = self.wire.send(k, active, sent[k], "embeddings")
+        # steps 1-2: C(E_k) up; the active party holds every party's compressed embedding (its own, to forward)
+        held = {active: self.compressor.compress(local[active])} | self.embeddings_up(local)
         # step 3: what each party needs for its local gradient: others' embeddings, the top model, the labels
         others = {active: {j: held[j].decompress() for j in self.passive}}
         top_at: dict[str, dict[str, torch.Tensor]] = {}
@@ -190,18 +167,18 @@ class CVFL(VFLModule):
 
         losses: dict[str, torch.Tensor] = {}
         for q in range(self.local_iterations):  # step 4
-            self.begin_step()
+            optimizers = self.begin_step()
             own = local if q == 0 else self.local_embeddings(batch)
             surrogate = []  # one backward pass; each party's loss touches only its own parameters
             for k in self.party_names:
-                z = self.concat_view(k, own[k], others[k])
-                logits = self.top(z) if k == active else functional_call(self.top, top_at[k], (z,))
+                z = self.fuse(others[k] | {k: own[k]})  # party k's view: its fresh embedding, the others' as received
+                logits = self.top_logits(z) if k == active else functional_call(self.top, top_at[k], (z,))
                 loss = self.task_loss(logits, labels[k])
                 surrogate.append(loss)
                 if q == 0:
                     losses[k] = loss.detach()
             if self.private_head is not None:  # true labels on the active party's detached view: private top only
-                private = self.private_loss(self.concat_view(active, own[active], others[active]), batch)
+                private = self.private_top_loss(self.fuse(others[active] | {active: own[active]}), batch)
                 surrogate.append(private)
                 if q == 0:
                     losses[f"{active}/private_head"] = private.detach()
@@ -209,24 +186,11 @@ class CVFL(VFLModule):
         self.record_train_losses(losses)
 
     # ------------------------------------------------------------------------------------------------ evaluation
-    def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """The top model on the embeddings as the active party receives them: its own fresh, the others compressed."""
-        local = self.local_embeddings(batch)
-        received = {
-            k: self.wire.send(k, self.active, self.compressor.compress(local[k]), "embeddings").decompress()
-            for k in self.passive
-        }
-        z = self.concat_view(self.active, local[self.active], received)
-        return {self.active: self.top(z) if self.private_head is None else self.private_head(z)}
+    def gather(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Z at inference: the active party's fresh embedding, the others' compressed as they would reach it."""
+        received = {k: c.decompress() for k, c in self.embeddings_up(local).items()}
+        return self.fuse({self.active: local[self.active].detach()} | received)
 
     def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
         """Party `party`'s embedding as the active party receives it: compressed, then decompressed."""
-        return self.compressor.compress(self.party_models[party](features)).decompress()
-
-    def complete_prediction(
-        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """The top model on the active party's fresh embedding and the fetched passive ones, in their slots."""
-        own = self.party_models[self.active](active_features)
-        z = self.concat_view(self.active, own, {k: v.to(own) for k, v in contributions.items()})
-        return self.top(z) if self.private_head is None else self.private_head(z)
+        return self.compressor.compress(super().passive_contribution(party, features)).decompress()

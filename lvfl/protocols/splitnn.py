@@ -1,9 +1,8 @@
 """SplitNN (Pyvertical, SplitVFL): bottom models at every party, one trainable top model at the active party.
 
 Parties: one active party (features + labels + the top model) and K passive parties (features only), C = K + 1.
-Each party k owns a bottom model h_k (its party model's encoder; the party model's head is replaced by
-`nn.Identity`, so no parameter goes unused) and its own optimizer; the active party's optimizer also updates the
-top model T (encoder then head of a model built on the fused input). One training step (Romanini et al. 2021,
+Each party k owns a bottom model h_k (its party model's encoder) and its own optimizer; the active party's
+optimizer also updates the top model T (`TopModelProtocol` builds them). One training step (Romanini et al. 2021,
 "PyVertical: a vertical federated learning framework for multi-headed SplitNN"; EASTER Fig. 1(a), Sec. V-A3),
 every cross-party move on the wire:
 
@@ -39,22 +38,22 @@ active party's name (and as the mean, which is the same number). All parties sha
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Literal, get_args
 
 import torch
-from torch import nn
 
 from lvfl.models.base import PartyModelFactory
-from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import PartyConfig
+from lvfl.protocols.top_model import TopModelProtocol
 
 Fusion = Literal["concat", "sum", "mean"]
 
 
-class SplitNN(VFLModule):
+class SplitNN(TopModelProtocol):
     """Pyvertical split learning: party encoders as bottom models, a trainable top model at the active party.
 
     Args:
@@ -92,52 +91,33 @@ class SplitNN(VFLModule):
         fusion: Fusion = "concat",
         label_mechanism: LabelMechanism | None = None,
     ) -> None:
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
+        super().__init__(
+            parties,
+            top_model,
+            aggregation=aggregation,
+            embedding_dim=embedding_dim,
+            top_hidden=top_hidden,
+            label_mechanism=label_mechanism,
+        )
         if fusion not in get_args(Fusion):
             raise ValueError(f"model.fusion must be one of {list(get_args(Fusion))}, got fusion={fusion!r}")
-        if isinstance(top_hidden, bool) or not isinstance(top_hidden, int) or top_hidden < 1:
-            raise ValueError(f"model.top_hidden must be an integer >= 1, got top_hidden={top_hidden!r}")
-        self.top_model_factory = top_model
-        self.top_hidden = top_hidden
         self.fusion: Fusion = fusion
-        self.top: nn.Module | None = None
 
-    # ------------------------------------------------------------------------------------------------ building
+    # ------------------------------------------------------------------------------------------------ fusion
     @property
     def fused_dim(self) -> int:
         """The width of the top model's input: C embeddings side by side (concat), or one embedding (sum/mean)."""
-        return self.num_parties * self.embedding_dim if self.fusion == "concat" else self.embedding_dim
+        return super().fused_dim if self.fusion == "concat" else self.embedding_dim
 
-    def build_party_model(self, spec: PartySpec, config: PartyConfig) -> nn.Module:
-        """Party `spec`'s model with its head replaced by `nn.Identity`: only the encoder is a bottom model.
+    def fuse(self, embeddings: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Z from embeddings the active party holds in the clear: concatenated, or summed as `Plain` sums shares."""
+        if self.fusion == "concat":
+            return super().fuse(embeddings)
+        return self.plain_sum(embeddings[self.active], embeddings, self.passive)
 
-        Dropping the head keeps every registered parameter in use, so DDP (without `find_unused_parameters`)
-        does not stop on parameters that never receive a gradient.
-        """
-        model = super().build_party_model(spec, config)
-        model.head = nn.Identity()
-        return model
-
-    def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
-        """Build the bottom models (base), then the active party's top model on the fused input."""
-        super().build(party_specs, task, rank=rank)
-        self.top = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
-        if self.protects_labels:
-            self.private_head = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
-
-    @property
-    def predicting_parties(self) -> list[str]:
-        """Only the active party predicts (with the top model)."""
-        return [self.active]
-
-    def party_parameters(self, party: str) -> list[nn.Parameter]:
-        """A party's bottom model; the active party's optimizer also updates the top model."""
-        params = super().party_parameters(party)
-        if party == self.active:
-            if self.top is None:
-                raise RuntimeError("party_parameters was called before build() created the top model")
-            params += list(self.top.parameters())
-        return params
+    def top_input(self, z: torch.Tensor) -> torch.Tensor:
+        """The top model's input from the fused embeddings (the mean divides the sum by C here)."""
+        return z / self.num_parties if self.fusion == "mean" else z
 
     def check_backend(self) -> None:
         """Refuse a protecting backend with concat fusion: masks cancel only in a sum, never in a concatenation."""
@@ -151,35 +131,16 @@ class SplitNN(VFLModule):
             )
 
     # ------------------------------------------------------------------------------------------------ the step
-    def gather(self, local: dict[str, torch.Tensor]) -> torch.Tensor:
+    def gather(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Steps 2-3 (fusion): the passive embeddings go up; returns Z at the active party, detached.
 
         Concat sends each passive embedding as it is (float32) and places it in its party's slot; sum/mean use the
         backend, so the active party receives protected shares and learns only E_a + sum_k E_k.
         """
         if self.fusion == "concat":
-            parts = [
-                local[k].detach() if k == self.active else self.wire.send(k, self.active, local[k], "embeddings")
-                for k in self.party_names
-            ]
-            return torch.cat(parts, dim=1)
+            received = {k: self.wire.send(k, self.active, local[k], "embeddings") for k in self.passive}
+            return self.fuse({self.active: local[self.active].detach()} | received)
         return self.aggregate_embeddings(local)
-
-    def top_input(self, z: torch.Tensor) -> torch.Tensor:
-        """The top model's input from the fused embeddings (the mean divides the sum by C here)."""
-        return z / self.num_parties if self.fusion == "mean" else z
-
-    def top_logits(self, z: torch.Tensor) -> torch.Tensor:
-        """Step 3 (prediction): the top model on the fused input."""
-        if self.top is None:
-            raise RuntimeError("the top model is built by build()/setup() before any step")
-        return self.top(self.top_input(z))
-
-    def predict_from_fused(self, z: torch.Tensor) -> torch.Tensor:
-        """The active party's reported prediction: the private top model with a label mechanism, else the top model."""
-        if self.private_head is None:
-            return self.top_logits(z)
-        return self.private_head(self.top_input(z))
 
     def embedding_gradients(self, grad_z: torch.Tensor) -> dict[str, torch.Tensor]:
         """dloss/dE_k for every party from dloss/dZ: its slot (concat) or dloss/dZ itself (sum/mean)."""
@@ -205,24 +166,8 @@ class SplitNN(VFLModule):
         losses = {self.active: loss.detach()}
         self.check_finite(losses, "training loss", context=local)  # one joint loss: point at the embeddings
         if self.private_head is not None:  # true labels on the detached fused input: the private top model only
-            private = self.private_loss(self.top_input(z), batch)
+            private = self.private_top_loss(z, batch)
             surrogate.append(private)
             losses[f"{self.active}/private_head"] = private.detach()
         self.end_step(optimizers, surrogate)  # step 5
         self.record_train_losses(losses)
-
-    # ------------------------------------------------------------------------------------------------ evaluation
-    def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """The top model's prediction on the fused embeddings, held by the active party."""
-        return {self.active: self.predict_from_fused(self.gather(self.local_embeddings(batch)))}
-
-    def complete_prediction(
-        self, active_features: torch.Tensor, contributions: dict[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """The top model on the fused embeddings: the active party's own and the fetched passive ones."""
-        own = self.party_models[self.active].encoder(active_features)
-        if self.fusion == "concat":
-            z = torch.cat([own if k == self.active else contributions[k].to(own) for k in self.party_names], dim=1)
-        else:
-            z = self.plain_sum(own, contributions, self.passive)
-        return self.predict_from_fused(z)
