@@ -25,8 +25,8 @@ the lambda sweep, then the acceptance lines.
   aggregation (DHMasking refuses one passive party: with no peer to share a mask with it would be the embedding in
   the clear; accuracy is the same either way).
 
-Runs with one torch thread by default (`--threads`): every step here is tiny, and on a shared 2-core machine two
-spinning OpenMP threads made each step ~30x slower (a 2 s cell took 60 s).
+Runs with one torch thread by default (`--threads`): every step here is tiny, and spinning OpenMP threads cost
+far more than they gain (measured in docs/results.md section 4).
 
 .venv/bin/python benchmarks/student.py | tee /tmp/student_results.md
 .venv/bin/python benchmarks/student.py --seeds 0 --alphas 0.5 --datasets breast_cancer --families mlp
@@ -53,15 +53,11 @@ from common import machine, quiet  # noqa: E402
 
 from lvfl.cli import run_experiment  # noqa: E402
 from lvfl.inference.cross_fit import cross_fitted_soft_labels, untrained_copy  # noqa: E402
-from lvfl.inference.student import (  # noqa: E402
-    LogisticRegression,
-    build_student,
-    evaluate_student,
-    fit_student,
-    student_data,
-    teacher_soft_labels,
-)
-from lvfl.models import MLP  # noqa: E402
+from lvfl.inference.evaluation import evaluate_student  # noqa: E402
+from lvfl.inference.student import build_student, fit_student  # noqa: E402
+from lvfl.inference.teacher import default_producer, student_data, teacher_soft_labels  # noqa: E402
+from lvfl.models import MLP, LogisticRegression  # noqa: E402
+from lvfl.privacy import PlainSoftLabels  # noqa: E402
 
 ALPHAS = [0.1, 0.25, 0.5, 0.75, 0.9]
 LAMS = [0.0, 0.25, 0.5, 0.75, 1.0]
@@ -151,7 +147,11 @@ def run_cell(
     vfl = (
         float(torchmetrics.functional.auroc(soft[:, 1], labels, task="binary")) if labels.unique().numel() == 2 else NAN
     )
-    datasets = {"": student_data(teacher, dm, "train")}
+    # the teacher's inference, then the plain channel once: y~ at the active party for every student below
+    channel = PlainSoftLabels()
+    channel.setup(teacher.wire, teacher.active, default_producer(teacher))
+    own = channel.send_soft_labels(student_data(teacher, dm, "train").parts)
+    datasets = {"": student_data(teacher, dm, "train", soft_labels=own)}
     if any("+cf" in v for v in variants):
         cf = cross_fitted_soft_labels(kept["template"], dm, folds, cli.trainer.max_epochs, teacher.wire, seed=seed)
         datasets["+cf"] = student_data(teacher, dm, "train", soft_labels=cf)

@@ -6,26 +6,20 @@ import csv
 import math
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
-from helpers import easter, make_trainer
+from helpers import REPO, easter, make_trainer
+from sklearn.metrics import accuracy_score, roc_auc_score
 
 from lvfl.callbacks.student import StudentDistillation
+from lvfl.cli import build_cli
 from lvfl.datamodules import BreastCancer
-from lvfl.inference.student import (
-    LogisticRegression,
-    PaillierDistillation,
-    SoftLabelParts,
-    StudentData,
-    build_student,
-    check_lam,
-    fit_student,
-    student_data,
-    student_loss,
-    teacher_soft_label_parts,
-    teacher_soft_labels,
-)
-from lvfl.models import MLP
+from lvfl.inference.student import build_student, fit_student
+from lvfl.inference.teacher import StudentData, student_data, teacher_soft_label_parts, teacher_soft_labels
+from lvfl.models import MLP, LogisticRegression
+from lvfl.privacy import PaillierSoftLabels, PlainSoftLabels, SoftLabelParts
+from lvfl.privacy.soft_labels import check_lam, student_loss
 from lvfl.wire import Wire
 
 
@@ -40,9 +34,9 @@ def _toy(n: int = 12, features: int = 3, seed: int = 0) -> StudentData:
 
 @pytest.mark.parametrize("lam", [-0.1, 1.01, "0.5", None])
 def test_lam_outside_unit_interval_raises_naming_it(lam):
-    with pytest.raises(ValueError, match="lam must be in"):
+    with pytest.raises(ValueError, match=r"lam must be a finite number in \[0, 1\]"):
         check_lam(lam)
-    with pytest.raises(ValueError, match="lam must be in"):
+    with pytest.raises(ValueError, match=r"lam must be a finite number in \[0, 1\]"):
         StudentDistillation(lam=lam)
 
 
@@ -110,8 +104,16 @@ def test_teacher_soft_labels_are_the_mean_of_party_probabilities():
     data = student_data(model, dm)
     assert data.features.shape[0] == len(dm.active_set("train"))
     assert int(data.overlap.sum()) == len(dm.train_set)
-    assert float(data.soft_labels[~data.overlap].abs().sum()) == 0.0
-    torch.testing.assert_close(data.soft_labels[data.overlap].sum(-1), torch.ones(len(dm.train_set)))
+    assert float(data.soft_labels.abs().sum()) == 0.0  # before the channel: no y~ at the active party
+    channel = PlainSoftLabels()
+    channel.setup(model.wire, model.active, "party1")
+    at_active = channel.send_soft_labels(data.parts)
+    assert at_active.shape == (len(dm.train_set), 2)
+    torch.testing.assert_close(at_active.sum(-1), torch.ones(len(dm.train_set)))
+    clear = student_data(model, dm, soft_labels=at_active)  # y~ as the active party now holds it
+    assert clear.parts is None
+    assert float(clear.soft_labels[~clear.overlap].abs().sum()) == 0.0
+    torch.testing.assert_close(clear.soft_labels[clear.overlap], at_active)
 
 
 @pytest.mark.parametrize("num_parties", [2, 3])
@@ -169,11 +171,11 @@ def test_paillier_student_equals_plain_student(lam):
     fit_plain = fit_student(plain, data, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5)
 
     wire = Wire()
-    he = PaillierDistillation(wire, active="party0", producer="party1")
-    he.setup()
+    he = PaillierSoftLabels()
+    he.setup(wire, active="party0", producer="party1")
     secure = build_student(LogisticRegression, (3,), 1, 2, seed=3)
     encrypted = StudentData(base.features, base.labels, base.overlap, torch.zeros_like(soft), parts=parts)
-    fit_he = fit_student(secure, encrypted, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5, paillier=he)
+    fit_he = fit_student(secure, encrypted, lam=lam, epochs=2, batch_size=6, optimizer=opt, seed=5, channel=he)
     assert he.count == 2
 
     for a, b in zip(fit_plain.model.parameters(), fit_he.model.parameters(), strict=True):
@@ -197,8 +199,8 @@ def test_paillier_soft_labels_are_the_producer_part_plus_the_active_part():
     wire = Wire()
     seen: list[tuple[str, str, str]] = []
     wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag)))
-    he = PaillierDistillation(wire, active="party0", producer="party1")
-    he.setup()
+    he = PaillierSoftLabels()
+    he.setup(wire, active="party0", producer="party1")
     rows = he.send_soft_labels(parts)
     got = torch.tensor([[he._decrypt(c) for c in row] for row in rows], dtype=torch.float64)  # test-only decryption
     expected = torch.from_numpy(he.encode(parts.producer) + he.encode(parts.active)).double()
@@ -206,12 +208,27 @@ def test_paillier_soft_labels_are_the_producer_part_plus_the_active_part():
     torch.testing.assert_close(got / (2 * 2.0**he.frac_bits), parts.mean().double(), atol=2.0**-he.frac_bits, rtol=0)
     assert seen[-1] == ("party1", "party0", "soft_labels")
     with pytest.raises(ValueError, match="needs the soft labels' parts"):
-        fit_student(build_student(LogisticRegression, (2,), 1, 2, seed=0), data, lam=0.5, epochs=1, paillier=he)
+        fit_student(build_student(LogisticRegression, (2,), 1, 2, seed=0), data, lam=0.5, epochs=1, channel=he)
 
 
 def test_paillier_refuses_short_keys():
-    with pytest.raises(ValueError, match="key_size must be"):
-        PaillierDistillation(Wire(), "party0", "party1", key_size=1024)
+    with pytest.raises(ValueError, match=r"PaillierSoftLabels\(key_size=\.\.\.\) must be at least 2048"):
+        PaillierSoftLabels(key_size=1024)
+
+
+def sklearn_test_metrics(student: torch.nn.Module, dm) -> dict[str, float]:
+    """Independent of torchmetrics: sklearn's accuracy and ROC AUC of the student on the active party's test samples,
+    all of them, the overlap and the active-only ones."""
+    full = dm.active_set("test")
+    overlap = dm.overlap_mask("test").numpy()
+    with torch.no_grad():
+        probs = student.eval()(full.features[dm.active_party_name]).softmax(-1).numpy()
+    labels = full.labels.numpy()
+    out = {}
+    for suffix, keep in (("", np.ones_like(overlap)), ("/overlap", overlap), ("/active_only", ~overlap)):
+        out[f"acc{suffix}"] = accuracy_score(labels[keep], probs[keep].argmax(1))
+        out[f"auroc{suffix}"] = roc_auc_score(labels[keep], probs[keep, 1])
+    return out
 
 
 def test_callback_logs_student_metrics_to_csv(tmp_path):
@@ -225,9 +242,10 @@ def test_callback_logs_student_metrics_to_csv(tmp_path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     keys = {k for row in rows for k, v in row.items() if v not in ("", None)}
+    reference = sklearn_test_metrics(cb.student, dm)
     for key in ("acc", "auroc", "acc/overlap", "auroc/overlap", "acc/active_only", "auroc/active_only"):
         assert f"student/test/{key}" in keys
-        assert 0.5 < cb.metrics[f"student/test/{key}"] <= 1.0
+        assert 0.5 < cb.metrics[f"student/test/{key}"] == pytest.approx(reference[key], abs=1e-6)
     assert "student/train/loss" in keys
     tags = model.wire.bytes_by_tag()
     assert tags["soft_labels"] == len(dm.train_set) * 2 * 4  # the producer's part S_p, float32, plain
@@ -237,3 +255,75 @@ def test_callback_logs_student_metrics_to_csv(tmp_path):
     assert tags["teacher/embeddings"] > 0
     sent_down = {t for (s, d, t) in model.wire.bytes if s == "party0" and d == "party1"}
     assert sent_down <= {"global_embedding", "gradients", "teacher/global_embedding"}
+
+
+# -- the channel option ------------------------------------------------------------------------------------------
+def test_channel_must_be_a_soft_label_channel_naming_the_option():
+    with pytest.raises(TypeError, match="channel must be a lvfl.privacy.SoftLabelChannel"):
+        StudentDistillation(channel="paillier")
+    assert isinstance(StudentDistillation().channel, PlainSoftLabels)  # the default
+    assert StudentDistillation().channel is not StudentDistillation().channel  # one per callback, never shared
+
+
+def test_paillier_channel_options_follow_the_shared_rules():
+    for bad in (0, 41, True, 16.0):  # the one fixed-point rule of every backend: an int in [1, 40]
+        with pytest.raises((TypeError, ValueError), match=r"PaillierSoftLabels\(frac_bits=\.\.\.\)"):
+            PaillierSoftLabels(frac_bits=bad)
+    assert PaillierSoftLabels(frac_bits=40).frac_bits == 40
+    with pytest.raises(ValueError, match=r"PaillierSoftLabels\(coordinator=\.\.\.\)"):
+        PaillierSoftLabels(coordinator="")
+    with pytest.raises(ValueError, match="must be distinct parties"):
+        PaillierSoftLabels().check_roles("party0", "party0")
+    with pytest.raises(ValueError, match="must be distinct parties"):
+        PaillierSoftLabels(coordinator="party1").setup(Wire(), "party0", "party1")
+
+
+def test_a_channel_sends_only_once_set_up_and_parts_need_a_channel():
+    data = _toy(n=8, features=2)
+    parts = _toy_parts(data)
+    with pytest.raises(RuntimeError, match="call setup"):
+        PlainSoftLabels().send_soft_labels(parts)
+    with pytest.raises(RuntimeError, match="call setup"):
+        PaillierSoftLabels().send_soft_labels(parts)
+    before_channel = StudentData(data.features, data.labels, data.overlap, torch.zeros_like(data.soft_labels), parts)
+    with pytest.raises(ValueError, match="pass channel="):
+        fit_student(build_student(LogisticRegression, (2,), 1, 2, seed=0), before_channel, lam=0.5, epochs=1)
+
+
+def test_plain_channel_trains_the_student_that_clear_soft_labels_train():
+    """The channel's y~ (S_p sent, S_a added, / C) gives the very student that y~ handed over in the clear gives."""
+    base = _toy(n=12, features=3)
+    parts = _toy_parts(base)
+    soft = torch.zeros_like(base.soft_labels)
+    soft[base.overlap] = parts.mean()
+    opt = partial(torch.optim.SGD, lr=0.5)
+    clear = fit_student(
+        build_student(partial(MLP, hidden=[4]), (3,), 4, 2, seed=3),
+        StudentData(base.features, base.labels, base.overlap, soft),
+        lam=0.5, epochs=2, batch_size=5, optimizer=opt, seed=5,
+    )  # fmt: skip
+    wire = Wire()
+    channel = PlainSoftLabels()
+    channel.setup(wire, "party0", "party1")
+    sent = fit_student(
+        build_student(partial(MLP, hidden=[4]), (3,), 4, 2, seed=3),
+        StudentData(base.features, base.labels, base.overlap, torch.zeros_like(soft), parts=parts),
+        lam=0.5, epochs=2, batch_size=5, optimizer=opt, seed=5, channel=channel,
+    )  # fmt: skip
+    for a, b in zip(clear.model.parameters(), sent.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert sent.losses == clear.losses
+    assert wire.bytes_by_tag() == {"soft_labels": 6 * 2 * 4}  # S_p, float32, once; nothing else
+
+
+def test_a_config_chooses_the_channel_by_class_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    text = (REPO / "configs/easter/breast_cancer_student.yaml").read_text()
+    channel = "        channel: {class_path: lvfl.privacy.PaillierSoftLabels, init_args: {key_size: 3072}}\n"
+    text = text.replace("        cross_fit: 5\n", "        cross_fit: 5\n" + channel)
+    config = tmp_path / "student_paillier.yaml"
+    config.write_text(text)
+    cli = build_cli(["--config", str(config), f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, StudentDistillation)]
+    assert isinstance(cb.channel, PaillierSoftLabels)
+    assert (cb.channel.key_size, cb.channel.frac_bits, cb.channel.coordinator) == (3072, 16, "coordinator")

@@ -29,19 +29,15 @@ from helpers import make_trainer, mlp_parties, relabelled
 
 from lvfl.callbacks.student import StudentDistillation
 from lvfl.datamodules import BreastCancer
-from lvfl.inference.student import (
-    PaillierDistillation,
-    SoftLabelParts,
-    plain_soft_labels,
-    student_data,
-    teacher_soft_label_parts,
-)
+from lvfl.inference.teacher import student_data, teacher_soft_label_parts
 from lvfl.models import MLP
-from lvfl.privacy import RandomizedResponse
+from lvfl.privacy import PaillierSoftLabels, PlainSoftLabels, RandomizedResponse, SoftLabelChannel, SoftLabelParts
 from lvfl.protocols import EASTER, AggVFL, SplitNN, VFLModule
 
 PARTIES = 3
 PRODUCER = "party1"
+#: the soft-label channels, by the name a test id shows
+CHANNELS: dict[str, Callable[[], SoftLabelChannel]] = {"plain": PlainSoftLabels, "paillier": PaillierSoftLabels}
 #: tags the student path may send from the active party to a passive one: the protocol's own inference messages
 ALLOWED_DOWN = {"teacher/global_embedding", "cross_fit/teacher/global_embedding"}
 
@@ -100,7 +96,7 @@ def warns_if_nothing_to_hide(parts: SoftLabelParts) -> contextlib.AbstractContex
     return pytest.warns(UserWarning, match="hides nothing") if not parts.num_producer else contextlib.nullcontext()
 
 
-def decrypted_soft_labels(he: PaillierDistillation, rows: list[list[int]]) -> torch.Tensor:
+def decrypted_soft_labels(he: PaillierSoftLabels, rows: list[list[int]]) -> torch.Tensor:
     """Test-only: decrypt [[Q]] with the coordinator's key and decode y~ = Q / (C 2**frac_bits)."""
     q = torch.tensor([[he._decrypt(c) for c in row] for row in rows], dtype=torch.float64)
     return q / (he.count * 2.0**he.frac_bits)
@@ -125,15 +121,14 @@ def reference_soft_labels(teacher: VFLModule, batch: Any) -> torch.Tensor:
 
 
 # -- (a) the teacher and the channel, counterfactually ---------------------------------------------------------------
-@pytest.mark.parametrize("encryption", ["plain", "paillier"])
+@pytest.mark.parametrize("channel_name", sorted(CHANNELS))
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protocol, encryption, tmp_path):
+def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protocol, channel_name, tmp_path):
     teacher, dm = fitted(protocol, tmp_path, use_oracle=True)
     batch = dm.train_set[list(range(10))]
-    he = None
-    if encryption == "paillier":  # the key is fresh randomness drawn before any label is read: once, before both
-        he = PaillierDistillation(teacher.wire, teacher.active, PRODUCER)
-        he.setup()
+    # set up once, before both worlds: a Paillier key is fresh randomness drawn before any label is read
+    channel = CHANNELS[channel_name]()
+    channel.setup(teacher.wire, teacher.active, PRODUCER)
     worlds = []
     for labels in (batch.labels, 1 - batch.labels):  # the true labels, then others; same weights, same release
         world = dataclasses.replace(batch, labels=labels)
@@ -147,11 +142,11 @@ def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protoc
 
         handle = teacher.wire.subscribe(observe)
         parts = teacher_soft_label_parts(teacher, world, PRODUCER)
-        if he is None:
-            at_active = plain_soft_labels(teacher.wire, parts, teacher.active, PRODUCER)
-        else:
+        if isinstance(channel, PaillierSoftLabels):
             with warns_if_nothing_to_hide(parts):
-                at_active = decrypted_soft_labels(he, he.send_soft_labels(parts))
+                at_active = decrypted_soft_labels(channel, channel.send_soft_labels(parts))
+        else:
+            at_active = channel.send_soft_labels(parts)
         teacher.wire.unsubscribe(handle)
         worlds.append((inbox, messages, at_active))
 
@@ -168,9 +163,9 @@ def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protoc
         assert down == {"teacher/global_embedding"}
 
 
-@pytest.mark.parametrize("encryption", ["plain", "paillier"])
+@pytest.mark.parametrize("channel_name", sorted(CHANNELS))
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
-def test_callback_sends_no_prediction_or_soft_label_to_a_passive_party(protocol, encryption, tmp_path):
+def test_callback_sends_no_prediction_or_soft_label_to_a_passive_party(protocol, channel_name, tmp_path):
     """The whole StudentDistillation path, as configured by a user: active-to-passive messages it adds are only the
     protocol's inference messages, soft labels go to the active party only, the producer's part comes from it."""
     dm = BreastCancer(num_parties=PARTIES, overlap=0.1, batch_size=64, seed=0)
@@ -178,9 +173,9 @@ def test_callback_sends_no_prediction_or_soft_label_to_a_passive_party(protocol,
     model = PROTOCOLS[protocol](mech=RandomizedResponse(epsilon=1.0, seed=0))
     seen: list[tuple[str, str, str]] = []
     model.wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag)))
-    cb = StudentDistillation(lam=0.5, epochs=1, encryption=encryption)
+    cb = StudentDistillation(lam=0.5, epochs=1, channel=CHANNELS[channel_name]())
     trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0, callbacks=[cb])
-    expect_warning = encryption == "paillier" and protocol != "easter"
+    expect_warning = channel_name == "paillier" and protocol != "easter"
     with pytest.warns(UserWarning, match="hides nothing") if expect_warning else contextlib.nullcontext():
         trainer.fit(model, datamodule=dm)
     assert "student/test/acc" in cb.metrics
@@ -219,10 +214,15 @@ def passive_inbox_of_a_fit(relabel: bool, release: dict | None, tmp_path, **stud
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("student", [{"cross_fit": 2}, {"encryption": "paillier"}], ids=["cross_fit", "paillier"])
-def test_passive_inbox_of_training_and_student_path_does_not_depend_on_true_labels(student, tmp_path):
-    first, model = passive_inbox_of_a_fit(False, None, tmp_path / "a", **student)
-    second, other = passive_inbox_of_a_fit(True, model.label_release.state_dict(), tmp_path / "b", **student)
+@pytest.mark.parametrize(
+    "student_options",
+    [lambda: {"cross_fit": 2}, lambda: {"channel": PaillierSoftLabels()}],  # a fresh channel per fit
+    ids=["cross_fit", "paillier"],
+)
+def test_passive_inbox_of_training_and_student_path_does_not_depend_on_true_labels(student_options, tmp_path):
+    first, model = passive_inbox_of_a_fit(False, None, tmp_path / "a", **student_options())
+    second, other = passive_inbox_of_a_fit(True, model.label_release.state_dict(), tmp_path / "b", **student_options())
+    student = student_options()
     assert not torch.equal(model.trainer.datamodule.train_set.labels, other.trainer.datamodule.train_set.labels)
     assert len(model.privacy_ledger) == len(other.privacy_ledger) == 1  # one release, folds included
     tags = {m[2] for m in first}
@@ -240,18 +240,23 @@ def test_passive_inbox_of_training_and_student_path_does_not_depend_on_true_labe
 def test_soft_labels_at_the_active_party_are_the_mean_of_every_predicting_partys_softmax(protocol, tmp_path):
     teacher, dm = fitted(protocol, tmp_path)
     reference = reference_soft_labels(teacher, dm.train_set[torch.arange(len(dm.train_set))])
-    plain = student_data(teacher, dm, producer=PRODUCER)  # the plain channel
-    torch.testing.assert_close(plain.soft_labels[plain.overlap], reference, atol=1e-6, rtol=0)
-    assert plain.parts is None
+    data = student_data(teacher, dm, producer=PRODUCER)  # the teacher's inference: the parts, before the channel
+    assert float(data.soft_labels.abs().sum()) == 0.0  # the active party holds no y~ in the clear yet
+    assert data.parts is not None
+    assert data.parts.count == (PARTIES if protocol == "easter" else 1)
+    assert data.parts.num_producer == (PARTIES - 1 if protocol == "easter" else 0)
 
-    encrypted = student_data(teacher, dm, producer=PRODUCER, encryption="paillier")
-    assert float(encrypted.soft_labels.abs().sum()) == 0.0  # the active party holds no y~ in the clear
-    assert encrypted.parts is not None
-    assert encrypted.parts.count == (PARTIES if protocol == "easter" else 1)
-    assert encrypted.parts.num_producer == (PARTIES - 1 if protocol == "easter" else 0)
-    few = encrypted.parts[:6]  # Paillier encryptions are slow: a few rows suffice
-    he = PaillierDistillation(teacher.wire, teacher.active, PRODUCER)
-    he.setup()
+    plain = PlainSoftLabels()
+    plain.setup(teacher.wire, teacher.active, PRODUCER)
+    at_active = plain.send_soft_labels(data.parts)
+    torch.testing.assert_close(at_active, reference, atol=1e-6, rtol=0)
+    clear = student_data(teacher, dm, soft_labels=at_active)  # y~ as the active party now holds it: no parts
+    assert clear.parts is None
+    torch.testing.assert_close(clear.soft_labels[clear.overlap], reference, atol=1e-6, rtol=0)
+
+    few = data.parts[:6]  # Paillier encryptions are slow: a few rows suffice
+    he = PaillierSoftLabels()
+    he.setup(teacher.wire, teacher.active, PRODUCER)
     with warns_if_nothing_to_hide(few):
         got = decrypted_soft_labels(he, he.send_soft_labels(few))
     torch.testing.assert_close(got, reference[:6].double(), atol=2.0**-he.frac_bits + 1e-6, rtol=0)

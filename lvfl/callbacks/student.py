@@ -1,9 +1,12 @@
 """`StudentDistillation`: after the VFL model is fitted, fit a student on the active party's features alone.
 
-The logic lives in `lvfl.inference.student` (objective, teacher soft labels, the Paillier roles of Algorithms 1-2);
-this callback only gathers the active party's training view from the datamodule (all its samples: the overlap with
-the teacher's soft labels, and the samples only it holds), fits the student at the end of fit, evaluates it on the
-test split and writes the figures to every logger:
+The callback only adapts Lightning hooks and sends nothing itself: the teacher's soft labels come from
+`lvfl.inference.teacher` (and `lvfl.inference.cross_fit`), the soft-label channel (`lvfl.privacy.PlainSoftLabels`,
+`lvfl.privacy.PaillierSoftLabels`, chosen by `channel`) carries them to the active party and computes the student's
+gradients, `lvfl.inference.student.fit_student` runs the loop and `lvfl.inference.evaluation` the figures. At the end
+of fit it gathers the active party's training view from the datamodule (all its samples: the overlap with the
+teacher's soft labels, and the samples only it holds), fits the student, evaluates it on the test split and writes
+the figures to every logger:
 
 - `student/test/acc`, `student/test/auroc` (binary tasks): all test samples of the active party;
 - `student/test/acc/overlap`, `student/test/auroc/overlap`: the test samples every party holds;
@@ -13,29 +16,31 @@ test split and writes the figures to every logger:
 
 The same figures are kept in `metrics`, the student in `student`.
 
-Who learns what (see `lvfl.inference.student`): the producer (default the first passive party) receives the passive
-parties' own predictions on the overlap and forms their sum; the active party adds its own predictions' part, in the
-clear (`encryption="plain"`) or homomorphically on the producer's ciphertexts ("paillier"). Nothing the active party
-computes (its predictions, a top model's output, an aggregate, the soft labels) is sent to a passive party, so with a
-label mechanism the student path adds nothing to a passive party's view that depends on the true labels; with
-`cross_fit`, the fold teachers train on the run's one label release.
+Who learns what (see `lvfl.inference.student` and `lvfl.privacy.soft_labels`): the producer (default the first
+passive party) receives the passive parties' own predictions on the overlap and forms their sum; the active party adds
+its own predictions' part, in the clear (`PlainSoftLabels`) or homomorphically on the producer's ciphertexts
+(`PaillierSoftLabels`). Nothing the active party computes (its predictions, a top model's output, an aggregate, the
+soft labels) is sent to a passive party, so with a label mechanism the student path adds nothing to a passive party's
+view that depends on the true labels; with `cross_fit`, the fold teachers train on the run's one label release.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import OptimizerCallable
 
+from lvfl.checks import OptionError, check_int, check_positive
 from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_label_parts, untrained_copy
-from lvfl.inference.student import PaillierDistillation, build_student, check_lam, evaluate_student, fit_student
-from lvfl.inference.teacher import Encryption, default_producer, student_data
+from lvfl.inference.evaluation import student_metrics
+from lvfl.inference.student import build_student, fit_student
+from lvfl.inference.teacher import default_producer, student_data
 from lvfl.loggers import log_to_loggers
 from lvfl.models.base import PartyModelFactory
 from lvfl.models.logistic import LogisticRegression
+from lvfl.privacy.soft_labels import PlainSoftLabels, SoftLabelChannel, check_lam
 
 PREFIX = "student"
 
@@ -54,17 +59,16 @@ class StudentDistillation(Callback):
         lam: weight of the distillation term, in [0, 1].
         epochs: passes over the active party's training samples.
         batch_size: samples per student step.
-        encryption: "plain" (soft labels in the clear at the active party) or "paillier" (Algorithms 1-2: the
-            active party holds them encrypted only; the distillation gradient reaches the student's last linear
-            layer only, layers below train on the real-label loss). Where no passive party predicts (SplitNN,
-            C_VFL, Agg_VFL, PraVFed) the active party computes the soft labels itself and "paillier" hides nothing
-            (it warns).
-        key_size: Paillier modulus bits (>= 2048).
-        frac_bits: Paillier fixed-point fractional bits.
+        channel: the soft-label channel (`lvfl.privacy.SoftLabelChannel`); None is `PlainSoftLabels()` (soft labels
+            in the clear at the active party). `PaillierSoftLabels(key_size=..., frac_bits=..., coordinator=...)`
+            runs Algorithms 1-2: the active party holds them encrypted only, and the distillation gradient reaches
+            the student's last linear layer only (layers below train on the real-label loss). Where no passive party
+            predicts (SplitNN, C_VFL, Agg_VFL, PraVFed) the active party computes the soft labels itself and
+            Paillier hides nothing (it warns). In a config: `channel: {class_path: lvfl.privacy.PaillierSoftLabels,
+            init_args: {key_size: 2048}}`.
         producer: the passive party that receives the passive parties' predictions and sends their sum to the
             active party (default: the first passive party); the active party here keeps everything where the
             protocol delivers it.
-        coordinator: the Paillier key holder's name.
         tol: stop when the epoch-mean loss moves less than this (Algorithm 1's check); None runs every epoch.
         seed: seed of the student's initialisation and batch order.
         teacher_batch_size: samples per teacher forward pass.
@@ -88,32 +92,31 @@ class StudentDistillation(Callback):
         lam: float = 0.5,
         epochs: int = 20,
         batch_size: int = 64,
-        encryption: Encryption = "plain",
-        key_size: int = 2048,
-        frac_bits: int = 16,
+        channel: SoftLabelChannel | None = None,
         producer: str | None = None,
-        coordinator: str = "coordinator",
         tol: float | None = None,
         seed: int = 0,
         teacher_batch_size: int = 256,
         cross_fit: int | None = None,
     ) -> None:
         self.lam = check_lam(lam)
-        if encryption not in ("plain", "paillier"):
-            raise ValueError(f"encryption must be 'plain' or 'paillier', got encryption={encryption!r}")
-        for name, value in (("epochs", epochs), ("batch_size", batch_size), ("teacher_batch_size", teacher_batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {name}={value!r}")
-        if tol is not None and not tol > 0:
-            raise ValueError(f"tol must be positive or None, got tol={tol!r}")
+        self.epochs = check_int(epochs, "epochs", 1)
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+        self.teacher_batch_size = check_int(teacher_batch_size, "teacher_batch_size", 1)
+        self.tol = None if tol is None else check_positive(tol, "tol", why="or None to run every epoch")
+        if channel is None:
+            channel = PlainSoftLabels()
+        if not isinstance(channel, SoftLabelChannel):
+            raise OptionError(
+                "channel must be a lvfl.privacy.SoftLabelChannel (e.g. lvfl.privacy.PlainSoftLabels or "
+                f"lvfl.privacy.PaillierSoftLabels), got {type(channel).__name__} {channel!r}"
+            )
+        self.channel = channel
         self.model_factory = model
         self.embedding_dim = embedding_dim
         self.optimizer = optimizer if optimizer is not None else partial(torch.optim.Adam, lr=0.01)
-        self.epochs, self.batch_size, self.teacher_batch_size = epochs, batch_size, teacher_batch_size
-        self.encryption: Encryption = encryption
-        self.key_size, self.frac_bits = key_size, frac_bits
-        self.producer, self.coordinator = producer, coordinator
-        self.tol, self.seed = tol, seed
+        self.producer = producer
+        self.seed = seed
         self.cross_fit = None if cross_fit is None else check_folds(cross_fit)
         self._template: LightningModule | None = None
         self.student: torch.nn.Module | None = None
@@ -134,11 +137,7 @@ class StudentDistillation(Callback):
             raise TypeError("StudentDistillation needs a VerticalDataModule (with active_set / overlap_mask)")
         active = dm.active_party_name
         producer = self.producer if self.producer is not None else default_producer(pl_module)
-        paillier = None
-        if self.encryption == "paillier":  # checks the roles before any fold or teacher runs
-            paillier = PaillierDistillation(
-                pl_module.wire, active, producer, self.coordinator, key_size=self.key_size, frac_bits=self.frac_bits
-            )
+        self.channel.check_roles(active, producer)  # before any fold or teacher runs
         parts = None
         if self.cross_fit is not None:
             if self._template is None:
@@ -160,12 +159,9 @@ class StudentDistillation(Callback):
                 batch_size=self.teacher_batch_size,
                 release=getattr(pl_module, "label_release", None),
             )
-        # the teacher's inference and, for plain, the soft-label channel: y~ as the active party holds it
-        data = student_data(
-            pl_module, dm, "train", self.teacher_batch_size, producer, parts=parts, encryption=self.encryption
-        )
-        if paillier is not None:
-            paillier.setup()  # the coordinator's key to the active party and the producer
+        # the teacher's inference: the soft labels' parts, each at its holder, before the channel
+        data = student_data(pl_module, dm, "train", self.teacher_batch_size, producer, parts=parts)
+        self.channel.setup(pl_module.wire, active, producer)  # keys, if the channel has any, on the protocol's wire
 
         input_shape = tuple(data.features.shape[1:])
         student = build_student(self.model_factory, input_shape, self.embedding_dim, data.num_classes, self.seed)
@@ -177,28 +173,14 @@ class StudentDistillation(Callback):
             batch_size=self.batch_size,
             optimizer=self.optimizer,
             seed=self.seed,
-            paillier=paillier,
+            channel=self.channel,
             tol=self.tol,
         )
         self.student, self.losses = fit.model, fit.losses
-        self.metrics = self.evaluate(dm, data.num_classes)
+        self.metrics = student_metrics(fit.model, dm, data.num_classes, "test", PREFIX)
         self.metrics[f"{PREFIX}/train/loss"] = fit.losses[-1]
         self.metrics[f"{PREFIX}/epochs"] = float(len(fit.losses))
         log_to_loggers(trainer, self.metrics)
         if trainer.is_global_zero:
             for logger in trainer.loggers:  # loggers were finalized before on_fit_end: write these rows out
                 logger.save()
-
-    def evaluate(self, datamodule: Any, num_classes: int, split: str = "test") -> dict[str, float]:
-        """The student's metrics on all samples of `split`, its overlap and its active-only samples."""
-        if self.student is None:
-            raise RuntimeError("the student is fitted at the end of fit")
-        full = datamodule.active_set(split)
-        mask = datamodule.overlap_mask(split)
-        x, y = full.features[datamodule.active_party_name], full.labels
-        out: dict[str, float] = {}
-        for suffix, keep in (("", None), ("/overlap", mask), ("/active_only", ~mask)):
-            xs, ys = (x, y) if keep is None else (x[keep], y[keep])
-            for metric, value in evaluate_student(self.student, xs, ys, num_classes).items():
-                out[f"{PREFIX}/{split}/{metric}{suffix}"] = value
-        return out

@@ -15,7 +15,7 @@ Label privacy: the fold teachers train on the run's one label release (`LabelRel
 the fold's samples, on the parent's `PrivacyLedger`), never on a release of their own, since each fold drawing again
 would release every label K more times. The parent's ledger records every release that happens, so with a mechanism
 it shows exactly one after cross-fitting. The fold teachers' soft labels are formed like the fitted teacher's
-(`lvfl.inference.student.teacher_soft_label_parts`): passive predictions to the producer, nothing the active party
+(`lvfl.inference.teacher.teacher_soft_label_parts`): passive predictions to the producer, nothing the active party
 computes sent down.
 
 The fitted teacher itself still serves every prediction afterwards (the router, the VFL test metrics); only the
@@ -36,9 +36,11 @@ from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from sklearn.model_selection import StratifiedKFold
 from torch.utils.data import RandomSampler
 
+from lvfl.checks import check_int
 from lvfl.datamodules.base import VerticalTensorDataset
-from lvfl.inference.student import SoftLabelParts, teacher_soft_label_parts
+from lvfl.inference.teacher import teacher_soft_label_parts
 from lvfl.privacy.label_release import LabelRelease
+from lvfl.privacy.soft_labels import SoftLabelParts
 from lvfl.wire import Wire
 
 __all__ = [
@@ -54,8 +56,7 @@ CROSS_FIT_TAG = "cross_fit/"
 
 def check_folds(folds: int, num_samples: int | None = None) -> int:
     """Return `folds` if it is an integer >= 2 (and at most the number of samples), else raise naming the option."""
-    if isinstance(folds, bool) or not isinstance(folds, int) or folds < 2:
-        raise ValueError(f"cross_fit must be an integer >= 2 (the number of folds) or None, got cross_fit={folds!r}")
+    folds = check_int(folds, "cross_fit", 2, why="the number of folds, or None")
     if num_samples is not None and folds > num_samples:
         raise ValueError(f"cross_fit={folds} folds but only {num_samples} overlapping training samples")
     return folds
@@ -151,7 +152,7 @@ def cross_fitted_soft_label_parts(
 ) -> SoftLabelParts:
     """Soft-label parts (N_o rows) for the VFL training set (the overlap), each from a teacher not trained on it.
 
-    See `lvfl.inference.student.SoftLabelParts`; rows are in the datamodule's `train_set` order.
+    See `lvfl.privacy.SoftLabelParts`; rows are in the datamodule's `train_set` order.
 
     Args:
         template: the unbuilt protocol (see `untrained_copy`); each fold trains its own deep copy.
@@ -232,7 +233,7 @@ def cross_fitted_soft_labels(
 ) -> torch.Tensor:
     """Cross-fitted soft labels y~ (N_o, M) in one process: the mean of `cross_fitted_soft_label_parts`.
 
-    For experiments and references; no soft-label channel runs (see `lvfl.inference.student.teacher_soft_labels`).
+    For experiments and references; no soft-label channel runs (see `lvfl.inference.teacher.teacher_soft_labels`).
     """
     return cross_fitted_soft_label_parts(
         template, datamodule, folds, max_epochs, wire, producer, seed, accelerator, batch_size, release

@@ -4,97 +4,43 @@
 message metered on the protocol's wire under `teacher/<tag>`, except that a prediction a *passive* party computes is
 delivered to the *producer* (by default the first passive party, the paper's Stage two) instead of the active party.
 Nothing the active party computes (its own or private head's prediction, a top model's output, an aggregate) is sent
-to a passive party: it makes the active part S_a of y~ = (S_p + S_a) / C, S_p being the producer's part. The plain
-channel (`plain_soft_labels`) sends S_p to the active party; the encrypted one is
-`lvfl.inference.student.PaillierDistillation`. `student_data` assembles the active party's training view: its
-samples, which overlap, and the overlap's soft labels. Who learns what: `lvfl.inference.student`.
+to a passive party: it makes the active part S_a of y~ = (S_p + S_a) / C, S_p being the producer's part
+(`lvfl.privacy.SoftLabelParts`). Moving y~ to the active party is the soft-label channel's job
+(`lvfl.privacy.PlainSoftLabels`, `lvfl.privacy.PaillierSoftLabels`). `student_data` assembles the active party's
+training view before the channel: its samples, which overlap, and the overlap's soft-label parts.
+
+Which predictions make the teacher (`teacher_predictions`): for EASTER every party model's prediction (the active
+party's is its private head's when the protocol keeps one); for SplitNN, C_VFL, PraVFed and Local the one prediction
+the active party computes; for Agg_VFL the aggregate A alone. Rule: an entry of `party_logits` whose key is no
+party's name is a joint prediction (Agg_VFL's "aggregate"); when there is one, the joint predictions alone are the
+teacher (the other entries are the parties' own-model diagnostics), otherwise every entry is. When no passive party
+predicts, S_p is empty and the soft labels stay at the active party. Who learns what: `lvfl.inference.student`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from lvfl.parties import VFLBatch
-from lvfl.wire import Wire
+from lvfl.privacy.soft_labels import SoftLabelParts
 
 __all__ = [
     "TEACHER_TAG",
-    "Encryption",
     "SoftLabelParts",
     "StudentData",
     "default_producer",
-    "plain_soft_labels",
     "student_data",
     "teacher_predictions",
     "teacher_soft_label_parts",
     "teacher_soft_labels",
 ]
 
-Encryption = Literal["plain", "paillier"]
-
 # -- the teacher -------------------------------------------------------------------------------------------------
 TEACHER_TAG = "teacher/"
-
-
-@dataclass
-class SoftLabelParts:
-    """The teacher's soft labels for a set of samples, in the two parts their holders form: `y~ = (S_p + S_a) / C`.
-
-    Attributes:
-        producer: (N, M) S_p, the sum of the softmax of the predictions delivered to the producer (passive parties'
-            own predictions); zeros when `num_producer` is 0. Held by the producer only.
-        active: (N, M) S_a, the sum of the softmax of the predictions the active party computed. Held by the active
-            party only.
-        num_producer: how many predictions `producer` sums (0: the producer holds nothing and sends nothing).
-        num_active: how many predictions `active` sums.
-    """
-
-    producer: torch.Tensor
-    active: torch.Tensor
-    num_producer: int
-    num_active: int
-
-    def __post_init__(self) -> None:
-        if self.producer.shape != self.active.shape or self.producer.dim() != 2:
-            raise ValueError(
-                f"SoftLabelParts: producer {tuple(self.producer.shape)} and active {tuple(self.active.shape)} must "
-                "both be (N, M)"
-            )
-        if self.num_producer < 0 or self.num_active < 0 or self.count < 1:
-            raise ValueError(f"SoftLabelParts: counts {self.num_producer}, {self.num_active} must sum to >= 1")
-
-    @property
-    def count(self) -> int:
-        """C: the number of predictions averaged (public)."""
-        return self.num_producer + self.num_active
-
-    def __len__(self) -> int:
-        return int(self.active.shape[0])
-
-    def __getitem__(self, index: Any) -> SoftLabelParts:
-        """The parts of a subset of the samples (rows)."""
-        return SoftLabelParts(self.producer[index], self.active[index], self.num_producer, self.num_active)
-
-    def mean(self) -> torch.Tensor:
-        """y~ = (S_p + S_a) / C: what the active party ends up with after the plain channel (a reference here)."""
-        return (self.producer + self.active) / self.count
-
-    @staticmethod
-    def cat(parts: Sequence[SoftLabelParts]) -> SoftLabelParts:
-        """The parts of several batches of the same teacher, rows concatenated."""
-        if not parts:
-            raise ValueError("SoftLabelParts.cat needs at least one part")
-        counts = {(p.num_producer, p.num_active) for p in parts}
-        if len(counts) != 1:
-            raise ValueError(f"SoftLabelParts.cat: parts from differently structured teachers {sorted(counts)}")
-        ((num_producer, num_active),) = counts
-        return SoftLabelParts(
-            torch.cat([p.producer for p in parts]), torch.cat([p.active for p in parts]), num_producer, num_active
-        )
 
 
 def default_producer(teacher: Any) -> str:
@@ -180,21 +126,6 @@ def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = No
     return teacher_soft_label_parts(teacher, batch, producer).mean()
 
 
-def plain_soft_labels(wire: Wire, parts: SoftLabelParts, active: str, producer: str) -> torch.Tensor:
-    """The plain channel: `y~` as the active party ends up with it.
-
-    The producer sends S_p (float32, tag "soft_labels") when it holds any prediction; the active party adds its own
-    S_a and divides by the public count C. With no passive prediction nothing is sent.
-    """
-    if parts.num_producer and len(parts):
-        if producer == active:
-            raise ValueError("the producer's part must come from a passive producer, not the active party")
-        at_active = wire.send(producer, active, parts.producer.float(), "soft_labels")
-    else:
-        at_active = torch.zeros_like(parts.active)
-    return (at_active + parts.active) / parts.count
-
-
 # -- data --------------------------------------------------------------------------------------------------------
 @dataclass
 class StudentData:
@@ -204,11 +135,13 @@ class StudentData:
         features: (N, ...) the active party's features.
         labels: (N,) class indices.
         overlap: (N,) bool, True where every party holds the sample.
-        soft_labels: (N, M) teacher distributions as the active party holds them in the clear (the plain path);
-            rows where `overlap` is False are zero, and so is every row for the encrypted path.
-        parts: for the encrypted path, the overlap's soft labels as the producer and the active party hold them
-            before the channel (`SoftLabelParts`, one row per overlapping sample in order), which
-            `PaillierDistillation.send_soft_labels` turns into [[y~]] at the active party; None on the plain path.
+        soft_labels: (N, M) teacher distributions the active party already holds in the clear, when given directly
+            (experiments that bypass the channel; `fit_student` then runs no channel); rows where `overlap` is
+            False are zero, and every row is zero when `parts` is set.
+        parts: the overlap's soft labels as the producer and the active party hold them before the channel
+            (`SoftLabelParts`, one row per overlapping sample in order), which a soft-label channel
+            (`lvfl.privacy.SoftLabelChannel.send_soft_labels`) carries to the active party; None when `soft_labels`
+            is given.
     """
 
     features: torch.Tensor
@@ -248,23 +181,21 @@ def student_data(
     producer: str | None = None,
     soft_labels: torch.Tensor | None = None,
     parts: SoftLabelParts | None = None,
-    encryption: Encryption = "plain",
 ) -> StudentData:
-    """The active party's samples of `split` with the teacher's soft labels on the overlap, as it holds them.
+    """The active party's samples of `split` with the teacher's soft labels on the overlap, before the channel.
 
     The soft labels' parts come from `teacher_soft_label_parts` on the datamodule's VFL view of the split (overlap
     only; the teacher's messages metered on its wire under `teacher/<tag>`, passive predictions delivered to
     `producer`, default `default_producer(teacher)`), or are given as `parts` (N_o rows in the VFL view's order, e.g.
-    cross-fitted ones, `lvfl.inference.cross_fit`). Then, for `encryption="plain"`, the plain channel runs on the
-    teacher's wire (`plain_soft_labels`) and `soft_labels` holds `y~` on the overlap; for "paillier", the parts are
-    kept for `PaillierDistillation.send_soft_labels` (called by `fit_student`) and `soft_labels` stays zero.
-    `soft_labels` (N_o, M) may instead give `y~` as the active party already holds it (experiments that bypass the
-    channel; plain only). Matched to the active party's samples by ID; rows of active-only samples are zero.
+    cross-fitted ones, `lvfl.inference.cross_fit`), and are kept in `StudentData.parts` for the soft-label channel
+    that `fit_student` runs; `StudentData.soft_labels` stays zero. `soft_labels` (N_o, M) may instead give `y~` as
+    the active party already holds it (experiments that bypass the channel): then no teacher runs and `parts` is
+    None. Matched to the active party's samples by ID; rows of active-only samples are zero.
     """
-    if encryption not in ("plain", "paillier"):
-        raise ValueError(f"encryption must be 'plain' or 'paillier', got encryption={encryption!r}")
-    if soft_labels is not None and (parts is not None or encryption != "plain"):
-        raise ValueError("soft_labels gives y~ at the active party (plain, no channel): pass parts instead")
+    if soft_labels is not None and parts is not None:
+        raise ValueError(
+            "pass soft_labels (y~ at the active party, no channel) or parts (before the channel), not both"
+        )
     full = datamodule.active_set(split)
     overlap = datamodule.overlap_mask(split)
     vfl = {"train": datamodule.train_set, "val": datamodule.val_set, "test": datamodule.test_set}[split]
@@ -297,8 +228,5 @@ def student_data(
             f"parts has shape {tuple(parts.active.shape)}, expected ({len(vfl)}, {num_classes}): one row per "
             f"overlapping {split} sample"
         )
-    if encryption == "plain":
-        soft[overlap] = plain_soft_labels(teacher.wire, parts, teacher.active, producer)
-    else:
-        data.parts = parts
+    data.parts = parts
     return data

@@ -1,8 +1,9 @@
-"""Privacy recipes: aggregation backends and label mechanisms.
+"""Privacy recipes, each chosen by `class_path`: aggregation backends, label mechanisms, soft-label channels.
 
 Aggregation backends protect passive embeddings on the wire and combine them at the active party (Plain, DHMasking;
 Paillier and CKKS with a key-holding coordinator); label mechanisms protect labels when anything derived from them
-leaves the active party.
+leaves the active party; soft-label channels carry a distilled student's soft labels and gradients between the
+active party and the passive parties' producer (PlainSoftLabels, PaillierSoftLabels).
 """
 
 from lvfl.privacy.base import AggregationBackend
@@ -12,6 +13,7 @@ from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.masking import DHMasking
 from lvfl.privacy.paillier import Paillier
 from lvfl.privacy.plain import Plain
+from lvfl.privacy.soft_labels import PaillierSoftLabels, PlainSoftLabels, SoftLabelChannel, SoftLabelParts
 
 __all__ = [
     "AggregationBackend",
@@ -21,7 +23,11 @@ __all__ = [
     "LabelRelease",
     "LaplaceLabels",
     "Paillier",
+    "PaillierSoftLabels",
     "Plain",
+    "PlainSoftLabels",
     "PrivacyLedger",
     "RandomizedResponse",
+    "SoftLabelChannel",
+    "SoftLabelParts",
 ]
