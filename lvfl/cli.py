@@ -1,15 +1,17 @@
 """`lvfl fit|validate|test|predict --config ...`: LightningCLI over every lvfl protocol and datamodule.
 
 Protocols (`model:`) and datamodules (`data:`) are chosen by `class_path`; aggregation backends swap with
-`--model.aggregation=lvfl.privacy.DHMasking` (or `Plain`). By default runs log to `runs/` with a CSVLogger, meter
-the wire with `CommunicationMeter`, and keep a `last.ckpt` so `--ckpt_path last` resumes.
+`--model.aggregation=lvfl.privacy.DHMasking` (or `Plain`). Several `--config` files compose, later ones overriding
+earlier ones (configs/README.md: the data, protocol and parties pieces). By default runs log to `runs/` with a
+CSVLogger, meter the wire with `CommunicationMeter`, and keep a `last.ckpt` so `--ckpt_path last` resumes.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
@@ -110,8 +112,41 @@ def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True) -> 
     )
 
 
+def run_args(
+    configs: str | Sequence[str],
+    seed: int,
+    save_dir: str,
+    overrides: Sequence[str] = (),
+    *,
+    name: str | None = None,
+    callbacks: Sequence[dict] = (),
+    default_callbacks: bool = False,
+    checkpointing: bool = False,
+) -> list[str]:
+    """The CLI arguments (no subcommand) of one scripted, seeded run: the one place they are built.
+
+    `configs` go first as several `--config` (later files override earlier ones), then `seed` for the model's
+    initialisation and the data split, logs under `save_dir` (as `name` if given), no progress bar, exactly
+    `callbacks` (class_path/init_args dicts) plus lvfl's defaults if `default_callbacks`, checkpointing on or off,
+    and `overrides` last. `run_experiment` and each `lvfl bench` cell use it.
+    """
+    configs = [configs] if isinstance(configs, str) else list(configs)
+    return [
+        *(arg for config in configs for arg in ("--config", config)),
+        f"--seed_everything={seed}",
+        f"--data.init_args.seed={seed}",
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        *([f"--trainer.logger.init_args.name={name}"] if name is not None else []),
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.enable_checkpointing={str(checkpointing).lower()}",
+        "--trainer.callbacks=" + json.dumps(list(callbacks)),
+        f"--default_callbacks={str(default_callbacks).lower()}",
+        *overrides,
+    ]
+
+
 def run_experiment(
-    config: str,
+    config: str | Sequence[str],
     seed: int,
     overrides: list[str] | None = None,
     save_dir: str | None = None,
@@ -120,24 +155,13 @@ def run_experiment(
 ) -> tuple[dict[str, float], VFLCLI]:
     """Fit `config` with `seed` (model init and data split), then test it; returns the test metrics and the CLI.
 
-    Progress bar, checkpoints and default callbacks are off (the metrics come back directly); the test metrics
-    gain `wire_bytes`, the run's total on the wire. `before_fit(cli)` runs on the instantiated, unfitted CLI (e.g.
-    to keep an unbuilt copy of the model). Used by the benchmark scripts and the accuracy tests.
+    `config` is one config file or several, composed in order (e.g. data, protocol and parties pieces). Progress
+    bar, checkpoints and default callbacks are off (the metrics come back directly); the test metrics gain
+    `wire_bytes`, the run's total on the wire. `before_fit(cli)` runs on the instantiated, unfitted CLI (e.g. to keep
+    an unbuilt copy of the model). Used by the benchmark scripts and the accuracy tests.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        args = [
-            "--config",
-            config,
-            f"--seed_everything={seed}",
-            f"--data.init_args.seed={seed}",
-            f"--trainer.logger.init_args.save_dir={save_dir or tmp}",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.enable_checkpointing=false",
-            "--trainer.callbacks=[]",
-            "--default_callbacks=false",
-            *(overrides or []),
-        ]
-        cli = build_cli(args, run=False)
+        cli = build_cli(run_args(config, seed, save_dir or tmp, overrides or []), run=False)
         if before_fit is not None:
             before_fit(cli)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
+import yaml
 from helpers import REPO
 
 from lvfl import bench
+from lvfl.bench import run as bench_run
+
+EASTER = str(REPO / "configs/easter/{dataset}.yaml")  # a whole config per dataset (no pieces)
 
 
 @pytest.fixture(autouse=True)
@@ -18,7 +24,7 @@ def _in_repo(monkeypatch):
 def write_grid(tmp_path, **fields) -> str:
     grid = {
         "name": "t",
-        "protocols": {"EASTER": "configs/easter/{dataset}.yaml"},
+        "protocols": {"EASTER": EASTER},
         "datasets": ["wine"],
         "seeds": [0],
         "overrides": ["--trainer.max_epochs=2"],
@@ -34,12 +40,34 @@ def no_cell_may_run(*args, **kwargs):
     raise AssertionError("a cell ran")
 
 
+def in_this_process(cell, out):
+    """`run_cell` without the fresh process (the import of torch and Lightning alone costs seconds per cell)."""
+    cell_dir = out / "cells" / cell.key
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    result = bench_run.run_cell_in_process(cell, cell_dir)
+    (cell_dir / "result.json").write_text(json.dumps(result))
+    return result
+
+
+#: a finished cell's result as `run_cell` returns it (figures chosen, not measured)
+RESULT = {
+    "test": {"test/acc/mean": 0.9, "test/acc/party0": 0.9},
+    "test_last": {"test/acc/mean": 0.9},
+    "wire_bytes": 1e6,
+    "history": {"epoch": [1], "val_acc": [0.9], "train_bytes": [1e6], "setup_bytes": 0.0},
+    "epoch_seconds": [1.0],
+    "peak_rss_mib": 1.0,
+}
+
+
 @pytest.mark.parametrize(
     ("fields", "match"),
     [
-        ({"protocols": {"Nope": "configs/nope/{dataset}.yaml"}}, r"protocol 'Nope' has no config for dataset 'wine'"),
+        ({"protocols": {"Nope": "nope/{dataset}.yaml"}}, r"protocol 'Nope' has no config for dataset 'wine'"),
         ({"datasets": ["wine", "mnist9"]}, r"dataset 'mnist9'"),
         ({"protocols": {"EASTER": "configs/easter/wine.yaml"}}, r"must contain \{dataset\}"),
+        ({"data": "data/wine.yaml"}, r"`data` 'data/wine.yaml' must be a path template containing \{dataset\}"),
+        ({"parties": "nowhere/{dataset}.yaml"}, r"dataset 'wine' has no parties config: .*nowhere/wine.yaml"),
         ({"seeds": ["zero"]}, r"seeds"),
         ({"overrides": ["trainer.max_epochs=2"]}, r"command-line options"),
         ({"colour": "blue"}, r"unknown key\(s\) \['colour'\]"),
@@ -47,22 +75,22 @@ def no_cell_may_run(*args, **kwargs):
         ({"target_accuracy": {"wine": 0}}, r"target_accuracy`\['wine'\] must be in"),
         ({"target_accuracy": {"iris": 0.5}}, r"names dataset 'iris'"),
         (
-            {"protocols": {"E": {"config": "configs/easter/{dataset}.yaml", "ovr": []}}},
+            {"protocols": {"E": {"config": EASTER, "ovr": []}}},
             r"protocol 'E'.*\['config', 'ovr'\]",
         ),
-        ({"protocols": {"E": {"config": "configs/easter/{dataset}.yaml", "overrides": ["x=1"]}}}, r"protocol 'E'.*bad"),
+        ({"protocols": {"E": {"config": EASTER, "overrides": ["x=1"]}}}, r"protocol 'E'.*bad"),
         ({"reference": "SplitNN"}, r"`reference` 'SplitNN' is not one of the protocols \['EASTER'\]"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
-    monkeypatch.setattr(bench, "run_cell", no_cell_may_run)
+    monkeypatch.setattr(bench_run, "run_cell", no_cell_may_run)
     with pytest.raises(bench.GridError, match=match):
         bench.run_grid(write_grid(tmp_path, **fields))
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_override_fails_before_any_cell_runs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "run_cell", no_cell_may_run)
+    monkeypatch.setattr(bench_run, "run_cell", no_cell_may_run)
     grid = write_grid(tmp_path, overrides=["--trainer.max_epochs=2", "--model.init_args.embeding_dim=8"])
     with pytest.raises(bench.GridError, match=r"EASTER/wine.*embeding_dim"):
         bench.run_grid(grid)
@@ -73,7 +101,17 @@ def test_bad_override_fails_before_any_cell_runs(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_grid_runs_then_reuses_every_cell(tmp_path, monkeypatch):
     grid = write_grid(tmp_path, seeds=[0, 1])
-    table, out = bench.run_grid(grid)
+    real_run_cell, processes = bench_run.run_cell, []
+
+    def first_in_its_own_process(cell, out):  # seed 0 in a fresh process as always, seed 1 here (seconds saved)
+        processes.append(cell.seed)
+        return (real_run_cell if len(processes) == 1 else in_this_process)(cell, out)
+
+    monkeypatch.setattr(bench_run, "run_cell", first_in_its_own_process)
+    outcome = bench.run_grid(grid)
+    assert processes == [0, 1]
+    table, out = outcome.table, outcome.report_dir
+    assert not outcome.failures
     results = [json.loads(p.read_text()) for p in sorted(out.rglob("result.json"))]
     assert len(results) == 2
     for r in results:
@@ -95,9 +133,8 @@ def test_grid_runs_then_reuses_every_cell(tmp_path, monkeypatch):
     assert (out / "results.csv").is_file()
     assert (out / "t_wine.png").stat().st_size > 1000
 
-    monkeypatch.setattr(bench, "run_cell", no_cell_may_run)  # a finished grid recomputes nothing
-    again, _ = bench.run_grid(grid)
-    assert again == table
+    monkeypatch.setattr(bench_run, "run_cell", no_cell_may_run)  # a finished grid recomputes nothing
+    assert bench.run_grid(grid).table == table
 
 
 def test_changed_config_invalidates_the_cell(tmp_path):
@@ -107,7 +144,7 @@ def test_changed_config_invalidates_the_cell(tmp_path):
     (out / "cells" / cell.key).mkdir(parents=True)
     (out / "cells" / cell.key / "result.json").write_text(json.dumps({"fingerprint": cell.fingerprint()}))
     assert bench.cached_result(cell, out) is not None
-    changed = bench.Cell(cell.protocol, cell.dataset, cell.seed, cell.config, ("--trainer.max_epochs=3",))
+    changed = bench.Cell(cell.protocol, cell.dataset, cell.seed, cell.configs, ("--trainer.max_epochs=3",))
     assert bench.cached_result(changed, out) is None
 
 
@@ -124,8 +161,8 @@ def test_protocol_overrides_and_reference_column(tmp_path):
     path = write_grid(
         tmp_path,
         protocols={
-            "A": "configs/easter/{dataset}.yaml",
-            "B eps=2": {"config": "configs/easter/{dataset}.yaml", "overrides": ["--trainer.max_epochs=3"]},
+            "A": EASTER,
+            "B eps=2": {"config": EASTER, "overrides": ["--trainer.max_epochs=3"]},
         },
         reference="A",
     )
@@ -157,7 +194,215 @@ def test_protocol_overrides_and_reference_column(tmp_path):
     assert "-50.00%" in table
 
 
+GRIDS = sorted((REPO / "configs" / "bench").glob("*.yaml"))
+
+
 def test_shipped_grids_name_existing_configs():
-    for path in sorted((REPO / "configs" / "bench").glob("*.yaml")):
+    for path in GRIDS:
         grid = bench.load_grid(path)
         assert grid.cells(), path  # every protocol has a config for every dataset
+        assert grid.out.startswith(str(REPO / "runs")), "out is below the repository's runs/, from any directory"
+
+
+def composition(protocol: str, dataset: str) -> tuple[str, ...]:
+    """The pieces `lvfl bench` composes for a protocol on a dataset (configs/README.md)."""
+    own = REPO / "configs" / "protocols" / protocol / f"{dataset}.yaml"
+    piece = own if own.is_file() else own.with_name("default.yaml")
+    return (
+        str(REPO / "configs" / "data" / f"{dataset}.yaml"),
+        str(piece),
+        str(REPO / "configs" / "parties" / f"{dataset}.yaml"),
+    )
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=lambda p: p.stem)
+def test_shipped_grids_parse(path):
+    """Every cell of every shipped grid parses and instantiates (what `lvfl bench` checks before running).
+
+    A cell is its pieces plus its overrides. Every protocol piece on every dataset is parsed and instantiated by
+    `tests/test_cli.py::test_every_composition_instantiates`, so here each cell's pieces must be one of those, and
+    each distinct override list is parsed once, on the first dataset it applies to (an override names an option of
+    the protocol, whatever the dataset).
+    """
+    cells = bench.load_grid(path).cells()
+    protocols = [p.name for p in (REPO / "configs" / "protocols").iterdir() if p.is_dir()]
+    datasets = [p.stem for p in (REPO / "configs" / "data").glob("*.yaml")]
+    covered = {composition(p, d) for p in protocols for d in datasets}
+    assert {c.configs for c in cells} <= covered, "a grid cell outside the compositions test_cli instantiates"
+    first_with = {}
+    for cell in cells:
+        if cell.overrides:
+            first_with.setdefault((cell.configs[1], cell.overrides), cell)
+    bench.check_cells(list(first_with.values()))
+
+
+# ---------------------------------------------------------------------------------------------------- composed grids
+def write(path, text: str = "") -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return str(path)
+
+
+def test_paths_in_a_grid_are_relative_to_the_grid_file(tmp_path, monkeypatch):
+    """Templates, `out` and `report` resolve against the grid's folder, whatever the working directory."""
+    write(tmp_path / "cfg" / "data" / "wine.yaml")
+    write(tmp_path / "cfg" / "parties" / "wine.yaml")
+    write(tmp_path / "cfg" / "proto" / "default.yaml")
+    own = write(tmp_path / "cfg" / "proto" / "digits.yaml")  # a dataset the protocol treats differently
+    write(tmp_path / "cfg" / "data" / "digits.yaml")
+    write(tmp_path / "cfg" / "parties" / "digits.yaml")
+    grid_file = tmp_path / "cfg" / "bench" / "g.yaml"
+    fields = {
+        "data": "../data/{dataset}.yaml",
+        "parties": "../parties/{dataset}.yaml",
+        "protocols": {"P": "../proto/{dataset}.yaml"},
+        "datasets": ["wine", "digits"],
+        "seeds": [0],
+        "out": "../../runs/g",
+        "report": "report",
+    }
+    write(grid_file, json.dumps(fields))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    grid = bench.load_grid(grid_file)
+    assert grid.out == str(tmp_path / "runs" / "g")
+    assert grid.report == str(tmp_path / "cfg" / "bench" / "report")
+    wine, digits = grid.cells()
+    cfg = tmp_path / "cfg"
+    assert wine.configs == (f"{cfg}/data/wine.yaml", f"{cfg}/proto/default.yaml", f"{cfg}/parties/wine.yaml")
+    assert digits.configs == (f"{cfg}/data/digits.yaml", own, f"{cfg}/parties/digits.yaml")
+    # the same grid read from its own folder, by a relative path: the same files
+    monkeypatch.chdir(tmp_path / "cfg" / "bench")
+    again = bench.load_grid("g.yaml")
+    assert [[Path(p).resolve() for p in c.configs] for c in again.cells()] == [
+        [Path(p) for p in c.configs] for c in (wine, digits)
+    ]
+    assert Path(again.out).resolve() == tmp_path / "runs" / "g"
+
+
+@pytest.mark.slow
+def test_a_new_dataset_joins_the_baselines_grid_with_two_files(tmp_path, monkeypatch):
+    """The issue's acceptance check: a copy of configs/, two new YAML files, the name in `datasets`, and it runs."""
+    configs = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", configs)
+    before = sorted(configs.rglob("*"))
+    # the two new files: a dataset the grid has not seen (the wine data as 3 parties, one model entry for all)
+    write(
+        configs / "data" / "wine3.yaml",
+        "trainer: {max_epochs: 30, log_every_n_steps: 5}\n"
+        "data:\n  class_path: lvfl.datamodules.Wine\n  init_args: {num_parties: 3, batch_size: 32, seed: 0}\n",
+    )
+    write(
+        configs / "parties" / "wine3.yaml",
+        "model:\n  init_args:\n    embedding_dim: 16\n    parties:\n"
+        "      - model: {class_path: lvfl.models.MLP, init_args: {hidden: [16]}}\n"
+        "        optimizer: {class_path: torch.optim.SGD, init_args: {lr: 0.05, momentum: 0.9}}\n",
+    )
+    grid_file = configs / "bench" / "baselines.yaml"
+    raw = yaml.safe_load(grid_file.read_text())
+    raw["datasets"].append("wine3")
+    raw["target_accuracy"]["wine3"] = 0.5
+    grid_file.write_text(yaml.safe_dump(raw))
+    assert len(sorted(configs.rglob("*"))) == len(before) + 2
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # the grid's paths are its own, not the working directory's
+
+    grid = bench.load_grid(grid_file)
+    new = [c for c in grid.cells() if c.dataset == "wine3"]
+    assert {c.protocol for c in new} == set(grid.protocols), "every protocol takes it (its default piece)"
+    bench.check_cells(new)  # and every one of them parses and instantiates
+
+    # a tiny run of it, through its default protocol piece: 1 seed, 1 epoch, one protocol (every protocol's
+    # composition was instantiated above; running a cell is the same for each)
+    grid.datasets, grid.seeds, grid.overrides = ["wine3"], [0], ["--trainer.max_epochs=1"]
+    grid.protocols = {"SplitNN": grid.protocols["SplitNN"]}
+    monkeypatch.setattr(bench_run, "run_cell", in_this_process)  # the cell's own process is tested elsewhere
+    outcome = bench.run_grid(grid)
+    assert not outcome.failures
+    assert outcome.report_dir == tmp_path / "docs" / "results"
+    rows = [line for line in outcome.table.splitlines() if "| wine3 |" in line]
+    assert [row.split(" | ")[0] for row in rows] == ["| SplitNN"]
+    cells = tmp_path / "runs" / "bench" / "baselines" / "cells"
+    result = json.loads((cells / "SplitNN" / "wine3" / "seed0" / "result.json").read_text())
+    assert sorted(k for k in result["test"] if k.startswith("test/acc/party")) == ["test/acc/party0"]  # top model
+    assert result["wire_bytes"] > 0  # three parties: embeddings up, gradients down
+    assert result["history"]["epoch"] == [1]  # the grid's override reached the cell: one epoch
+
+
+# ---------------------------------------------------------------------------------------------------- failures
+@pytest.mark.slow
+def test_a_failed_cell_stops_the_grid_or_with_keep_going_is_reported(tmp_path, capsys, monkeypatch):
+    broken = {"config": EASTER, "overrides": ["--data.init_args.num_parties=20"]}  # parses; fails when fitted
+    grid = write_grid(tmp_path, protocols={"Broken": broken, "EASTER": EASTER}, overrides=["--trainer.max_epochs=1"])
+    out = tmp_path / "out" / "cells"
+
+    # a real cell process that fails: the grid stops there, naming the cell, the error and the log
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([grid])
+    message = str(stopped.value.code)
+    assert message.startswith("lvfl bench: cell Broken/wine/seed0 failed: ValueError: ")
+    assert "num_parties=20" in message
+    assert str(out / "Broken" / "wine" / "seed0" / "run.log") in message
+    assert not (out / "EASTER").exists(), "without --keep-going the grid stops at the first failure"
+    reason = message.split("failed: ", 1)[1].rsplit(" (its output is in ", 1)[0]
+
+    # --keep-going: the same failure (replayed, not rerun) is recorded, the next cell still runs, the exit is 1
+    ran = []
+
+    def replay(cell, out_dir):
+        ran.append(cell.protocol)
+        if cell.protocol == "Broken":
+            raise bench_run.CellFailed(cell, reason, out_dir / "cells" / cell.key / "run.log")
+        return RESULT
+
+    monkeypatch.setattr(bench_run, "run_cell", replay)
+    with pytest.raises(SystemExit) as finished:
+        bench.main([grid, "--keep-going"])
+    assert finished.value.code == 1, "a grid with a failed cell does not exit 0"
+    assert ran == ["Broken", "EASTER"]
+    captured = capsys.readouterr()
+    assert "Broken/wine/seed0: ValueError" in captured.err
+    (broken_row,) = [line for line in captured.out.splitlines() if line.startswith("| Broken |")]
+    assert f"| failed: seed 0 (1/1): {reason}" in broken_row
+    (easter_row,) = [line for line in captured.out.splitlines() if line.startswith("| EASTER |")]
+    assert "0.9000 ± 0.0000" in easter_row
+
+
+def test_a_failed_row_keeps_no_figures(tmp_path):
+    grid = bench.load_grid(write_grid(tmp_path, seeds=[0, 1]))
+    ok, bad = grid.cells()
+    (row,) = bench.summarize(grid, {ok: RESULT, bad: {"error": "ValueError: no | way"}})
+    assert row["failed"] == "failed: seed 1 (1/2): ValueError: no / way"
+    assert row["acc_mean"] is None
+    table = bench.write_table(grid, [row], tmp_path)
+    assert table.splitlines()[2].startswith("| EASTER | wine | failed: seed 1 (1/2): ValueError: no / way |")
+    assert table.splitlines()[2].count("|") == table.splitlines()[0].count("|")
+    assert "failed: seed 1" in (tmp_path / "results.csv").read_text()
+
+
+def test_plots_show_the_seed_band_and_keep_the_legend_off_the_axes(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    grid = bench.load_grid(write_grid(tmp_path, seeds=[0, 1, 2]))
+    results = {
+        cell: {"history": {"epoch": [1, 2], "val_acc": [0.5 + k / 10, 0.7 + k / 10], "train_bytes": [1e6, 1e6]}}
+        for k, cell in enumerate(grid.cells())
+    }
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    (path,) = bench.write_plots(grid, results, tmp_path)
+    assert path.stat().st_size > 1000
+    (fig,) = figures
+    fig.canvas.draw()
+    for ax in fig.axes:
+        (band,) = [c for c in ax.collections if isinstance(c, PolyCollection)]
+        lows_highs = band.get_paths()[0].vertices[:, 1]
+        assert lows_highs.min() == pytest.approx(0.5)  # the band spans the seeds' min ...
+        assert lows_highs.max() == pytest.approx(0.9)  # ... to max
+        assert ax.get_legend() is None
+    (legend,) = fig.legends
+    box, axes = legend.get_window_extent(), [ax.get_window_extent() for ax in fig.axes]
+    assert all(box.x0 >= a.x1 for a in axes), "the legend sits right of both panels"

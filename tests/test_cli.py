@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,23 @@ from lvfl.cli import build_cli, main
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import VFLModule
 
-# every run config (grid files for `lvfl bench` live in configs/bench/ and are tested in test_bench.py)
-CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").rglob("*.yaml") if p.parent.name != "bench")
+PIECES = ("data", "parties", "protocols")  # configs/README.md: pieces run only composed, data -> protocol -> parties
+# every runnable config (grid files for `lvfl bench` live in configs/bench/ and are tested in test_bench.py)
+CONFIGS = sorted(
+    str(p.relative_to(REPO))
+    for p in (REPO / "configs").rglob("*.yaml")
+    if p.relative_to(REPO / "configs").parts[0] not in (*PIECES, "bench")
+)
+DATASETS = sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml"))
+PROTOCOLS = sorted(p.name for p in (REPO / "configs" / "protocols").iterdir() if p.is_dir())
+
+
+def composed(protocol: str, dataset: str) -> list[str]:
+    """The `--config` arguments of a protocol on a dataset from pieces, as `lvfl bench` composes them."""
+    own = REPO / "configs" / "protocols" / protocol / f"{dataset}.yaml"
+    piece = own if own.is_file() else own.with_name("default.yaml")
+    configs = [f"configs/data/{dataset}.yaml", str(piece.relative_to(REPO)), f"configs/parties/{dataset}.yaml"]
+    return [arg for config in configs for arg in ("--config", config)]
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +54,65 @@ def test_every_config_instantiates(config, tmp_path):
     specs, _ = cli.datamodule.describe()
     parties = cli.model.party_configs
     assert len(parties) in (1, len(specs)), f"{config}: {len(parties)} party entries for {len(specs)} parties"
+
+
+def test_every_dataset_has_both_pieces_and_every_protocol_a_default():
+    assert sorted(p.stem for p in (REPO / "configs" / "parties").glob("*.yaml")) == DATASETS
+    assert all((REPO / "configs" / "protocols" / p / "default.yaml").is_file() for p in PROTOCOLS)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("dataset", DATASETS)
+def test_every_composition_instantiates(protocol, dataset, tmp_path):
+    """Every protocol piece on every dataset's data and parties pieces, in the order `lvfl bench` uses."""
+    cli = build_cli([*composed(protocol, dataset), *quick(tmp_path)], run=False)
+    assert type(cli.model).__name__.lower() == protocol
+    specs, _ = cli.datamodule.describe()
+    assert len(cli.model.party_configs) in (1, len(specs))
+
+
+def comparable(config) -> dict:
+    """The parsed configuration without what differs by design: the config file names and the log folder name."""
+    import importlib
+
+    def canonical(value):  # a class_path by the module that defines the class: `lvfl.protocols.EASTER` is one
+        if isinstance(value, dict):
+            value = {k: canonical(v) for k, v in value.items()}
+            if isinstance(value.get("class_path"), str):
+                module, _, name = value["class_path"].rpartition(".")
+                cls = getattr(importlib.import_module(module), name)
+                value["class_path"] = f"{cls.__module__}.{cls.__qualname__}"
+            return value
+        return [canonical(v) for v in value] if isinstance(value, list) else value
+
+    config = config.as_dict()
+    config.pop("config", None)
+    config["trainer"]["logger"]["init_args"].pop("name", None)
+    return canonical(config)
+
+
+WHOLE = [
+    (config, protocol, dataset)
+    for config in CONFIGS
+    for protocol, dataset in [Path(config).with_suffix("").parts[-2:]]
+    if protocol in PROTOCOLS and dataset in DATASETS
+]
+
+
+@pytest.fixture(scope="module")
+def parser():
+    """The `lvfl fit` parser, built once: comparing configurations needs parsing, not instantiating (both sides are
+    instantiated by `test_every_config_instantiates` and `test_every_composition_instantiates`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return build_cli(["--config", WHOLE[0][0], f"--trainer.logger.init_args.save_dir={tmp}"], run=False).parser
+
+
+@pytest.mark.parametrize(("config", "protocol", "dataset"), WHOLE)
+def test_whole_configs_equal_their_composition(config, protocol, dataset, tmp_path, parser):
+    """A runnable `configs/<protocol>/<dataset>.yaml` is its pieces, so the README's runs and the bench's agree."""
+    whole = parser.parse_args(["--config", config, *quick(tmp_path)])
+    pieces = parser.parse_args([*composed(protocol, dataset), *quick(tmp_path)])
+    assert comparable(whole) == comparable(pieces)
 
 
 def test_backend_swaps_from_the_command_line(tmp_path):
@@ -218,12 +293,16 @@ def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path
 
 @pytest.mark.parametrize("protocol", ["easter", "aggvfl", "splitnn", "cvfl"])
 def test_homogeneous_configs_take_any_party_count(protocol, tmp_path):
-    """One `parties` entry serves every party: `--data.init_args.num_parties=6` needs no other change."""
+    """One `parties` entry serves every party: `--data.init_args.num_parties=6` needs no other change.
+
+    EASTER from its runnable config (the README's command), the others composed from pieces.
+    """
+    easter = ["--config", "configs/easter/digits_homo.yaml"]
+    configs = easter if protocol == "easter" else composed(protocol, "digits_homo")
     cli = build_cli(
         [
             "fit",
-            "--config",
-            f"configs/{protocol}/digits_homo.yaml",
+            *configs,
             "--data.init_args.num_parties=6",
             "--trainer.max_epochs=1",
             "--trainer.limit_train_batches=2",
@@ -255,7 +334,10 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
 def test_cli_and_bench_do_not_import_each_other_at_module_level():
     import ast
 
-    for module, other in (("cli", "lvfl.bench"), ("bench", "lvfl.entry")):
-        tree = ast.parse((REPO / "lvfl" / f"{module}.py").read_text())
-        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert other not in imported, f"lvfl/{module}.py imports {other}"
+    modules = [(REPO / "lvfl" / "cli.py", "lvfl.bench")]
+    modules += [(path, "lvfl.entry") for path in sorted((REPO / "lvfl" / "bench").glob("*.py"))]
+    for path, other in modules:
+        tree = ast.parse(path.read_text())
+        imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert not any(m == other or m.startswith(other + ".") for m in imported), f"{path} imports {other}"

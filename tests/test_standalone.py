@@ -16,6 +16,7 @@ from helpers import REPO, make_trainer, mlp_parties, recording
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 
+from lvfl import bench
 from lvfl.datamodules import BreastCancer, Digits, ShuffledColumns
 from lvfl.models import MLP
 from lvfl.parties import PartySpec, TaskInfo
@@ -197,26 +198,26 @@ def test_central_beats_local_on_digits(digits_runs):
 TABULAR = ["breast_cancer", "wine", "diabetes"]
 
 
-def init_args(path: Path) -> dict:
-    return yaml.safe_load(path.read_text())
+@pytest.mark.parametrize("protocol", ["Local", "Central"])
+def test_configs_use_the_easter_active_party_and_split(protocol):
+    """Local and Central take EASTER's datamodule, split, epochs and party list: the same data and parties pieces.
 
-
-@pytest.mark.parametrize("protocol", ["local", "central"])
-@pytest.mark.parametrize("dataset", ["digits", "digits_homo", *TABULAR])
-def test_configs_use_the_easter_active_party_and_split(protocol, dataset):
-    ours = init_args(REPO / "configs" / protocol / f"{dataset}.yaml")
-    easter_path = REPO / "configs" / "easter" / f"{dataset}.yaml"
-    if not easter_path.exists():  # digits_homo: the active party of the digits setting already has the homo MLP
-        easter_path = REPO / "configs" / "easter" / f"{dataset.removesuffix('_homo')}.yaml"
-    easter = init_args(easter_path)
-    assert ours["model"]["class_path"] == f"lvfl.protocols.standalone.{protocol.capitalize()}"
-    assert ours["data"] == easter["data"]  # same datamodule, parties, split seed, batch size
-    assert ours["trainer"]["max_epochs"] == easter["trainer"]["max_epochs"] == 30
-    assert ours["trainer"]["logger"]["init_args"]["name"] == f"{protocol}_{dataset}"
-    (party,) = ours["model"]["init_args"]["parties"]
-    assert party == easter["model"]["init_args"]["parties"][0]  # the active party's model and optimizer
-    assert ours["model"]["init_args"]["embedding_dim"] == easter["model"]["init_args"]["embedding_dim"]
-    assert "aggregation" not in ours["model"]["init_args"]
+    Their protocol piece adds only the class and the log name; `lvfl bench` composes every dataset's cell of both
+    from the very files EASTER's cell uses, and tests/test_cli.py checks that EASTER's runnable configs equal those
+    compositions, so the README's EASTER runs and the baselines share split, seed, batch size and active party.
+    """
+    piece = yaml.safe_load((REPO / "configs" / "protocols" / protocol.lower() / "default.yaml").read_text())
+    assert piece["model"] == {"class_path": f"lvfl.protocols.{protocol}"}  # no parties, no backend, no width
+    assert set(piece) == {"trainer", "model"}  # no data of its own
+    assert piece["trainer"] == {"logger": {"init_args": {"name": protocol.lower()}}}  # no epochs of its own
+    grid = bench.load_grid(REPO / "configs" / "bench" / "baselines.yaml")
+    cells = {(c.protocol, c.dataset): c for c in grid.cells() if c.seed == grid.seeds[0]}
+    assert set(grid.datasets) >= {"digits", "digits_homo", *TABULAR}
+    for dataset in grid.datasets:
+        ours, easter = cells[(protocol, dataset)].configs, cells[("EASTER", dataset)].configs
+        assert (ours[0], ours[2]) == (easter[0], easter[2]), dataset  # the same data piece and parties piece
+        data = yaml.safe_load(Path(ours[0]).read_text())
+        assert data["trainer"]["max_epochs"] == 30, dataset
 
 
 # ---------------------------------------------------------------------------------------------------------- bad input

@@ -1,0 +1,191 @@
+"""A grid's report: one row per (protocol, dataset) in a Markdown table and a CSV, and plots of the seed spread."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lvfl.bench.grid import Cell, Grid
+
+MB = 1e6
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def mb_to_target(history: dict[str, list[float]], target: float | None) -> float | None:
+    """Cumulative MB (set-up, then training) at the first epoch whose validation accuracy reaches `target`."""
+    if target is None:
+        return None
+    total = float(history.get("setup_bytes", 0.0))
+    for acc, nbytes in zip(history["val_acc"], history["train_bytes"], strict=True):
+        total += nbytes
+        if acc >= target:
+            return total / MB
+    return None
+
+
+def failure_text(failed: Sequence[tuple[int, str]], seeds: int) -> str:
+    """What a row with failed seeds shows instead of its figures: `failed: seed k of n: <reason>` in one line."""
+    seed, reason = failed[0]
+    more = f" (and {len(failed) - 1} more seed(s))" if len(failed) > 1 else ""
+    return f"failed: seed {seed} ({len(failed)}/{seeds}): {reason}{more}".replace("|", "/").replace("\n", " ")
+
+
+def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (protocol, dataset) with the figures of the table.
+
+    A result with an `error` (a cell that failed under `--keep-going`) makes its row a failure: the row keeps no
+    figures, since a mean over the surviving seeds would not compare with the other rows; `failed` says why.
+    """
+    rows = []
+    for protocol in grid.protocols:
+        for dataset in grid.datasets:
+            mine = {c: r for c, r in results.items() if c.protocol == protocol and c.dataset == dataset}
+            failed = [(c.seed, r["error"]) for c, r in mine.items() if "error" in r]
+            row: dict[str, Any] = {"protocol": protocol, "dataset": dataset, "seeds": len(mine)}
+            row["target"] = grid.target(dataset)
+            if failed or not mine:
+                row |= {"failed": failure_text(failed, len(mine)) if failed else "failed: no result", "parties": []}
+                row |= dict.fromkeys(("acc_mean", "acc_mean_last", "mb_total", "mb_to_target", "vs_reference"))
+                row |= {"reached": "", "s_per_epoch": None, "peak_rss_mib": None}
+                rows.append(row)
+                continue
+            runs = list(mine.values())
+            parties = sorted(
+                {k.split("/")[-1] for r in runs for k in r["test"] if k.startswith("test/acc/")} - {"mean"}
+            )
+            for party in [*parties, "mean"]:
+                values = [r["test"][f"test/acc/{party}"] for r in runs if f"test/acc/{party}" in r["test"]]
+                row[f"acc_{party}"] = _mean_std(values) if values else None
+            row["parties"] = parties
+            last = [r["test_last"]["test/acc/mean"] for r in runs if "test/acc/mean" in r.get("test_last", {})]
+            row["acc_mean_last"] = _mean_std(last) if last else None
+            row["mb_total"] = statistics.mean(r["wire_bytes"] for r in runs) / MB
+            to_target = [mb_to_target(r["history"], row["target"]) for r in runs]
+            reached = [m for m in to_target if m is not None]
+            row["mb_to_target"] = statistics.mean(reached) if reached and len(reached) == len(runs) else None
+            row["reached"] = f"{len(reached)}/{len(runs)}"
+            row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
+            row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+            rows.append(row)
+    if grid.reference is not None:
+        ref = {r["dataset"]: r["mb_to_target"] for r in rows if r["protocol"] == grid.reference}
+        for row in rows:
+            base = ref.get(row["dataset"])
+            mine = row["mb_to_target"]
+            row["vs_reference"] = None if base in (None, 0) or mine is None else 100 * (mine - base) / base
+    return rows
+
+
+def _fmt(cell: tuple[float, float] | None) -> str:
+    return "" if cell is None else f"{cell[0]:.4f} ± {cell[1]:.4f}"
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
+    """Markdown table and CSV of the rows; returns the Markdown. A failed row says why in its first figure column."""
+    party_cols = sorted({p for r in rows for p in r["parties"]})
+    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "acc mean (last epoch)"]
+    head += ["MB total", "MB to target"]
+    if grid.reference is not None:
+        head.append(f"MB to target vs {grid.reference}")
+    head += ["s/epoch", "peak RSS MiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    with (out / "results.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        csv_head = ["protocol", "dataset", "seeds"]
+        for p in [*party_cols, "mean"]:
+            csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
+        csv_head += ["acc_mean_last_mean", "acc_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
+        writer.writerow([*csv_head, "mb_to_target_vs_reference_pct", "s_per_epoch", "peak_rss_mib", "failed"])
+        for r in rows:
+            if r.get("failed"):  # the reason in the first figure column, every other figure blank
+                row = [r["protocol"], r["dataset"], r["failed"], *[""] * (len(head) - 3)]
+                lines.append("| " + " | ".join(row) + " |")
+                blanks = [""] * (len(csv_head) - 3 + 3)  # the figures of csv_head, the reference %, s/epoch, RSS
+                writer.writerow([r["protocol"], r["dataset"], r["seeds"], *blanks, r["failed"]])
+                continue
+            to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
+            target = "–" if r["target"] is None else f"{to_target} (acc {r['target']:g}: {r['reached']} seeds)"
+            cells = [r["protocol"], r["dataset"], *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
+            versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
+            cells += [_fmt(r["acc_mean"]), _fmt(r["acc_mean_last"]), f"{r['mb_total']:.2f}", target]
+            cells += [versus] if grid.reference is not None else []
+            cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+            values = [r["protocol"], r["dataset"], r["seeds"]]
+            for p in [*party_cols, "mean"]:
+                stat = r.get(f"acc_{p}")
+                values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
+            stat = r["acc_mean_last"]
+            values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
+            values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"]]
+            values += [_num(r.get("vs_reference"), ".4f"), f"{r['s_per_epoch']:.6f}"]
+            writer.writerow([*values, f"{r['peak_rss_mib']:.1f}", ""])
+    table = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(table)
+    return table
+
+
+def write_plots(grid: Grid, results: dict[Cell, dict[str, Any]], out: Path) -> list[Path]:
+    """Per dataset: validation accuracy vs epoch and vs cumulative MB, one line per protocol.
+
+    The line is the mean over seeds; the shaded band around it spans the seeds' minimum to maximum (with 3 seeds a
+    standard deviation says little that the two extremes do not). Against MB the x position is the seeds' mean
+    cumulative MB. One legend for both panels sits outside the axes, right of them, so it never covers a curve.
+    Failed cells are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    paths = []
+    for dataset in grid.datasets:
+        fig, (ax_epoch, ax_mb) = plt.subplots(1, 2, figsize=(13, 4.2), layout="constrained")
+        seeds = 0
+        for protocol in grid.protocols:
+            runs = [
+                r["history"]
+                for c, r in results.items()
+                if c.protocol == protocol and c.dataset == dataset and "error" not in r
+            ]
+            n = min((len(h["epoch"]) for h in runs), default=0)
+            if n == 0:
+                continue
+            seeds = max(seeds, len(runs))
+            acc = np.array([h["val_acc"][:n] for h in runs])
+            mb = np.mean([h.get("setup_bytes", 0.0) + np.cumsum(h["train_bytes"][:n]) for h in runs], axis=0) / MB
+            epochs = runs[0]["epoch"][:n]
+            mean, low, high = acc.mean(axis=0), acc.min(axis=0), acc.max(axis=0)
+            (line,) = ax_epoch.plot(epochs, mean, label=protocol)
+            ax_epoch.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax_mb.plot(mb, mean, color=line.get_color())
+            ax_mb.fill_between(mb, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax_epoch.set(xlabel="epoch", ylabel="validation accuracy (mean of party models)", title=dataset)
+        ax_mb.set(xlabel="cumulative MB, set-up + training (10^6 bytes)", ylabel="validation accuracy", title=dataset)
+        if any(ax_mb.get_lines()):
+            ax_mb.set_xscale("symlog", linthresh=0.1)
+        for ax in (ax_epoch, ax_mb):
+            ax.grid(alpha=0.3)
+        if ax_epoch.get_lines():
+            fig.legend(
+                loc="outside right upper",
+                fontsize=8,
+                title=f"line: mean of {seeds} seed(s)\nband: min to max",
+                title_fontsize=8,
+            )
+        path = out / f"{grid.name}_{dataset}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
