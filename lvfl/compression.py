@@ -225,11 +225,6 @@ class Compressor:
         self.bits = check_bits(bits)
         self.topk = check_topk(topk)
 
-    @property
-    def is_identity(self) -> bool:
-        """Whether messages travel exactly as they are (no quantization, no sparsification)."""
-        return self.bits == NO_QUANTIZATION and self.topk == 1.0
-
     def compress(self, x: torch.Tensor) -> CompressedTensor:
         """`x` as the sender puts it on the wire."""
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():

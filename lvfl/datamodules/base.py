@@ -349,21 +349,6 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         index = torch.from_numpy(np.flatnonzero(~self._prepare().overlap[split]))
         return full.subset(index)
 
-    @property
-    def active_only_train_set(self) -> VerticalTensorDataset:
-        """The training samples only the active party holds."""
-        return self.active_only_set("train")
-
-    @property
-    def active_only_val_set(self) -> VerticalTensorDataset:
-        """The validation samples only the active party holds."""
-        return self.active_only_set("val")
-
-    @property
-    def active_only_test_set(self) -> VerticalTensorDataset:
-        """The test samples only the active party holds."""
-        return self.active_only_set("test")
-
     def overlap_ids(self, split: str | None = None) -> torch.Tensor:
         """Sorted IDs of the samples every party holds, in `split` or (None) in all splits."""
         return self.party_ids(None, split)

@@ -457,11 +457,6 @@ class VFLModule(LightningModule, ABC):
         """The epsilon spent by this run's label releases (basic composition)."""
         return self.label_release.ledger
 
-    @property
-    def has_label_release(self) -> bool:
-        """Whether the protected training labels have been drawn (or restored from a checkpoint)."""
-        return self.label_release.drawn
-
     def on_fit_start(self) -> None:
         """Draw the label release once for the datamodule's training set (a resume keeps the checkpointed one)."""
         if self.label_mechanism is None:
