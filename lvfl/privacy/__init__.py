@@ -12,8 +12,9 @@ from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels, PrivacyLedger, 
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.masking import DHMasking
 from lvfl.privacy.paillier import Paillier
+from lvfl.privacy.paillier_soft_labels import PaillierSoftLabels
 from lvfl.privacy.plain import Plain
-from lvfl.privacy.soft_labels import PaillierSoftLabels, PlainSoftLabels, SoftLabelChannel, SoftLabelParts
+from lvfl.privacy.soft_labels import PlainSoftLabels, SoftLabelChannel, SoftLabelParts
 
 __all__ = [
     "AggregationBackend",
