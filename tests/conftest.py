@@ -1,5 +1,4 @@
-"""Shared fixtures. The helpers live in `helpers.py`; the names below are re-exported for tests still importing them
-from here (test_privacy_backends, test_paillier, test_ckks, test_backend_contract)."""
+"""Shared fixtures (the helpers tests import live in `helpers.py`)."""
 
 from __future__ import annotations
 
@@ -7,17 +6,6 @@ import logging
 import warnings
 
 import pytest
-from helpers import (  # noqa: F401 (re-exported)
-    REPO,
-    bad_labels_datamodule,
-    dh_key_ledger,
-    easter,
-    make_trainer,
-    mlp_parties,
-    recording,
-    relabelled,
-    run_ddp,
-)
 
 
 @pytest.fixture(autouse=True)
