@@ -16,12 +16,17 @@ Role = Literal["active", "passive", "coordinator"]
 
 @dataclass(frozen=True)
 class PartySpec:
-    """One party as seen by a protocol: its name, its role and the shape of one sample of its features."""
+    """One party as seen by a protocol: its name, its role and the shape of one sample of its features.
+
+    `categories` describes tabular columns: empty when every column is numeric, else one entry per column, 0 for
+    a numeric column and c > 0 for a categorical one holding codes 0..c-1 (party models then get `categories=`).
+    """
 
     name: str
     role: Role
     input_shape: tuple[int, ...]
     index: int = 0
+    categories: tuple[int, ...] = ()
 
     @property
     def is_active(self) -> bool:
@@ -57,6 +62,14 @@ class VFLBatch:
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
+
+    def pin_memory(self) -> VFLBatch:
+        """The batch in page-locked memory (DataLoader `pin_memory=True`), so the copy to a GPU can overlap compute."""
+        return VFLBatch(
+            ids=self.ids.pin_memory(),
+            features={k: v.pin_memory() for k, v in self.features.items()},
+            labels=None if self.labels is None else self.labels.pin_memory(),
+        )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> VFLBatch:
         """The batch on `device` (cheaper than Lightning's generic walk over the dataclass)."""

@@ -1,6 +1,13 @@
 """Vertically partitioned datasets: `VerticalDataModule`, partitioners and the bundled datasets."""
 
-from lvfl.datamodules.base import IndexTensorBatchSampler, VerticalDataModule, VerticalTensorDataset, party_name
+from lvfl.datamodules.augment import CropFlip, SampleAugmentation
+from lvfl.datamodules.base import (
+    IndexTensorBatchSampler,
+    PixelNormalizer,
+    VerticalDataModule,
+    VerticalTensorDataset,
+    party_name,
+)
 from lvfl.datamodules.clickthrough import ClickThrough
 from lvfl.datamodules.embedded import BreastCancer, Diabetes, Digits, Synthetic, Wine
 from lvfl.datamodules.partition import (
@@ -11,17 +18,27 @@ from lvfl.datamodules.partition import (
     ShuffledColumns,
     check_columns,
 )
+from lvfl.datamodules.vision import CIFAR10, CIFAR100, CINIC10, MNIST, FashionMNIST, TorchvisionImages
 
 __all__ = [
+    "CIFAR10",
+    "CIFAR100",
+    "CINIC10",
+    "FashionMNIST",
+    "MNIST",
+    "TorchvisionImages",
     "BreastCancer",
     "ClickThrough",
     "ContiguousColumns",
+    "CropFlip",
     "Diabetes",
     "Digits",
     "ExplicitColumns",
     "ImageStrips",
     "IndexTensorBatchSampler",
     "Partitioner",
+    "PixelNormalizer",
+    "SampleAugmentation",
     "ShuffledColumns",
     "Synthetic",
     "VerticalDataModule",

@@ -21,9 +21,9 @@ the active party's on all training rows. With alpha = 1 (the default) everything
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
@@ -33,11 +33,20 @@ from sklearn.preprocessing import StandardScaler
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
 from lvfl.checks import check_real
+from lvfl.datamodules.augment import SampleAugmentation, reassemble
 from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_columns
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.runs import seeded_generator
 
-__all__ = ["EpochShuffle", "IndexTensorBatchSampler", "VerticalDataModule", "VerticalTensorDataset", "party_name"]
+__all__ = [
+    "EpochShuffle",
+    "IndexTensorBatchSampler",
+    "PixelNormalizer",
+    "RawView",
+    "VerticalDataModule",
+    "VerticalTensorDataset",
+    "party_name",
+]
 
 _MAX_LISTED = 10  # bad values quoted in an error message
 
@@ -47,43 +56,125 @@ def party_name(index: int) -> str:
     return f"party{index}"
 
 
+class PixelNormalizer:
+    """Turns one party's stored uint8 pixels into model input: `(x - mean) / std` per channel, in float32.
+
+    Images stay uint8 in memory and on the way to the device (a quarter of float32's bytes); this runs per batch,
+    on the batch's device, after the transfer (`VerticalDataModule.on_after_batch_transfer`).
+
+    Args:
+        mean: (C,) per-channel mean of the party's training pixels (0..255 scale).
+        std: (C,) per-channel standard deviation (> 0).
+    """
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.mean = mean.to(torch.float32)
+        self.std = std.to(torch.float32)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize a (..., C, H, W) uint8 tensor to float32 on its own device."""
+        if x.device not in self._on:
+            shape = (-1, 1, 1)
+            self._on[x.device] = (self.mean.to(x.device).view(shape), (1.0 / self.std).to(x.device).view(shape))
+        mean, inv_std = self._on[x.device]
+        return (x.to(torch.float32) - mean) * inv_std
+
+    def __repr__(self) -> str:
+        return f"PixelNormalizer(mean={self.mean.tolist()}, std={self.std.tolist()})"
+
+
 class VerticalTensorDataset(Dataset):
     """One split, held as one contiguous tensor per party; indexed by a whole batch of indices at once.
 
     `DataLoader` calls `__getitems__` with a whole batch of indices (a tensor from `IndexTensorBatchSampler`, or a
     list), so a batch is one tensor indexing per party instead of per-sample `__getitem__` calls and collation.
 
+    A party's slice is *stored* as loaded (uint8 pixels for image datasets) and `decoders[party]` turns it into model
+    input. `features`, `__getitems__` and `subset` give model input (decoded); the training loaders read `raw()`, whose
+    batches stay in the stored dtype until the datamodule decodes (and augments) them on the device.
+
     Attributes:
         ids: (N,) int64 sample IDs (row index in the original dataset).
-        features: party name -> (N, ...) float32 tensor of that party's slice.
+        stored: party name -> (N, ...) tensor of that party's slice as stored (float32, or uint8 pixels).
         labels: (N,) int64 class labels.
+        decoders: party name -> function from a stored batch slice to model input; parties not listed are stored
+            as model input already.
     """
 
-    def __init__(self, ids: torch.Tensor, features: dict[str, torch.Tensor], labels: torch.Tensor) -> None:
+    def __init__(
+        self,
+        ids: torch.Tensor,
+        features: dict[str, torch.Tensor],
+        labels: torch.Tensor,
+        decoders: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
+    ) -> None:
         self.ids = ids
-        self.features = features
+        self.stored = features
         self.labels = labels
+        self.decoders = dict(decoders or {})
+
+    @property
+    def features(self) -> dict[str, torch.Tensor]:
+        """Every party's whole slice as model input (decoded on each access for uint8 image slices)."""
+        return self.decode(self.stored)
+
+    def decode(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Stored slices (a batch's or the whole split's) -> model input, party by party."""
+        if not self.decoders:
+            return features
+        return {k: self.decoders[k](x) if k in self.decoders else x for k, x in features.items()}
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
-    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
-        """The batch of samples at positions `indices` (not IDs) of this split."""
+    def gather(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
+        """The batch of samples at positions `indices` (not IDs), as stored (not decoded)."""
         index = torch.as_tensor(indices, dtype=torch.long)
         return VFLBatch(  # index_select: the cheapest gather along dim 0 (a few microseconds per tensor)
             ids=self.ids.index_select(0, index),
-            features={name: x.index_select(0, index) for name, x in self.features.items()},
+            features={name: x.index_select(0, index) for name, x in self.stored.items()},
             labels=self.labels.index_select(0, index),
         )
 
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
+        """The batch of samples at positions `indices` (not IDs) of this split, as model input."""
+        batch = self.gather(indices)
+        batch.features = self.decode(batch.features)
+        return batch
+
+    def raw(self) -> RawView:
+        """This split as a dataset whose batches are stored slices (what the training loaders serve)."""
+        return RawView(self)
+
     def subset(self, index: torch.Tensor) -> VerticalTensorDataset:
         """The rows at positions `index` as a dataset of their own (every party's slice, labels and IDs)."""
-        batch = self.__getitems__(index)
-        return VerticalTensorDataset(ids=batch.ids, features=dict(batch.features), labels=batch.labels)
+        batch = self.gather(index)
+        return VerticalTensorDataset(
+            ids=batch.ids, features=dict(batch.features), labels=batch.labels, decoders=self.decoders
+        )
 
     def __getitem__(self, index: int | Sequence[int]) -> VFLBatch:
         """One sample as a batch of one (or a batch, given a sequence), keeping the `VFLBatch` structure."""
         return self.__getitems__([index] if isinstance(index, (int, np.integer)) else index)
+
+
+class RawView(Dataset):
+    """A `VerticalTensorDataset` served as stored (uint8 pixels stay uint8): what the DataLoaders read."""
+
+    def __init__(self, dataset: VerticalTensorDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
+        """The stored batch at positions `indices`."""
+        return self.dataset.gather(indices)
+
+    def __getitem__(self, index: int) -> VFLBatch:
+        """One stored sample as a batch of one."""
+        return self.dataset.gather([index])
 
 
 class EpochShuffle(RandomSampler):
@@ -177,6 +268,7 @@ class _Prepared:
     splits: dict[str, VerticalTensorDataset]  # VFL views: samples every participating party holds
     active_splits: dict[str, VerticalTensorDataset]  # the active party's slice of every sample of each split
     overlap: dict[str, np.ndarray]  # per split, boolean mask over `active_splits[split]`: held by every party
+    image_width: int | None  # the whole image's width (columns) for image data, else None
 
 
 _SPLITS = ("train", "val", "test")
@@ -211,6 +303,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             serve the overlap only. When `participants` is the active party alone, nothing is missing from any
             participant, so the VFL views hold every sample (how a `participants: [0]` Local run sees all of its
             samples); the overlap IDs are the same either way.
+        augmentation: a per-sample random transform of training images (`lvfl.datamodules.CropFlip`), the same at
+            every party (drawn from `seed`, the sample ID and the epoch; see `lvfl.datamodules.augment`); "default"
+            uses the dataset's `default_augmentation()` (none, except CIFAR-style sets), "none" (or null) turns it
+            off. Only image data can be augmented.
     """
 
     num_classes: int | None = None
@@ -228,6 +324,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         num_workers: int = 0,
         scale: bool = True,
         overlap: float = 1.0,
+        augmentation: SampleAugmentation | Literal["default", "none"] | None = "default",
     ) -> None:
         # No save_hyperparameters(): Lightning merges datamodule and module hparams and raises when a shared key
         # (seed, batch_size) differs; LightningCLI already records the full config of every run.
@@ -260,6 +357,16 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         self.num_workers = num_workers
         self.scale = scale
         self.overlap = float(overlap)
+        if augmentation == "default":
+            augmentation = self.default_augmentation()
+        elif augmentation == "none":
+            augmentation = None
+        elif augmentation is not None and not isinstance(augmentation, SampleAugmentation):
+            raise ValueError(
+                f"augmentation must be a SampleAugmentation (e.g. lvfl.datamodules.CropFlip), 'default' or 'none', "
+                f"got augmentation={augmentation!r}"
+            )
+        self.augmentation: SampleAugmentation | None = augmentation
         self._prepared: _Prepared | None = None
 
     # ----------------------------------------------------------------------------------------------- subclass hooks
@@ -282,6 +389,27 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def labels_from_targets(self, y: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
         """Turn `load()`'s targets into class labels, seeing only the training rows `train_rows`. Default: as is."""
         return y
+
+    def default_augmentation(self) -> SampleAugmentation | None:
+        """The augmentation used when the `augmentation` option is "default". Default: none."""
+        return None
+
+    def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
+        """Rows of a published split, if the dataset has one: {"test": rows} and optionally {"val": rows}.
+
+        Default None: the seeded stratified split by `val_fraction` / `test_fraction`. With a published test split
+        (MNIST's 10,000 test images) the validation split is `val_fraction` of the remaining rows, stratified and
+        seeded, unless the dataset publishes one too (CINIC-10's valid/); `test_fraction` is then not used.
+        """
+        return None
+
+    def categories(self, num_columns: int) -> list[int] | None:
+        """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.
+
+        Categorical columns are not scaled; they reach party models as integer codes (stored exactly in float32) and
+        the protocol builds the party's model with `categories=` (see `lvfl.models.tabular`).
+        """
+        return None
 
     # ----------------------------------------------------------------------------------------------- public views
     def prepare_data(self) -> None:
@@ -393,6 +521,51 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             return batch.to(device, non_blocking=True)
         return super().transfer_batch_to_device(batch, device, dataloader_idx)
 
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Turn a stored batch into model input on its device: augment (training only), then decode (normalize).
+
+        Loaders serve stored slices (uint8 pixels for image sets), so the host-to-device copy moves a quarter of
+        float32's bytes and the per-pixel work runs on the accelerator. Tabular batches pass through unchanged.
+        """
+        if not isinstance(batch, VFLBatch):
+            return batch
+        trainer = self.trainer
+        training = trainer is not None and trainer.training
+        return self.model_input(batch, augment=training, epoch=trainer.current_epoch if trainer is not None else 0)
+
+    def model_input(self, batch: VFLBatch, augment: bool = False, epoch: int = 0) -> VFLBatch:
+        """A stored batch as the party models read it: augmented (if `augment` and configured), then decoded.
+
+        Code that iterates a loader outside a `Trainer` (PraVFed's local pre-training) calls this itself. The
+        augmentation's random choices are a function of (`seed`, sample ID, `epoch`) only, so they are the same at
+        every party, on every DDP rank and after a resume.
+        """
+        prepared = self._prepare()
+        features = batch.features
+        if augment and self.augmentation is not None:
+            features = self._augment(features, batch.ids, epoch)
+        decoders = prepared.splits["train"].decoders
+        if decoders:
+            features = {k: decoders[k](x) if k in decoders else x for k, x in features.items()}
+        if features is batch.features:
+            return batch
+        return VFLBatch(ids=batch.ids, features=features, labels=batch.labels)
+
+    def _augment(self, features: dict[str, torch.Tensor], ids: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
+        aug = self.augmentation
+        assert aug is not None  # noqa: S101 (checked by the caller)
+        prepared = self._prepare()
+        names = list(features)
+        if aug.scope == "party":
+            params = aug.parameters(self.seed, ids, epoch)
+            return {k: aug.apply(features[k], params) for k in names}
+        columns = [prepared.columns[self._party_index(k)] for k in names]
+        whole = reassemble([features[k] for k in names], columns, prepared.image_width)
+        whole = aug(whole, ids, epoch, self.seed)
+        return {
+            k: whole[..., torch.as_tensor(cols, device=whole.device)] for k, cols in zip(names, columns, strict=True)
+        }
+
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches in a new order every epoch, derived from (`seed`, epoch) by `EpochShuffle`.
 
@@ -420,7 +593,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         # global RNG, and Lightning creates a resumed run's first iterator at another point of the epoch than the
         # uninterrupted run does, which would shift the dropout stream that `ExactResume` reseeds per epoch.
         return DataLoader(
-            dataset,
+            dataset.raw(),
             batch_sampler=IndexTensorBatchSampler(sampler, batch_size=self.batch_size, drop_last=False),
             collate_fn=_keep_batch,
             num_workers=self.num_workers,
@@ -492,7 +665,19 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def _split(self, key: np.ndarray) -> dict[str, np.ndarray]:
         """Seeded stratified split of the row indices; each split's IDs sorted so val/test batches run in ID order."""
         ids = np.arange(len(key), dtype=np.int64)
+        fixed = self.fixed_splits(len(key))
         try:
+            if fixed is not None:
+                test = np.asarray(fixed["test"], dtype=np.int64)
+                rest = np.setdiff1d(ids, test)
+                if "val" in fixed:
+                    val = np.asarray(fixed["val"], dtype=np.int64)
+                    train = np.setdiff1d(rest, val)
+                else:
+                    train, val = train_test_split(
+                        rest, test_size=self.val_fraction, stratify=key[rest], random_state=self.seed
+                    )
+                return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
             rest, test = train_test_split(ids, test_size=self.test_fraction, stratify=key, random_state=self.seed)
             val_share = self.val_fraction / (1.0 - self.test_fraction)
             train, val = train_test_split(rest, test_size=val_share, stratify=key[rest], random_state=self.seed)
@@ -527,10 +712,19 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         columns = [[int(c) for c in cols] for cols in self.partitioner.split(num_columns, self.num_parties)]
         check_columns(columns, num_columns=num_columns, num_parties=self.num_parties)
-        if not np.issubdtype(x.dtype, np.floating):
+        pixels = is_image and x.dtype == np.uint8  # kept uint8; normalized per batch on the device
+        if self.augmentation is not None and not is_image:
+            raise ValueError(
+                f"augmentation={self.augmentation!r} transforms images, but {type(self).__name__} is tabular "
+                f"(features of shape {x.shape}); set augmentation: none"
+            )
+        cats = None if is_image else self.categories(num_columns)
+        if cats is not None and len(cats) != num_columns:
+            raise ValueError(f"categories() gives {len(cats)} entries for {num_columns} feature columns")
+        if not pixels and not np.issubdtype(x.dtype, np.floating):
             x = self._numeric_features(x, columns)
 
-        for k in self.participants:
+        for k in [] if pixels else self.participants:
             bad = int(np.count_nonzero(~np.isfinite(x[..., columns[k]])))
             if bad:
                 raise ValueError(
@@ -549,16 +743,25 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         splits: dict[str, VerticalTensorDataset] = {}
         active_splits: dict[str, VerticalTensorDataset] = {}
         slices = {}
+        decoders: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+        party_cats: dict[int, tuple[int, ...]] = {}
         for k in self.participants:  # each party's slice of the rows it holds, scaled by its own training rows
             held = rows if k == self.active_party or vfl_all else shared
-            slices[k] = self._scaled_slices(x, columns[k], held, is_image)
+            if pixels:
+                slices[k], decoders[party_name(k)] = self._pixel_slices(x, columns[k], held)
+            else:
+                own = None if cats is None else [int(cats[c]) for c in columns[k]]
+                slices[k] = self._scaled_slices(x, columns[k], held, is_image, own, party_name(k))
+                party_cats[k] = tuple(own) if own is not None and any(own) else ()
         active = self.active_party
         active_full = slices[active]  # the active party always participates and holds every row
+        active_decoders = {k: v for k, v in decoders.items() if k == party_name(active)}
         for split, idx in rows.items():
             active_splits[split] = VerticalTensorDataset(
                 ids=torch.from_numpy(idx.copy()),
                 features={party_name(active): active_full[split]},
                 labels=torch.from_numpy(labels[idx]),
+                decoders=active_decoders,
             )
             vidx = vfl_rows[split]
             positions = None if len(vidx) == len(idx) else torch.from_numpy(np.flatnonzero(overlap[split]))
@@ -569,14 +772,18 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                     part = part.index_select(0, positions)
                 features[party_name(k)] = part
             splits[split] = VerticalTensorDataset(
-                ids=torch.from_numpy(vidx.copy()), features=features, labels=torch.from_numpy(labels[vidx])
+                ids=torch.from_numpy(vidx.copy()),
+                features=features,
+                labels=torch.from_numpy(labels[vidx]),
+                decoders=decoders,
             )
         specs = [
             PartySpec(
                 name=party_name(k),
                 role="active" if k == self.active_party else "passive",
-                input_shape=tuple(splits["train"].features[party_name(k)].shape[1:]),
+                input_shape=tuple(splits["train"].stored[party_name(k)].shape[1:]),
                 index=k,
+                categories=party_cats.get(k, ()),
             )
             for k in self.participants
         ]
@@ -588,8 +795,32 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             splits=splits,
             active_splits=active_splits,
             overlap=overlap,
+            image_width=num_columns if is_image else None,
         )
         return self._prepared
+
+    def _mixed_slices(self, part: dict[str, np.ndarray], cats: list[int], party: str) -> dict[str, torch.Tensor]:
+        """Numeric columns standardized (training rows), categorical codes checked and kept, as float32."""
+        numeric = [j for j, c in enumerate(cats) if c == 0]
+        for j, c in enumerate(cats):
+            if c == 0:
+                continue
+            if c >= 2**24:
+                raise ValueError(f"{party}'s column {j} has {c} categories; codes above 2**24 are not exact in float32")
+            for split, p in part.items():
+                col = p[:, j]
+                bad = (col < 0) | (col >= c) | (col != np.round(col))
+                if bad.any():
+                    raise ValueError(
+                        f"{party}'s column {j} is categorical with {c} categories, so its values must be codes "
+                        f"0..{c - 1}; found {col[bad][:_MAX_LISTED].tolist()} in the {split} split"
+                    )
+        out = {split: p.astype(np.float32, copy=True) for split, p in part.items()}
+        if self.scale and numeric:
+            scaler = StandardScaler().fit(part["train"][:, numeric])
+            for split, p in part.items():
+                out[split][:, numeric] = scaler.transform(p[:, numeric])
+        return {split: torch.from_numpy(np.ascontiguousarray(p)) for split, p in out.items()}
 
     def _choose_overlap(self, labels: np.ndarray, split_index: int) -> np.ndarray:
         """Boolean mask of the rows every party holds: round(alpha * n) rows (at least 1), stratified by label.
@@ -616,15 +847,48 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             mask[rng.permutation(members)[:k]] = True
         return mask
 
+    def _pixel_slices(
+        self, x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray]
+    ) -> tuple[dict[str, torch.Tensor], PixelNormalizer]:
+        """One party's uint8 strip per split (contiguous) and its normalizer from its own training pixels.
+
+        Per-channel mean and standard deviation over the party's training strip (`scale`), or none (values 0..255).
+        """
+        col_index = np.asarray(cols, dtype=np.int64)
+        part = {split: np.ascontiguousarray(x[idx][..., col_index]) for split, idx in rows.items()}
+        channels = x.shape[1]
+        if self.scale:
+            train = part["train"]
+            mean = np.zeros(channels)
+            std = np.ones(channels)
+            for c in range(channels):  # float64 sums channel by channel: no float copy of the whole strip
+                values = train[:, c]
+                mean[c] = values.mean(dtype=np.float64)
+                std[c] = np.sqrt(max(float(np.mean(np.square(values, dtype=np.float64))) - mean[c] ** 2, 0.0))
+            std[std <= 0] = 1.0  # a constant strip (blank margin) is only centred
+        else:
+            mean, std = np.zeros(channels), np.ones(channels)
+        normalizer = PixelNormalizer(torch.from_numpy(mean), torch.from_numpy(std))
+        return {split: torch.from_numpy(p) for split, p in part.items()}, normalizer
+
     def _scaled_slices(
-        self, x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray], is_image: bool
+        self,
+        x: np.ndarray,
+        cols: list[int],
+        rows: dict[str, np.ndarray],
+        is_image: bool,
+        cats: list[int] | None = None,
+        party: str = "",
     ) -> dict[str, torch.Tensor]:
         """One party's slice per split, standardized with its training rows' statistics, as contiguous float32.
 
         Each party is scaled from its own columns only: in a deployment no party sees another's features, so a
-        statistic pooled across parties could not be computed without a protocol of its own.
+        statistic pooled across parties could not be computed without a protocol of its own. Categorical columns
+        (`cats[j] > 0`) are checked to be codes 0..c-1 and kept as they are.
         """
         part = {split: x[idx][..., cols] for split, idx in rows.items()}
+        if cats is not None and any(cats):
+            return self._mixed_slices(part, cats, party)
         if self.scale and is_image:
             train = part["train"]
             mean = float(train.mean(dtype=np.float64))

@@ -109,6 +109,16 @@ class FoldDataModule(LightningDataModule):
         """The base datamodule's validation loader."""
         return self.base.val_dataloader()
 
+    def model_input(self, batch: Any, augment: bool = False, epoch: int = 0) -> Any:
+        """The base datamodule's decoding (and augmentation) of a stored batch."""
+        return self.base.model_input(batch, augment=augment, epoch=epoch)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Decode (and, in training, augment) a stored batch as the base datamodule's own loaders are."""
+        trainer = self.trainer
+        training = trainer is not None and trainer.training
+        return self.model_input(batch, augment=training, epoch=trainer.current_epoch if trainer is not None else 0)
+
 
 def untrained_copy(module: LightningModule) -> LightningModule:
     """A copy of an *unbuilt* protocol (no party models, keys or ledger yet), with a fresh wire.

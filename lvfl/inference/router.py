@@ -94,8 +94,9 @@ class Router:
         rows: dict[int, torch.Tensor] = {}
         for split in SPLITS:
             held = self.datamodule.active_set(split)
+            features = held.features[self.active]  # decoded once per split (uint8 image slices decode on access)
             for i, sample_id in enumerate(held.ids.tolist()):
-                rows[int(sample_id)] = held.features[self.active][i]
+                rows[int(sample_id)] = features[i]
         return rows
 
     @torch.no_grad()

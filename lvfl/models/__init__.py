@@ -9,5 +9,24 @@ from lvfl.models.cnn import CNN
 from lvfl.models.lenet import LeNet
 from lvfl.models.logistic import LogisticRegression
 from lvfl.models.mlp import MLP
+from lvfl.models.resnet import ResNet18, ResNet34, ResNet50
+from lvfl.models.tabular import DeepFM, TabularMLP, WideDeep
+from lvfl.models.vgg import VGG11, VGG16
 
-__all__ = ["ACTIVATIONS", "CNN", "MLP", "LeNet", "LogisticRegression", "PartyModel", "PartyModelFactory"]
+__all__ = [
+    "ACTIVATIONS",
+    "CNN",
+    "MLP",
+    "VGG11",
+    "VGG16",
+    "DeepFM",
+    "LeNet",
+    "LogisticRegression",
+    "PartyModel",
+    "PartyModelFactory",
+    "ResNet18",
+    "ResNet34",
+    "ResNet50",
+    "TabularMLP",
+    "WideDeep",
+]

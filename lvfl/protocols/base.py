@@ -12,6 +12,7 @@ gradient is exactly its own loss gradient, and Lightning's DDP sees one backward
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -92,6 +93,24 @@ def _make_optimizer(optimizer: OptimizerCallable | None, params: Any) -> torch.o
         if isinstance(lr, (int, float)) and not 0 <= lr < float("inf"):  # NaN fails both comparisons
             raise ValueError(f"{what}: lr must be a finite number >= 0, got lr={lr!r}")
     return built
+
+
+def accepts_categories(factory: Any) -> bool:
+    """Whether a party-model factory (a class, a partial or jsonargparse's callable) takes a `categories` keyword."""
+    target = factory
+    for _ in range(4):  # unwrap partials and class-instantiating lambdas down to a class or function
+        if isinstance(target, type):
+            break
+        inner = getattr(target, "func", None)
+        classes = [a for a in getattr(target, "args", ()) if isinstance(a, type)]
+        target = classes[-1] if classes else inner if inner is not None else target
+        if inner is None and not classes:
+            break
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return False
+    return "categories" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _callable_name(factory: Any) -> str:
@@ -245,6 +264,25 @@ class VFLModule(LightningModule, ABC):
         """Party `spec`'s model from its config (protocols that use only part of it, e.g. the encoder, override)."""
         if self.task is None:
             raise RuntimeError("build_party_model is called by build(), after the task is known")
+        if spec.categories:  # categorical columns: only a model that takes `categories` can read them
+            if not accepts_categories(config.model):
+                raise ValueError(
+                    f"party {spec.name!r} holds categorical columns (cardinalities {list(spec.categories)}), but its "
+                    f"model {_callable_name(config.model)} takes no `categories`: use lvfl.models.TabularMLP, DeepFM "
+                    "or WideDeep, or a datamodule that one-hot encodes"
+                )
+            configured = (getattr(config.model, "keywords", None) or {}).get("categories")
+            if configured and tuple(configured) != tuple(spec.categories):
+                raise ValueError(
+                    f"party {spec.name}'s model sets categories={list(configured)}, but the datamodule describes "
+                    f"{list(spec.categories)}; leave categories out of the config (the datamodule supplies it)"
+                )
+            try:
+                return config.model(
+                    tuple(spec.input_shape), self.embedding_dim, self.task.num_classes, categories=spec.categories
+                )
+            except (ValueError, TypeError) as err:
+                raise type(err)(f"party {spec.name!r}'s model: {err}") from err
         try:
             return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_classes)
         except (ValueError, TypeError) as err:  # a bad model hyperparameter: say whose model it is

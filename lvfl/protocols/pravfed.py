@@ -196,9 +196,14 @@ class PraVFed(VFLModule):
         was_training = model.training
         model.train()
         model.requires_grad_(True)  # frozen from setup on (see `setup`); only this local loop trains it
-        for _ in range(self.local_epochs):
-            for batch in self.trainer.datamodule.train_dataloader():
-                x = batch.features[party].to(self.device)
+        dm = self.trainer.datamodule
+        decode = getattr(dm, "model_input", None)  # loaders serve stored slices (uint8 pixels): decode as fit does
+        for epoch in range(self.local_epochs):
+            for stored in dm.train_dataloader():
+                batch = stored.to(self.device)
+                if decode is not None:
+                    batch = decode(batch, augment=True, epoch=epoch)
+                x = batch.features[party]
                 target = self.passive_labels(party, batch.ids).to(self.device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = self.task_loss(model(x), target)
@@ -272,9 +277,11 @@ class PraVFed(VFLModule):
             step = self.next_mask_step()
             shares = {}
             for k in self.passive:  # at passive party k: weight first, then protect (see the module docstring)
-                weighted = self.passive_weights[k] * self.embed(
-                    k, split.features[k].index_select(0, new.to(split.features[k].device))
-                )
+                if isinstance(split, VFLBatch):  # a batch is model input already
+                    x = split.features[k].index_select(0, new.to(split.features[k].device))
+                else:  # a dataset: decode only the new rows (uint8 image slices decode on access)
+                    x = split.decode({k: split.stored[k].index_select(0, new)})[k]
+                weighted = self.passive_weights[k] * self.embed(k, x)
                 shares[k] = self.wire.send(k, self.active, self.aggregation.protect(k, weighted, step), "embeddings")
             zeros = torch.zeros(new.numel(), self.embedding_dim, device=self.device)
             e_p = self.aggregation.combine(zeros, shares).detach().cpu()  # at the active party
