@@ -265,3 +265,62 @@ def test_augmentation_refuses_tabular_data_and_bad_options() -> None:
     dm = Digits(num_parties=4, augmentation=CropFlip(padding=1))
     out = fit_batch(dm, dm.train_set, epoch=0)
     assert out.features["party0"].shape == dm.train_set.features["party0"].shape
+
+
+# ------------------------------------------------------------------------------------------------ resume
+def tiny_images(**kwargs):
+    from lvfl.datamodules import VerticalDataModule
+
+    class Tiny(VerticalDataModule):
+        num_classes = 3
+
+        def load(self):
+            x, _ = images(90, (3, 8, 8), 5)
+            y = (x[:, 0, :, :4].mean(axis=(1, 2)) > 127).astype(np.int64) + (np.arange(90) % 2)
+            return x, y
+
+        def default_augmentation(self):
+            return CropFlip(padding=1)
+
+    return Tiny(num_parties=3, batch_size=12, **kwargs)
+
+
+def fit_tiny(tmp_path: Path, epochs: int, ckpt_path: str | None = None, **data):
+    from functools import partial
+
+    import lightning.pytorch as pl
+    from helpers import make_trainer
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from lvfl.callbacks import CommunicationMeter
+    from lvfl.callbacks.checkpoint import ExactResume
+    from lvfl.models import CNN
+    from lvfl.privacy import Plain
+    from lvfl.protocols import EASTER, PartyConfig
+
+    pl.seed_everything(0, verbose=False)
+    party = PartyConfig(model=partial(CNN, channels=[4]), optimizer=partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+    model = EASTER(parties=[party], aggregation=Plain(), embedding_dim=8)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    trainer = make_trainer(
+        tmp_path,
+        max_epochs=epochs,
+        callbacks=[CommunicationMeter(print_summary=False), ExactResume(), checkpoint],
+        enable_checkpointing=True,
+    )
+    trainer.fit(model, datamodule=tiny_images(**data), ckpt_path=ckpt_path)
+    return model
+
+
+@pytest.mark.slow
+def test_augmented_uint8_training_resumes_exactly(tmp_path: Path) -> None:
+    fit_tiny(tmp_path / "a", epochs=1)
+    resumed = fit_tiny(tmp_path / "a", epochs=2, ckpt_path=str(tmp_path / "a" / "ckpt" / "last.ckpt"))
+    whole = fit_tiny(tmp_path / "b", epochs=2)
+    for key, value in whole.state_dict().items():
+        assert torch.equal(value, resumed.state_dict()[key]), key
+    # the augmentation was on: without it the same run ends elsewhere
+    plain = fit_tiny(tmp_path / "c", epochs=2, augmentation="none")
+    assert not torch.equal(
+        plain.state_dict()["party_models.party1.head.0.weight"], whole.state_dict()["party_models.party1.head.0.weight"]
+    )

@@ -1,5 +1,6 @@
 """Vertically partitioned datasets: `VerticalDataModule`, partitioners and the bundled datasets."""
 
+from lvfl.datamodules.adult import Adult
 from lvfl.datamodules.augment import CropFlip, SampleAugmentation
 from lvfl.datamodules.base import (
     IndexTensorBatchSampler,
@@ -21,6 +22,7 @@ from lvfl.datamodules.partition import (
 from lvfl.datamodules.vision import CIFAR10, CIFAR100, CINIC10, MNIST, FashionMNIST, TorchvisionImages
 
 __all__ = [
+    "Adult",
     "CIFAR10",
     "CIFAR100",
     "CINIC10",

@@ -598,6 +598,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             collate_fn=_keep_batch,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),  # page-locked batches (`VFLBatch.pin_memory`): async copies to a GPU
             generator=seeded_generator(self.seed, "loader"),
         )
 
