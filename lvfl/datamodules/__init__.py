@@ -10,6 +10,7 @@ from lvfl.datamodules.base import (
     party_name,
 )
 from lvfl.datamodules.clickthrough import ClickThrough
+from lvfl.datamodules.criteo import Criteo
 from lvfl.datamodules.embedded import BreastCancer, Diabetes, Digits, Synthetic, Wine
 from lvfl.datamodules.partition import (
     ContiguousColumns,
@@ -32,6 +33,7 @@ __all__ = [
     "BreastCancer",
     "ClickThrough",
     "ContiguousColumns",
+    "Criteo",
     "CropFlip",
     "Diabetes",
     "Digits",
