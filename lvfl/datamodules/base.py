@@ -543,7 +543,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         prepared = self._prepare()
         features = batch.features
         if augment and self.augmentation is not None:
-            features = self._augment(features, batch.ids, epoch)
+            features = self._augment(self.augmentation, features, batch.ids, epoch)
         decoders = prepared.splits["train"].decoders
         if decoders:
             features = {k: decoders[k](x) if k in decoders else x for k, x in features.items()}
@@ -551,9 +551,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             return batch
         return VFLBatch(ids=batch.ids, features=features, labels=batch.labels)
 
-    def _augment(self, features: dict[str, torch.Tensor], ids: torch.Tensor, epoch: int) -> dict[str, torch.Tensor]:
-        aug = self.augmentation
-        assert aug is not None  # noqa: S101 (checked by the caller)
+    def _augment(
+        self, aug: SampleAugmentation, features: dict[str, torch.Tensor], ids: torch.Tensor, epoch: int
+    ) -> dict[str, torch.Tensor]:
         prepared = self._prepare()
         names = list(features)
         if aug.scope == "party":

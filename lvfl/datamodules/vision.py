@@ -15,6 +15,7 @@ strips: 28x7 per party for MNIST over 4 parties, 32x8 for CIFAR).
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -58,17 +59,20 @@ class TorchvisionImages(VerticalDataModule):
         """Vertical strips of the image."""
         return ImageStrips()
 
+    @abstractmethod
     def expected_files(self) -> list[Path]:
-        """The files `read` needs (named in the error when one is missing)."""
-        raise NotImplementedError
+        """The files the dataset needs (named in the error when one is missing)."""
 
     def read(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The published training (or test) split as uint8 images (N, H, W) or (N, C, H, W) and int64 labels."""
-        raise NotImplementedError
+        """The published training (or test) split as uint8 images (N, H, W) or (N, C, H, W) and int64 labels.
+
+        Used by the default `load`; a dataset with other published splits (CINIC-10) overrides `load` instead.
+        """
+        raise TypeError(f"{type(self).__name__} overrides load() and has no train/test read()")
 
     def fetch(self) -> None:
-        """Download the files with torchvision (called by `prepare_data` when `download` is set)."""
-        raise NotImplementedError
+        """Download the files (called by `prepare_data` when `download` is set); torchvision sets override it."""
+        raise ValueError(f"{type(self).__name__} cannot download its files: {self.how_to_get}")
 
     def prepare_data(self) -> None:
         """Download the files when asked and missing (once per node, as Lightning calls this on rank 0)."""

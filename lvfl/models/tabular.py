@@ -20,6 +20,7 @@ The building blocks, used by all three models:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -337,7 +338,37 @@ class DeepFMEncoder(nn.Module):
         return self.activation(self.out(torch.cat([first, second, deep], dim=1)))
 
 
-class DeepFM(PartyModel):
+class FieldModel(PartyModel):
+    """What DeepFM and Wide&Deep share: the options, their checks and the head; `encoder_class` is the difference.
+
+    One `__init__` for both keeps their config options (jsonargparse reads this signature) identical by construction.
+    """
+
+    encoder_class: ClassVar[type[nn.Module]]
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        embedding_dim: int,
+        num_outputs: int,
+        categories: Sequence[int] = (),
+        field_dim: int = 16,
+        hidden: Sequence[int] = (256, 128),
+        head_hidden: Sequence[int] = (),
+        activation: str = "relu",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__(input_shape, embedding_dim, num_outputs)
+        cards, hidden, head_hidden, dropout = _check_common(
+            self.input_shape, categories, hidden, head_hidden, activation, dropout
+        )
+        field_dim = check_positive_int("field_dim", field_dim)
+        self.categories = cards
+        self.encoder = self.encoder_class(cards, field_dim, embedding_dim, hidden, activation, dropout)
+        self.head = make_head(embedding_dim, head_hidden, num_outputs, activation, dropout)
+
+
+class DeepFM(FieldModel):
     """DeepFM (Guo et al. 2017) as a party's bottom model: a factorization machine and an MLP on shared fields.
 
     Every column is a field of width ``field_dim`` (`FieldEmbedding`: numeric ``x_j * v_j``, categorical
@@ -375,26 +406,7 @@ class DeepFM(PartyModel):
         torch.Size([2, 2])
     """
 
-    def __init__(
-        self,
-        input_shape: tuple[int, ...],
-        embedding_dim: int,
-        num_outputs: int,
-        categories: Sequence[int] = (),
-        field_dim: int = 16,
-        hidden: Sequence[int] = (256, 128),
-        head_hidden: Sequence[int] = (),
-        activation: str = "relu",
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__(input_shape, embedding_dim, num_outputs)
-        cards, hidden, head_hidden, dropout = _check_common(
-            self.input_shape, categories, hidden, head_hidden, activation, dropout
-        )
-        field_dim = check_positive_int("field_dim", field_dim)
-        self.categories = cards
-        self.encoder = DeepFMEncoder(cards, field_dim, embedding_dim, hidden, activation, dropout)
-        self.head = make_head(embedding_dim, head_hidden, num_outputs, activation, dropout)
+    encoder_class = DeepFMEncoder
 
 
 class WideDeepEncoder(nn.Module):
@@ -428,7 +440,7 @@ class WideDeepEncoder(nn.Module):
         return self.activation(wide + deep)
 
 
-class WideDeep(PartyModel):
+class WideDeep(FieldModel):
     """Wide & Deep (Cheng et al. 2016) as a party's bottom model: a linear model plus an MLP over embeddings.
 
     The wide part is a linear model over the numeric columns and the one-hot categorical columns, with one output
@@ -458,23 +470,4 @@ class WideDeep(PartyModel):
         torch.Size([2, 2])
     """
 
-    def __init__(
-        self,
-        input_shape: tuple[int, ...],
-        embedding_dim: int,
-        num_outputs: int,
-        categories: Sequence[int] = (),
-        field_dim: int = 16,
-        hidden: Sequence[int] = (256, 128),
-        head_hidden: Sequence[int] = (),
-        activation: str = "relu",
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__(input_shape, embedding_dim, num_outputs)
-        cards, hidden, head_hidden, dropout = _check_common(
-            self.input_shape, categories, hidden, head_hidden, activation, dropout
-        )
-        field_dim = check_positive_int("field_dim", field_dim)
-        self.categories = cards
-        self.encoder = WideDeepEncoder(cards, field_dim, embedding_dim, hidden, activation, dropout)
-        self.head = make_head(embedding_dim, head_hidden, num_outputs, activation, dropout)
+    encoder_class = WideDeepEncoder
