@@ -186,3 +186,12 @@ def test_easter_with_tabular_mlp_parties_runs_a_forward_pass(root: Path) -> None
     for out in logits.values():
         assert out.shape == (8, 2)
         assert torch.isfinite(out).all()
+
+
+def test_stand_in_files_read_back_with_missing_levels(tmp_path: Path) -> None:
+    Adult.write_stand_in(tmp_path, 50, seed=2)
+    assert (tmp_path / "adult.test").read_text().startswith("|1x3 Cross validator\n")
+    dm = Adult(root=str(tmp_path), num_parties=3, val_fraction=0.2)
+    assert len(dm.train_set) + len(dm.val_set) == 50
+    assert len(dm.test_set) == 50
+    assert "?" in dm.levels()["workclass"]

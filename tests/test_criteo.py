@@ -16,31 +16,9 @@ import pytest
 import torch
 
 from lvfl.datamodules.criteo import Criteo, CriteoSplit, convert
+from lvfl.datamodules.stand_ins import write_criteo_tsv
 from lvfl.models import TabularMLP
 from lvfl.protocols import EASTER, PartyConfig
-
-
-def _write_tsv(path: Path, n: int, seed: int = 0) -> list[list[str]]:
-    """A TSV in Criteo's format: label, 13 ints (some empty / negative), 26 hashes (some empty / rare)."""
-    rng = np.random.default_rng(seed)
-    common = [[f"{rng.integers(2**32):08x}" for _ in range(6)] for _ in range(26)]
-    rows = []
-    for i in range(n):
-        fields = [str(int(rng.random() < 0.3))]
-        for _ in range(13):
-            r = rng.random()
-            fields.append("" if r < 0.15 else str(-int(rng.integers(1, 4))) if r < 0.2 else str(rng.integers(0, 500)))
-        for j in range(26):
-            r = rng.random()
-            if r < 0.1:
-                fields.append("")
-            elif r < 0.2:
-                fields.append(f"{(i * 26 + j) * 7919 % 2**32:08x}")  # rare: seen once
-            else:
-                fields.append(common[j][int(rng.integers(0, 6)) if j % 2 else int(rng.integers(0, 3)) * 2])
-        rows.append(fields)
-    path.write_text("".join("\t".join(f) + "\n" for f in rows))
-    return rows
 
 
 def _reference(rows: list[list[str]], min_count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
@@ -58,7 +36,7 @@ def _reference(rows: list[list[str]], min_count: int) -> tuple[np.ndarray, np.nd
 
 @pytest.fixture
 def criteo_root(tmp_path: Path) -> tuple[Path, list[list[str]]]:
-    rows = _write_tsv(tmp_path / "train.txt", 300)
+    rows = write_criteo_tsv(tmp_path / "train.txt", 300)
     return tmp_path, rows
 
 
@@ -166,7 +144,7 @@ def test_max_rows_and_errors(criteo_root, tmp_path: Path) -> None:
 
 def test_streams_without_materializing_the_table(tmp_path: Path) -> None:
     n = 20_000
-    _write_tsv(tmp_path / "train.txt", n, seed=1)
+    write_criteo_tsv(tmp_path / "train.txt", n, seed=1)
     dm = Criteo(root=str(tmp_path), num_parties=2, batch_size=64)
     dm.prepare_data()  # conversion (streams the TSV) done before measuring
     gc.collect()

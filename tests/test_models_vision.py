@@ -13,7 +13,7 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
 from lvfl.models import PartyModel, PartyModelFactory
-from lvfl.models.resnet import ResNet18, ResNet34, ResNet50, ResNetBase
+from lvfl.models.resnet import ResNet18, ResNet34, ResNet50, ResNet101, ResNetBase
 from lvfl.models.vgg import VGG11, VGG16, VGGBase
 
 STRIPS = [(1, 28, 7), (3, 32, 8), (3, 32, 16), (1, 8, 2), (1, 8, 1)]
@@ -131,7 +131,10 @@ def _tensor_shapes(module: nn.Module, drop: str = "") -> dict[str, tuple[int, ..
     return {k: tuple(v.shape) for k, v in module.state_dict().items() if not (drop and k.startswith(drop))}
 
 
-@pytest.mark.parametrize(("cls", "block"), [(ResNet18, BasicBlock), (ResNet34, BasicBlock), (ResNet50, Bottleneck)])
+@pytest.mark.parametrize(
+    ("cls", "block"),
+    [(ResNet18, BasicBlock), (ResNet34, BasicBlock), (ResNet50, Bottleneck), (ResNet101, Bottleneck)],
+)
 def test_resnet_backbone_is_torchvisions(cls: type[ResNetBase], block: type[nn.Module]) -> None:
     with torch.device("meta"):  # structure only: no memory, no initialization
         reference = getattr(torchvision.models, cls.arch)(weights=None)

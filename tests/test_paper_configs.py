@@ -1,66 +1,81 @@
-"""Every paper config (configs/paper/) instantiates and fits 2 batches on small files in the dataset's real format."""
+"""Every paper config (configs/paper/) instantiates and fits 2 batches on small files in the dataset's real format.
+
+The runnable configs (`configs/paper/easter/`, `configs/paper/vfedmh/`) each fit 2 batches; EASTER's equal the
+composition of the paper's pieces that the paper grids run (`configs/paper/{data,parties}` with the protocol piece).
+"""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import REPO
-from test_vision_datamodules import images, write_cifar, write_idx
+from test_cli import comparable, quick
 
+from lvfl.bench.quick import STAND_IN_MARK
 from lvfl.cli import build_cli
 from lvfl.protocols import VFLModule
 
-PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for p in (REPO / "configs" / "paper").rglob("*.yaml"))
+PAPER = REPO / "configs" / "paper"
+PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for kind in ("easter", "vfedmh") for p in (PAPER / kind).glob("*.yaml"))
+#: the parties piece of each dataset's heterogeneous setting (EASTER Table II)
+FAMILY = {"mnist": "small", "fmnist": "small", "cifar10": "resnet", "cifar100": "resnet", "cinic10": "resnet"}
+FAMILY["criteo"] = "ctr"
 
 
-def write_data(root: Path, config: str) -> Path:
-    """Stand-in files for the config's dataset under `root`; returns the `root` option to pass."""
-    text = (REPO / config).read_text()
-    if "datamodules.Criteo" in text:
-        from test_criteo import _write_tsv
+def data_class(config: str | Path) -> type:
+    """The datamodule class a config file names."""
+    import importlib
 
-        root.mkdir(parents=True)
-        _write_tsv(root / "train.txt", 300)
-        return root
-    if "datamodules.CIFAR10" in text or "datamodules.CIFAR100" in text:
-        write_cifar(root, hundred="CIFAR100" in text)
-        return root
-    if "datamodules.CINIC10" in text:
-        from PIL import Image
+    module, _, name = yaml.safe_load(Path(config).read_text())["data"]["class_path"].rpartition(".")
+    return getattr(importlib.import_module(module), name)
 
-        for i, split in enumerate(("train", "valid", "test")):
-            for c in range(10):
-                (root / split / f"class{c}").mkdir(parents=True)
-                for j in range(3 if split == "train" else 1):
-                    x, _ = images(1, (32, 32, 3), 100 * i + 10 * c + j)
-                    Image.fromarray(x[0]).save(root / split / f"class{c}" / f"{j}.png")
-        return root
-    for cls in ("MNIST", "FashionMNIST"):
-        xtr, ytr = images(60, (28, 28), 0)
-        xte, yte = images(20, (28, 28), 1)
-        write_idx(root / cls / "raw", "train", xtr, ytr, gz=True)
-        write_idx(root / cls / "raw", "t10k", xte, yte, gz=True)
+
+def stand_in(root: Path, config: str | Path) -> Path:
+    """Stand-in files for the config's dataset under `root`, enough rows for a stratified split; returns `root`."""
+    cls = data_class(REPO / config)
+    cls.write_stand_in(root, 300 if cls.__name__ == "CIFAR100" else 60)  # CIFAR-100: >= 1 val image per class
     return root
 
 
 def test_paper_configs_exist() -> None:
-    names = {Path(c).name for c in PAPER_CONFIGS}
-    assert {"mnist.yaml", "fmnist.yaml", "cifar10.yaml", "cifar100.yaml", "cinic10.yaml", "criteo.yaml"} <= names
+    names = {Path(c).name for c in PAPER_CONFIGS if "/easter/" in c}
+    assert names == {f"{d}.yaml" for d in FAMILY}
+    assert {Path(c).stem for c in PAPER_CONFIGS if "/vfedmh/" in c} == {
+        f"{d}_{f}" for d in ("mnist", "fmnist", "cifar10") for f in ("small", "resnet")
+    }
+
+
+@pytest.mark.parametrize("dataset", sorted(FAMILY))
+def test_easter_paper_configs_equal_the_paper_pieces(dataset: str, tmp_path: Path, monkeypatch) -> None:
+    """`configs/paper/easter/<d>.yaml` is data + EASTER's protocol piece + the heterogeneous parties piece."""
+    monkeypatch.chdir(REPO)
+    with tempfile.TemporaryDirectory() as tmp:
+        parser = build_cli(
+            ["--config", "configs/easter/digits.yaml", f"--trainer.logger.init_args.save_dir={tmp}"], run=False
+        ).parser
+    pieces = [f"configs/paper/data/{dataset}.yaml", "configs/protocols/easter/default.yaml"]
+    pieces.append(f"configs/paper/parties/{FAMILY[dataset]}.yaml")
+    whole = parser.parse_args(["--config", f"configs/paper/easter/{dataset}.yaml", *quick(tmp_path)])
+    composed = parser.parse_args([arg for p in pieces for arg in ("--config", p)] + quick(tmp_path))
+    assert comparable(whole) == comparable(composed)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
 def test_paper_config_fits_two_batches_on_generated_files(config: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
-    root = write_data(tmp_path / "data", config)
+    root = stand_in(tmp_path / "data", config)
+    cinic = data_class(REPO / config).__name__ == "CINIC10"  # its validation split is the published valid/
     args = [
         "--config",
         config,
         f"--data.init_args.root={root}",
         "--data.init_args.batch_size=8",
-        "--data.init_args.val_fraction=0.34" if "CINIC10" not in (REPO / config).read_text() else "--seed_everything=0",
+        "--data.init_args.val_fraction=0.34" if not cinic else "--seed_everything=0",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
         "--trainer.max_epochs=1",
         "--trainer.limit_train_batches=2",
@@ -78,3 +93,4 @@ def test_paper_config_fits_two_batches_on_generated_files(config: str, tmp_path:
     assert len(specs) == 4
     width = {(1, 28, 7), (3, 32, 8), (10,), (9,)}  # image strips; Criteo's 39 columns over 4 parties
     assert {tuple(s.input_shape) for s in specs} <= width
+    assert not (root / STAND_IN_MARK).exists()  # written by the test, not by lvfl bench

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import pickle
-import struct
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,28 +11,16 @@ import torch
 import torchvision.transforms.v2.functional as TF  # noqa: N812
 from PIL import Image
 
-from lvfl.datamodules import CIFAR10, CIFAR100, CINIC10, MNIST, CropFlip, Digits, FashionMNIST
+from lvfl.datamodules import CIFAR10, CIFAR100, CINIC10, MNIST, CropFlip, Digits, FashionMNIST, stand_ins
 from lvfl.datamodules.augment import hash_uniform32
+from lvfl.datamodules.stand_ins import random_images, write_idx
 from lvfl.parties import VFLBatch
 
 N_TRAIN, N_TEST = 60, 20
 
 
 def images(n: int, shape: tuple[int, ...], seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, 256, size=(n, *shape), dtype=np.uint8), np.arange(n) % 10
-
-
-def write_idx(folder: Path, prefix: str, x: np.ndarray, y: np.ndarray, gz: bool) -> None:
-    """idx3-ubyte images and idx1-ubyte labels, as published (big-endian header)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    img = struct.pack(">IIII", 2051, len(x), x.shape[1], x.shape[2]) + x.tobytes()
-    lab = struct.pack(">II", 2049, len(y)) + y.astype(np.uint8).tobytes()
-    for name, data in ((f"{prefix}-images-idx3-ubyte", img), (f"{prefix}-labels-idx1-ubyte", lab)):
-        if gz:
-            (folder / f"{name}.gz").write_bytes(gzip.compress(data))
-        else:
-            (folder / name).write_bytes(data)
+    return random_images(n, shape, seed)
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +35,9 @@ def mnist_root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarr
 
 
 def write_cifar(root: Path, hundred: bool) -> tuple[np.ndarray, np.ndarray]:
-    """The python pickle batches: data (N, 3072) uint8 rows in CHW order, labels (fine_labels for CIFAR-100)."""
-    folder = root / ("cifar-100-python" if hundred else "cifar-10-batches-py")
-    folder.mkdir(parents=True)
-    names = [("train", N_TRAIN), ("test", N_TEST)] if hundred else [(f"data_batch_{i}", 12) for i in range(1, 6)]
-    if not hundred:
-        names.append(("test_batch", N_TEST))
-    xs, ys = [], []
-    for i, (name, n) in enumerate(names):
-        x, _ = images(n, (3, 32, 32), 10 + i)
-        y = (np.arange(n) * 7 + i) % 10 + (90 if hundred else 0)  # CIFAR-100: labels up to 99
-        key = "fine_labels" if hundred else "labels"
-        with open(folder / name, "wb") as f:
-            pickle.dump({"data": x.reshape(n, -1), key: y.tolist()}, f)
-        xs.append(x)
-        ys.append(y)
-    return np.concatenate(xs), np.concatenate(ys)
+    """The python pickle batches (CIFAR-10: 5 training batches), as published; returns all images and labels."""
+    x_train, y_train, x_test, y_test = stand_ins.write_cifar(root, hundred, N_TRAIN, N_TEST, seed=10, classes=10)
+    return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test])
 
 
 def test_mnist_reads_gzipped_idx_files_keeps_the_published_split_and_partitions_strips(mnist_root) -> None:
@@ -324,3 +296,33 @@ def test_augmented_uint8_training_resumes_exactly(tmp_path: Path) -> None:
     assert not torch.equal(
         plain.state_dict()["party_models.party1.head.0.weight"], whole.state_dict()["party_models.party1.head.0.weight"]
     )
+
+
+# ------------------------------------------------------------------------------------------------ max_rows, stand-ins
+def test_max_rows_keeps_the_first_images_of_each_published_split(mnist_root) -> None:
+    root, x, _ = mnist_root
+    dm = MNIST(root=str(root), num_parties=2, max_rows=30, val_fraction=0.34)
+    assert len(dm.train_set) + len(dm.val_set) == 30
+    assert dm.test_set.ids.tolist() == list(range(30, 50))  # the first 20 test images follow the 30 training ones
+    whole = torch.cat([dm.test_set.stored[f"party{k}"] for k in range(2)], dim=-1)[:, 0].numpy()
+    np.testing.assert_array_equal(whole, x[N_TRAIN : N_TRAIN + 20])
+    with pytest.raises(ValueError, match=r"max_rows"):
+        MNIST(root=str(root), max_rows=0)
+
+
+def test_cinic_max_rows_keeps_every_class(tmp_path: Path) -> None:
+    stand_ins.write_image_folder(tmp_path, {"train": 40, "valid": 20, "test": 20})
+    dm = CINIC10(root=str(tmp_path), num_parties=4, max_rows=10)
+    assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (10, 10, 10)
+    # ImageFolder lists class by class: the first 10 would be one or two classes, evenly spaced ones are all ten
+    assert sorted(set(dm.train_set.labels.tolist())) == list(range(10))
+
+
+@pytest.mark.parametrize("cls", [MNIST, FashionMNIST, CIFAR10, CIFAR100, CINIC10])
+def test_stand_ins_are_read_by_the_datamodule_with_their_row_counts(cls, tmp_path: Path) -> None:
+    rows = 200 if cls is CIFAR100 else 40
+    cls.write_stand_in(tmp_path, rows, seed=1)
+    dm = cls(root=str(tmp_path), num_parties=4, val_fraction=0.5)
+    published = len(dm.train_set) + len(dm.val_set) + len(dm.test_set)
+    assert published == (3 if cls is CINIC10 else 2) * rows
+    assert dm.task.num_classes == cls.num_classes

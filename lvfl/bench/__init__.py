@@ -13,7 +13,11 @@ runs the same from any working directory; absolute paths stay as they are::
       PraVFed eps=1:                     # a protocol entry may carry its own overrides (ablations)
         config: ../pravfed/{dataset}.yaml
         overrides: ["--model.init_args.label_mechanism.init_args.epsilon=1.0"]
-    datasets: [digits, breast_cancer]
+    datasets:                      # names, or variants of a dataset with their own pieces and overrides:
+      - digits
+      - breast_cancer
+      - digits C=2: {dataset: digits, parties: ../parties/digits_two.yaml,
+                     overrides: ["--data.init_args.num_parties=2"]}
     seeds: [0, 1, 2]
     overrides: ["--trainer.max_epochs=30"]
     target_accuracy: 0.9          # for "MB to target" (VFLAIR-style cost to reach an accuracy); or per dataset:
@@ -22,6 +26,10 @@ runs the same from any working directory; absolute paths stay as they are::
     out: ../../runs/bench/digits  # where the cells (logs, result.json) go (default: runs/bench/<grid file name>
                                   # below the current directory)
     report: ../../docs/results    # where table.md, results.csv and the plots go (default: `out`)
+    paper:                        # optional: published numbers printed beside lvfl's (two columns, a note)
+      source: "EASTER Table II: test accuracy (%), Avg of the party models"
+      metric: acc                 # or auroc; or per dataset: {criteo: auroc} (acc for the others)
+      values: {EASTER: {digits: 98.16}}
 
 A cell (protocol x dataset x seed) is `lvfl fit` + test on several `--config` files, in this order: the dataset's
 `data` piece, the protocol's config, the dataset's `parties` piece (the parties come last: they set
@@ -31,6 +39,16 @@ The protocol's config is its template with `{dataset}` filled in, or, where that
 protocol needs a file of its own only for a dataset it treats differently. A grid without `data` and `parties` runs
 whole configs (`config: ../pravfed/{dataset}.yaml`). `overrides` go last, verbatim (their paths, if any, are relative
 to the current directory, as on the command line).
+
+A `datasets` entry is a name, which fills `{dataset}` in the templates, or a one-key mapping `label: {dataset,
+data, parties, overrides}`: a variant of a dataset (its label names its cells and rows), whose `dataset` fills the
+templates (default: the label), whose own `data` / `parties` files replace the templates' (relative to the grid
+file), and whose `overrides` apply to its cells (after the grid's, before the protocol's). The paper grids use it
+for C = 2..10 parties and for homogeneous party models (configs/bench/paper_easter_*.yaml).
+
+Quick runs (`lvfl.bench.quick`): `--max-rows N`, `--max-epochs E` and `--seeds S ...` shorten every cell alike and
+write to `<out>-quick`; `--stand-ins DIR --max-rows N` also writes random files in each file-backed dataset's real
+format under DIR and runs on them (`<out>-stand-ins`), so a paper grid runs end to end without its data.
 
 Each cell runs in a fresh process so its peak memory is its own; its logs stay in `<out>/cells/<protocol>/<dataset>/
 seed<k>/` with a `result.json`. A cell whose `result.json` matches the cell's fingerprint (text of its config files,
@@ -55,7 +73,7 @@ line per protocol (the mean over seeds) in a band from the seeds' minimum to the
 axes.
 
 The package: `grid` (the file, its cells and checks), `run` (cells in their own processes, reuse, `--keep-going`),
-`report` (table, CSV, plots).
+`report` (table, CSV, plots), `quick` (shortened runs and stand-in data).
 """
 
 from __future__ import annotations
@@ -65,16 +83,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lvfl.bench.grid import Cell, Grid, GridError, check_cells, load_grid
+from lvfl.bench.grid import Cell, DatasetEntry, Grid, GridError, Paper, check_cells, load_grid
+from lvfl.bench.quick import shorten, with_stand_ins
 from lvfl.bench.report import mb_to_target, summarize, write_plots, write_table
 from lvfl.bench.run import CellFailed, Outcome, cached_result, read_history, run_cell, run_cell_in_process, run_grid
 
 __all__ = [
     "Cell",
     "CellFailed",
+    "DatasetEntry",
     "Grid",
     "GridError",
     "Outcome",
+    "Paper",
     "cached_result",
     "check_cells",
     "load_grid",
@@ -84,14 +105,19 @@ __all__ = [
     "run_cell",
     "run_cell_in_process",
     "run_grid",
+    "shorten",
     "summarize",
     "write_plots",
+    "with_stand_ins",
     "write_table",
 ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`lvfl bench GRID [--out DIR] [--force] [--keep-going]` (and the internal `--cell SPEC` of a cell's process)."""
+    """`lvfl bench GRID [--out DIR] [--force] [--keep-going]` plus the quick-run options (see `lvfl.bench.quick`).
+
+    Also the internal `--cell SPEC`, the body of a cell's own process.
+    """
     parser = argparse.ArgumentParser(
         prog="lvfl bench",
         description="Run a grid of lvfl experiments (protocols x datasets x seeds) and report them.",
@@ -105,6 +131,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="a failed cell is reported in the table and the grid goes on (exit status 1 at the end)",
     )
+    quick = parser.add_argument_group(
+        "quick runs", "shorten every cell alike; results and report go to <out>-quick (<out>-stand-ins), not <out>"
+    )
+    quick.add_argument("--max-rows", type=int, help="at most N rows per published split (--data.init_args.max_rows)")
+    quick.add_argument("--max-epochs", type=int, help="N training epochs per cell (--trainer.max_epochs)")
+    quick.add_argument("--seeds", type=int, nargs="+", help="these seeds instead of the grid's")
+    quick.add_argument(
+        "--stand-ins",
+        metavar="DIR",
+        help="write random files in each file-backed dataset's real format under DIR (--max-rows rows per split) "
+        "and run on them: the grid end to end where the real data is not at hand",
+    )
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cell:
@@ -114,8 +152,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     if not args.grid:
         parser.error("give a grid file, e.g. lvfl bench configs/bench/baselines.yaml")
+    if args.stand_ins and args.max_rows is None:
+        parser.error("--stand-ins needs --max-rows: the stand-in files hold that many rows per split")
     try:
-        outcome = run_grid(args.grid, args.out, args.force, args.keep_going)
+        grid = load_grid(args.grid)
+        if args.max_rows is not None or args.max_epochs is not None or args.seeds or args.stand_ins:
+            suffix = "stand-ins" if args.stand_ins else "quick"
+            grid = shorten(grid, args.max_rows, args.max_epochs, args.seeds, suffix)
+        stand_ins = None if not args.stand_ins else (args.stand_ins, args.max_rows)
+        outcome = run_grid(grid, args.out, args.force, args.keep_going, stand_ins)
     except (GridError, CellFailed) as exc:
         raise SystemExit(f"lvfl bench: {exc}") from exc
     print(outcome.table)

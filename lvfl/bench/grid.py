@@ -24,10 +24,15 @@ GRID_KEYS = {
     "overrides",
     "target_accuracy",
     "reference",
+    "paper",
     "out",
     "report",
 }
 PROTOCOL_KEYS = {"config", "overrides"}
+DATASET_KEYS = {"dataset", "data", "parties", "overrides"}
+PAPER_KEYS = {"source", "metric", "values"}
+#: what a `paper:` block's numbers may measure: the test metric lvfl logs as `test/<metric>/mean`, in percent
+PAPER_METRICS = ("acc", "auroc")
 #: What a protocol template falls back to when a dataset has no file of its own: `{dataset}` replaced by this.
 DEFAULT_PROTOCOL = "default"
 #: The bench's evaluation rule; part of every cell's fingerprint, so changing it reruns finished cells.
@@ -52,8 +57,7 @@ class Cell:
     @property
     def key(self) -> str:
         """Its folder below `<out>/cells/`."""
-        protocol = re.sub(r"[^A-Za-z0-9._-]+", "_", self.protocol)
-        return f"{protocol}/{self.dataset}/seed{self.seed}"
+        return f"{_folder(self.protocol)}/{_folder(self.dataset)}/seed{self.seed}"
 
     def args(self, save_dir: str) -> list[str]:
         """The lvfl CLI arguments of this cell (without the subcommand); built by `lvfl.cli.run_args`."""
@@ -94,6 +98,44 @@ class Cell:
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def _folder(label: str) -> str:
+    """A grid label as a folder name: runs of characters other than letters, digits, `._-` become one `_`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", label)
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One entry of a grid's `datasets`: the dataset its templates take, or its own pieces, and its overrides.
+
+    A plain name `cifar10` is `DatasetEntry("cifar10")`: the grid's `data`, protocol and `parties` templates with
+    `{dataset}` = cifar10. A mapping entry (`cinic10 C=2: {dataset: cinic10, parties: ..., overrides: [...]}`)
+    is a variant of a dataset: `dataset` fills the templates (default: the label), `data` / `parties` name files
+    that replace the templates' (relative to the grid file), and `overrides` apply to its cells only.
+    """
+
+    dataset: str
+    data: str | None = None
+    parties: str | None = None
+    overrides: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Paper:
+    """A grid's `paper:` block: the published numbers the report prints beside lvfl's, and where they come from."""
+
+    source: str
+    values: dict[str, dict[str, float]]  # protocol -> dataset label -> number (percent)
+    metric: str | dict[str, str] = "acc"  # per dataset label, else for all
+
+    def metric_of(self, dataset: str) -> str:
+        """The metric of the paper's number for `dataset` (`acc` or `auroc`)."""
+        return self.metric.get(dataset, "acc") if isinstance(self.metric, dict) else self.metric
+
+    def value(self, protocol: str, dataset: str) -> float | None:
+        """The paper's number for the cell, None where the paper has none."""
+        return self.values.get(protocol, {}).get(dataset)
+
+
 @dataclass
 class Grid:
     """A parsed grid file, its paths already resolved against the grid file's folder."""
@@ -110,6 +152,12 @@ class Grid:
     reference: str | None = None
     data: str | None = None
     parties: str | None = None
+    entries: dict[str, DatasetEntry] = field(default_factory=dict)
+    paper: Paper | None = None
+
+    def entry(self, dataset: str) -> DatasetEntry:
+        """The `datasets` entry labelled `dataset` (a plain name is its own entry)."""
+        return self.entries.get(dataset) or DatasetEntry(dataset)
 
     def target(self, dataset: str) -> float | None:
         """The accuracy whose cost `MB to target` measures on `dataset`."""
@@ -129,14 +177,23 @@ class Grid:
         )
 
     def configs(self, protocol: str, dataset: str) -> tuple[str, ...]:
-        """The `--config` files of one (protocol, dataset), in order: data, protocol, parties (those the grid names).
+        """The `--config` files of one (protocol, dataset entry), in order: data, protocol, parties (those named).
 
         The parties piece comes last because it sets `model.init_args` without a `class_path`, which jsonargparse
-        accepts only once an earlier file has chosen the protocol (see configs/README.md).
+        accepts only once an earlier file has chosen the protocol (see configs/README.md). An entry's own `data` or
+        `parties` file replaces the template's.
         """
-        data = [] if self.data is None else [self.piece("data", self.data, dataset)]
-        parties = [] if self.parties is None else [self.piece("parties", self.parties, dataset)]
-        return (*data, self.protocol_config(protocol, dataset), *parties)
+        entry = self.entry(dataset)
+        pieces = []
+        for kind, own, template in (("data", entry.data, self.data), ("parties", entry.parties, self.parties)):
+            if own is not None:
+                if not Path(own).is_file():
+                    raise GridError(f"dataset {dataset!r}: its {kind} config {own} does not exist")
+                pieces.append([own])
+            else:
+                pieces.append([] if template is None else [self.piece(kind, template, entry.dataset)])
+        data, parties = pieces
+        return (*data, self.protocol_config(protocol, entry.dataset), *parties)
 
     @staticmethod
     def piece(kind: str, template: str, dataset: str) -> str:
@@ -152,7 +209,8 @@ class Grid:
         for protocol in self.protocols:
             for dataset in self.datasets:
                 configs = self.configs(protocol, dataset)
-                overrides = (*self.overrides, *self.protocol_overrides.get(protocol, []))
+                own = self.entry(dataset).overrides
+                overrides = (*self.overrides, *own, *self.protocol_overrides.get(protocol, []))
                 cells += [Cell(protocol, dataset, s, configs, overrides) for s in self.seeds]
         return cells
 
@@ -200,6 +258,13 @@ def load_grid(path: str | Path) -> Grid:
             raise GridError(f"{path}: protocol {label!r}: template {template!r} must contain {{dataset}}")
         templates[str(label)] = resolve(base, template)
         protocol_overrides[str(label)] = list(own)
+    labels, entries = _datasets(path, base, raw["datasets"])
+    for kind, names in (("protocols", list(templates)), ("datasets", labels)):
+        folders: dict[str, str] = {}
+        for name in names:
+            other = folders.setdefault(_folder(name), name)
+            if other != name:
+                raise GridError(f"{path}: {kind} {other!r} and {name!r} would share the cell folder {_folder(name)!r}")
     reference = raw.get("reference")
     if reference is not None and str(reference) not in templates:
         raise GridError(f"{path}: `reference` {reference!r} is not one of the protocols {sorted(templates)}")
@@ -212,7 +277,7 @@ def load_grid(path: str | Path) -> Grid:
         if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1):
             where = f"[{dataset!r}]" if dataset else ""
             raise GridError(f"{path}: `target_accuracy`{where} must be in (0, 1], got {value!r}")
-        if dataset and dataset not in raw["datasets"]:
+        if dataset and dataset not in labels:
             raise GridError(f"{path}: `target_accuracy` names dataset {dataset!r}, which is not in `datasets`")
     overrides = raw.get("overrides") or []
     _check_overrides(path, overrides)
@@ -221,7 +286,9 @@ def load_grid(path: str | Path) -> Grid:
         protocols=templates,
         protocol_overrides=protocol_overrides,
         reference=None if reference is None else str(reference),
-        datasets=[str(d) for d in raw["datasets"]],
+        datasets=labels,
+        entries=entries,
+        paper=_paper(path, raw.get("paper"), list(templates), labels),
         seeds=list(seeds),
         overrides=list(overrides),
         target_accuracy=(
@@ -233,6 +300,70 @@ def load_grid(path: str | Path) -> Grid:
         data=pieces["data"],
         parties=pieces["parties"],
     )
+
+
+def _datasets(path: str | Path, base: Path, raw: Any) -> tuple[list[str], dict[str, DatasetEntry]]:
+    """The labels of `datasets` in order and the entries given as mappings (paths resolved against `base`)."""
+    if not isinstance(raw, list):
+        raise GridError(f"{path}: `datasets` is a list of names or of one-key mappings label -> {{dataset, ...}}")
+    labels: list[str] = []
+    entries: dict[str, DatasetEntry] = {}
+    for item in raw:
+        if isinstance(item, dict) and len(item) == 1:
+            ((label, fields),) = item.items()
+            label = str(label)
+            if not isinstance(fields, dict) or set(fields) - DATASET_KEYS:
+                got = sorted(fields) if isinstance(fields, dict) else fields
+                raise GridError(
+                    f"{path}: dataset {label!r}: an entry is a name or a mapping with keys {sorted(DATASET_KEYS)}; "
+                    f"got {got!r}"
+                )
+            own = list(fields.get("overrides") or [])
+            _check_overrides(path, own, f"dataset {label!r}: ")
+            files = {k: resolve(base, str(fields[k])) for k in ("data", "parties") if fields.get(k) is not None}
+            entries[label] = DatasetEntry(str(fields.get("dataset", label)), overrides=tuple(own), **files)
+        elif isinstance(item, str | int) and not isinstance(item, bool):
+            label = str(item)
+        else:
+            raise GridError(f"{path}: `datasets` entry {item!r} is neither a name nor a one-key mapping")
+        if label in labels:
+            raise GridError(f"{path}: dataset {label!r} is listed twice in `datasets`")
+        labels.append(label)
+    return labels, entries
+
+
+def _paper(path: str | Path, raw: Any, protocols: list[str], datasets: list[str]) -> Paper | None:
+    """The checked `paper:` block: its source named, its numbers percentages of known protocols and datasets."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - PAPER_KEYS or not raw.get("source") or "values" not in raw:
+        raise GridError(
+            f"{path}: `paper` is a mapping with keys {sorted(PAPER_KEYS)} (`source`, naming the paper and table, and "
+            f"`values`, protocol -> dataset -> number, required); got {raw!r}"
+        )
+    metric = raw.get("metric", "acc")
+    for dataset, name in metric.items() if isinstance(metric, dict) else [("", metric)]:
+        if name not in PAPER_METRICS:
+            raise GridError(f"{path}: `paper.metric` {name!r} must be one of {list(PAPER_METRICS)}")
+        if dataset and dataset not in datasets:
+            raise GridError(f"{path}: `paper.metric` names dataset {dataset!r}, which is not in `datasets`")
+    values = raw["values"]
+    if not isinstance(values, dict):
+        raise GridError(f"{path}: `paper.values` maps a protocol to {{dataset: number}}, got {values!r}")
+    checked: dict[str, dict[str, float]] = {}
+    for protocol, row in values.items():
+        if str(protocol) not in protocols:
+            raise GridError(f"{path}: `paper.values` names protocol {protocol!r}, which is not in `protocols`")
+        if not isinstance(row, dict):
+            raise GridError(f"{path}: `paper.values.{protocol}` maps a dataset to a number, got {row!r}")
+        for dataset, value in row.items():
+            if str(dataset) not in datasets:
+                raise GridError(f"{path}: `paper.values.{protocol}` names dataset {dataset!r}, not in `datasets`")
+            if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 100):
+                raise GridError(f"{path}: `paper.values.{protocol}.{dataset}` must be a percentage, got {value!r}")
+        checked[str(protocol)] = {str(d): float(v) for d, v in row.items()}
+    metric = metric if isinstance(metric, str) else {str(k): v for k, v in metric.items()}
+    return Paper(str(raw["source"]), checked, metric)
 
 
 def _check_overrides(path: str | Path, overrides: Any, where: str = "") -> None:

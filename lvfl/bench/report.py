@@ -49,6 +49,12 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             failed = [(c.seed, r["error"]) for c, r in mine.items() if "error" in r]
             row: dict[str, Any] = {"protocol": protocol, "dataset": dataset, "seeds": len(mine)}
             row["target"] = grid.target(dataset)
+            if grid.paper is not None:
+                metric = grid.paper.metric_of(dataset)
+                ours = [100 * r["test"][f"test/{metric}/mean"] for r in mine.values() if "error" not in r]
+                row["paper"] = grid.paper.value(protocol, dataset)
+                row["paper_metric"] = metric
+                row["lvfl_paper_metric"] = _mean_std(ours) if ours and not failed else None
             if failed or not mine:
                 row |= {"failed": failure_text(failed, len(mine)) if failed else "failed: no result", "parties": []}
                 row |= dict.fromkeys(("acc_mean", "acc_mean_last", "mb_total", "mb_to_target", "vs_reference"))
@@ -90,10 +96,39 @@ def _num(value: float | None, spec: str) -> str:
     return "" if value is None else format(value, spec)
 
 
+def paper_note(grid: Grid) -> str:
+    """The line under a table with paper columns: where the numbers come from and what they measure."""
+    if grid.paper is None:
+        raise ValueError(f"grid {grid.name!r} has no `paper:` block")
+    metric = grid.paper.metric
+    measures = METRIC_NAMES[metric] if isinstance(metric, str) else METRIC_NAMES["acc"]
+    for name in METRIC_NAMES if isinstance(metric, dict) else ():
+        datasets = [d for d, m in metric.items() if m == name and name != "acc"]
+        measures += f"; {METRIC_NAMES[name]} for {', '.join(datasets)}" if datasets else ""
+    return (
+        f"paper %: {grid.paper.source}. lvfl %: the same metric for lvfl's run, mean over seeds +- std, of the mean "
+        f"over the party models at the best-validation checkpoint ({measures})."
+    )
+
+
+METRIC_NAMES = {"acc": "test accuracy", "auroc": "test AUC"}
+
+
+def _paper_cells(row: dict[str, Any]) -> list[str]:
+    paper = "" if row.get("paper") is None else f"{row['paper']:.2f}"
+    ours = row.get("lvfl_paper_metric")
+    return [paper, "" if ours is None else f"{ours[0]:.2f} ± {ours[1]:.2f}"]
+
+
 def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
-    """Markdown table and CSV of the rows; returns the Markdown. A failed row says why in its first figure column."""
+    """Markdown table and CSV of the rows; returns the Markdown. A failed row says why in its first figure column.
+
+    A grid with a `paper:` block gains two columns after the dataset, the paper's number and lvfl's in the same
+    metric, and a note under the table naming the source.
+    """
     party_cols = sorted({p for r in rows for p in r["parties"]})
-    head = ["protocol", "dataset", *[f"acc {p}" for p in party_cols], "acc mean", "acc mean (last epoch)"]
+    paper_head = [] if grid.paper is None else ["paper %", "lvfl %"]
+    head = ["protocol", "dataset", *paper_head, *[f"acc {p}" for p in party_cols], "acc mean", "acc mean (last epoch)"]
     head += ["MB total", "MB to target"]
     if grid.reference is not None:
         head.append(f"MB to target vs {grid.reference}")
@@ -102,26 +137,33 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     with (out / "results.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         csv_head = ["protocol", "dataset", "seeds"]
+        csv_head += [] if grid.paper is None else ["paper_metric", "paper_pct", "lvfl_pct_mean", "lvfl_pct_std"]
         for p in [*party_cols, "mean"]:
             csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
         csv_head += ["acc_mean_last_mean", "acc_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
         writer.writerow([*csv_head, "mb_to_target_vs_reference_pct", "s_per_epoch", "peak_rss_mib", "failed"])
         for r in rows:
+            paper_csv = [] if grid.paper is None else [r["paper_metric"], _num(r["paper"], ".2f")]
+            if grid.paper is not None:
+                ours = r["lvfl_paper_metric"]
+                paper_csv += ["", ""] if ours is None else [f"{ours[0]:.4f}", f"{ours[1]:.4f}"]
             if r.get("failed"):  # the reason in the first figure column, every other figure blank
-                row = [r["protocol"], r["dataset"], r["failed"], *[""] * (len(head) - 3)]
-                lines.append("| " + " | ".join(row) + " |")
-                blanks = [""] * (len(csv_head) - 3 + 3)  # the figures of csv_head, the reference %, s/epoch, RSS
-                writer.writerow([r["protocol"], r["dataset"], r["seeds"], *blanks, r["failed"]])
+                paper = [] if grid.paper is None else _paper_cells(r)
+                row = [r["protocol"], r["dataset"], *paper, r["failed"]]
+                lines.append("| " + " | ".join([*row, *[""] * (len(head) - len(row))]) + " |")
+                blanks = [""] * (len(csv_head) - 3 - len(paper_csv) + 3)  # figures, the reference %, s/epoch, RSS
+                writer.writerow([r["protocol"], r["dataset"], r["seeds"], *paper_csv, *blanks, r["failed"]])
                 continue
             to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
             target = "–" if r["target"] is None else f"{to_target} (acc {r['target']:g}: {r['reached']} seeds)"
-            cells = [r["protocol"], r["dataset"], *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
+            paper = [] if grid.paper is None else _paper_cells(r)
+            cells = [r["protocol"], r["dataset"], *paper, *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
             versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
             cells += [_fmt(r["acc_mean"]), _fmt(r["acc_mean_last"]), f"{r['mb_total']:.2f}", target]
             cells += [versus] if grid.reference is not None else []
             cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
-            values = [r["protocol"], r["dataset"], r["seeds"]]
+            values = [r["protocol"], r["dataset"], r["seeds"], *paper_csv]
             for p in [*party_cols, "mean"]:
                 stat = r.get(f"acc_{p}")
                 values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
@@ -130,7 +172,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
             values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"]]
             values += [_num(r.get("vs_reference"), ".4f"), f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}", ""])
-    table = "\n".join(lines) + "\n"
+    table = "\n".join(lines) + "\n" + ("" if grid.paper is None else "\n" + paper_note(grid) + "\n")
     (out / "table.md").write_text(table)
     return table
 

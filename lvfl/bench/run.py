@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lvfl.bench.grid import MONITOR, Cell, Grid, check_cells, load_grid
+from lvfl.bench.quick import with_stand_ins
 from lvfl.bench.report import summarize, write_plots, write_table
 
 #: The file a cell's process leaves behind when it fails: the one-line reason the table shows.
@@ -160,7 +161,13 @@ def cached_result(cell: Cell, out: Path) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------------------------------------------- the grid
-def run_grid(grid: str | Path | Grid, out: str | None = None, force: bool = False, keep_going: bool = False) -> Outcome:
+def run_grid(
+    grid: str | Path | Grid,
+    out: str | None = None,
+    force: bool = False,
+    keep_going: bool = False,
+    stand_ins: tuple[str | Path, int] | None = None,
+) -> Outcome:
     """Run (or reuse) every cell of the grid and write the summary.
 
     Every cell is parsed and instantiated first, so a grid naming a bad config or override fails before any cell
@@ -172,6 +179,8 @@ def run_grid(grid: str | Path | Grid, out: str | None = None, force: bool = Fals
         out: the folder for cells and report instead of the grid's `out` (and `report`).
         force: rerun cells even if a matching result exists.
         keep_going: record a failed cell and run the others instead of stopping.
+        stand_ins: (folder, rows): run every file-backed dataset on random files in its real format, `rows` per
+            split, written once under the folder (`lvfl.bench.quick.with_stand_ins`).
     """
     from tqdm.auto import tqdm
 
@@ -179,6 +188,8 @@ def run_grid(grid: str | Path | Grid, out: str | None = None, force: bool = Fals
         grid = load_grid(grid)
     out_dir = Path(out or grid.out)
     cells = grid.cells()
+    if stand_ins is not None:
+        cells = with_stand_ins(cells, *stand_ins)
     todo = [c for c in cells if force or cached_result(c, out_dir) is None]
     if todo:
         check_cells(todo)

@@ -20,6 +20,7 @@ from lvfl.datamodules.partition import (
     ShuffledColumns,
     check_columns,
 )
+from lvfl.datamodules.stand_ins import FileBacked
 from lvfl.datamodules.vision import CIFAR10, CIFAR100, CINIC10, MNIST, FashionMNIST, TorchvisionImages
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Diabetes",
     "Digits",
     "ExplicitColumns",
+    "FileBacked",
     "ImageStrips",
     "IndexTensorBatchSampler",
     "Partitioner",

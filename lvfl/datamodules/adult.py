@@ -37,6 +37,7 @@ import numpy as np
 from lvfl.checks import check_int
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
+from lvfl.datamodules.stand_ins import FileBacked, write_adult
 
 __all__ = ["Adult"]
 
@@ -120,7 +121,7 @@ class _FeatureRoundRobin(Partitioner):
         return "Adult features round-robin (feature i -> party i % num_parties)"
 
 
-class Adult(VerticalDataModule):
+class Adult(VerticalDataModule, FileBacked):
     """UCI Adult census income (32,561 + 16,281 rows, 14 features, binary: income > 50K), from its published files.
 
     The default partitioner deals the 14 features round-robin in file order (age to party 0, workclass to party 1,
@@ -172,6 +173,11 @@ class Adult(VerticalDataModule):
         super().__init__(**kwargs)
 
     # ------------------------------------------------------------------------------------------------ files
+    @classmethod
+    def write_stand_in(cls, root: str | Path, rows: int, seed: int = 0) -> None:
+        """Random `adult.data` and `adult.test` of `rows` rows each, with `?` entries and the test file's quirks."""
+        write_adult(Path(root), FEATURES, rows, rows, seed)
+
     def expected_files(self) -> list[Path]:
         """`adult.data` and `adult.test` under `root`."""
         return [Path(self.root) / name for name in FILES]

@@ -43,6 +43,7 @@ from lvfl.datamodules.base import (
     party_name,
 )
 from lvfl.datamodules.partition import ContiguousColumns, ExplicitColumns, Partitioner, check_columns
+from lvfl.datamodules.stand_ins import FileBacked, write_criteo_tsv
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 
 __all__ = ["Criteo", "CriteoSplit", "convert"]
@@ -271,7 +272,7 @@ class CriteoSplit(VerticalTensorDataset):
         return RawView(self)
 
 
-class Criteo(VerticalDataModule):
+class Criteo(VerticalDataModule, FileBacked):
     """Criteo display advertising (`train.txt`, 45,840,617 rows, 13 integer + 26 categorical features, clicked or not).
 
     Converted once by `convert()` into `root/lvfl_cache_<min_count>_<max_rows>/` and streamed from memory-mapped
@@ -337,6 +338,11 @@ class Criteo(VerticalDataModule):
     def cache_dir(self) -> Path:
         """Where the converted arrays go: `root/lvfl_cache_<min_count>_<max_rows>/`."""
         return Path(self.root) / f"lvfl_cache_{self.min_count}_{self.max_rows}"
+
+    @classmethod
+    def write_stand_in(cls, root: str | Path, rows: int, seed: int = 0) -> None:
+        """A random `train.txt` of `rows` lines (missing and negative integers, rare and missing categories)."""
+        write_criteo_tsv(Path(root) / "train.txt", rows, seed)
 
     def check_files(self) -> None:
         """Raise FileNotFoundError naming `train.txt`, the `root` option and how to get it."""

@@ -10,7 +10,8 @@ party (see `lvfl.datamodules.augment`).
 
 `download=True` makes `prepare_data` fetch the files with torchvision where the network allows; without the files,
 `load` fails naming the expected path and how to get them. The default partition is `ImageStrips` (vertical
-strips: 28x7 per party for MNIST over 4 parties, 32x8 for CIFAR).
+strips: 28x7 per party for MNIST over 4 parties, 32x8 for CIFAR). `max_rows` keeps only part of each published
+split for quick runs; `write_stand_in` writes random files in each set's real format (`lvfl.datamodules.stand_ins`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from torchvision.datasets import FashionMNIST as TorchFashionMNIST
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.utils import extract_archive
 
+from lvfl.checks import check_int
 from lvfl.datamodules.augment import CropFlip, SampleAugmentation
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ImageStrips, Partitioner
+from lvfl.datamodules.stand_ins import FileBacked, random_images, write_cifar, write_idx, write_image_folder
 
 __all__ = ["CIFAR10", "CIFAR100", "CINIC10", "MNIST", "FashionMNIST", "TorchvisionImages"]
 
 
-class TorchvisionImages(VerticalDataModule):
+class TorchvisionImages(VerticalDataModule, FileBacked):
     """A torchvision image dataset with its published train/test split, stored as uint8 (N, C, H, W).
 
     Subclasses implement `read(train)` (the split's uint8 images and labels) and `expected_files()` (for the
@@ -43,15 +46,19 @@ class TorchvisionImages(VerticalDataModule):
     Args:
         root: the folder torchvision's class reads (it holds e.g. `MNIST/raw/` or `cifar-10-batches-py/`).
         download: fetch the files in `prepare_data` with torchvision when they are missing (needs network).
+        max_rows: keep only the first `max_rows` images of each published split (quick runs); None keeps all.
         **kwargs: `VerticalDataModule` arguments (`test_fraction` is not used: the published test split is).
     """
 
     num_classes = 10
     how_to_get = "download it with download: true where the network allows, or copy the published files there"
 
-    def __init__(self, root: str = "data", download: bool = False, **kwargs: Any) -> None:
+    def __init__(self, root: str = "data", download: bool = False, max_rows: int | None = None, **kwargs: Any) -> None:
+        if max_rows is not None:
+            check_int(max_rows, "max_rows", 1, why="images kept from each published split")
         self.root = str(root)
         self.download = bool(download)
+        self.max_rows = max_rows
         self._num_train = 0
         super().__init__(**kwargs)
 
@@ -99,6 +106,7 @@ class TorchvisionImages(VerticalDataModule):
         self.check_files()
         x_train, y_train = self.read(train=True)
         x_test, y_test = self.read(train=False)
+        x_train, y_train, x_test, y_test = (a[: self.max_rows] for a in (x_train, y_train, x_test, y_test))
         self._num_train = len(x_train)
         return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test]).astype(np.int64)
 
@@ -132,6 +140,13 @@ class MNIST(TorchvisionImages):
     def fetch(self) -> None:
         """Torchvision's download (verifies the published MD5 sums)."""
         self.torch_class(self.root, train=True, download=True)
+
+    @classmethod
+    def write_stand_in(cls, root: str | Path, rows: int, seed: int = 0) -> None:
+        """Random gzipped idx files: `rows` training and `rows` test images of 28x28."""
+        folder = Path(root) / cls.torch_class.__name__ / "raw"
+        for i, prefix in enumerate(("train", "t10k")):
+            write_idx(folder, prefix, *random_images(rows, (28, 28), seed + i), gz=True)
 
     def read(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """One split through torchvision's reader, extracting gzipped idx files first."""
@@ -189,6 +204,11 @@ class CIFAR10(TorchvisionImages):
         """Torchvision's download (verifies the published MD5 sums)."""
         self.download_class(self.root, train=True, download=True)
 
+    @classmethod
+    def write_stand_in(cls, root: str | Path, rows: int, seed: int = 0) -> None:
+        """Random pickle batches: `rows` training images (over CIFAR-10's 5 batches) and `rows` test images."""
+        write_cifar(Path(root), hundred=cls.num_classes == 100, train_rows=rows, test_rows=rows, seed=seed)
+
     def read(self, train: bool) -> tuple[np.ndarray, np.ndarray]:
         """One split: torchvision gives (N, 32, 32, 3) HWC; lvfl stores (N, 3, 32, 32)."""
         data = self.torch_class(self.root, train=train, download=False)
@@ -209,7 +229,9 @@ class CINIC10(TorchvisionImages):
     The published layout `<root>/{train,valid,test}/<class>/<image>.png` is read with
     `torchvision.datasets.ImageFolder` (class index = sorted class folder name, as torchvision assigns it); all three
     published splits are kept. CINIC-10 has no torchvision downloader: get it from its publishers (the CINIC-10
-    release archive) and unpack it under `root`. Defaults to the CIFAR augmentation.
+    release archive) and unpack it under `root`. Defaults to the CIFAR augmentation. ImageFolder lists each split
+    class by class, so `max_rows` keeps images evenly spaced through each split (every class stays in it) instead of
+    the first ones.
 
     Args:
         root: the folder that holds train/, valid/ and test/.
@@ -233,6 +255,11 @@ class CINIC10(TorchvisionImages):
         """The three split folders."""
         return [Path(self.root) / split for split in self._SPLITS]
 
+    @classmethod
+    def write_stand_in(cls, root: str | Path, rows: int, seed: int = 0) -> None:
+        """A random PNG tree: `rows` images in each of train/, valid/ and test/."""
+        write_image_folder(Path(root), dict.fromkeys(cls._SPLITS, rows), seed=seed)
+
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """train, then valid, then test, each read image by image once (PNG decoding) into one uint8 array."""
         self.check_files()
@@ -246,9 +273,12 @@ class CINIC10(TorchvisionImages):
                 raise ValueError(
                     f"CINIC10: {split}/ has classes {folder.classes} but train/ has {classes}; the splits must match"
                 )
-            images = np.stack([np.asarray(folder.loader(path).convert("RGB")) for path, _ in folder.samples])
+            samples = folder.samples
+            if self.max_rows is not None and self.max_rows < len(samples):
+                samples = [samples[i] for i in np.linspace(0, len(samples) - 1, self.max_rows).round().astype(int)]
+            images = np.stack([np.asarray(folder.loader(path).convert("RGB")) for path, _ in samples])
             xs.append(images.transpose(0, 3, 1, 2))
-            ys.append(np.asarray(folder.targets, dtype=np.int64))
+            ys.append(np.asarray([label for _, label in samples], dtype=np.int64))
             self._sizes[split] = len(images)
         return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
 

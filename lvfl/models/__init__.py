@@ -9,7 +9,7 @@ from lvfl.models.cnn import CNN
 from lvfl.models.lenet import LeNet
 from lvfl.models.logistic import LogisticRegression
 from lvfl.models.mlp import MLP
-from lvfl.models.resnet import ResNet18, ResNet34, ResNet50
+from lvfl.models.resnet import ResNet18, ResNet34, ResNet50, ResNet101
 from lvfl.models.tabular import DeepFM, TabularMLP, WideDeep
 from lvfl.models.vgg import VGG11, VGG16
 
@@ -27,6 +27,7 @@ __all__ = [
     "ResNet18",
     "ResNet34",
     "ResNet50",
+    "ResNet101",
     "TabularMLP",
     "WideDeep",
 ]

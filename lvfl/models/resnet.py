@@ -205,7 +205,7 @@ class ResNetBase(PartyModel):
     ) -> None:
         super().__init__(input_shape, embedding_dim, num_outputs)
         if not hasattr(self, "block"):
-            raise TypeError("ResNetBase is abstract: use ResNet18, ResNet34 or ResNet50")
+            raise TypeError("ResNetBase is abstract: use ResNet18, ResNet34, ResNet50 or ResNet101")
         in_channels, _, _ = check_input_shape(input_shape, ndim=3, what="(channels, height, width)")
         if stem not in STEMS:
             raise OptionError(f"stem must be 'cifar' or 'imagenet', got stem={stem!r}")
@@ -290,3 +290,20 @@ class ResNet50(ResNetBase):
     block = Bottleneck
     layers = (3, 4, 6, 3)
     arch = "resnet50"
+
+
+class ResNet101(ResNetBase):
+    """ResNet-101 (torchvision's `Bottleneck`, stages of 3, 4, 23, 3 blocks, 2048 features); see `ResNetBase`.
+
+    VFedMH (its Table II) trains ResNet18, ResNet50 and ResNet101 side by side.
+
+    Example:
+        >>> import torch
+        >>> model = ResNet101((3, 32, 8), embedding_dim=16, num_outputs=10)
+        >>> model(torch.randn(2, 3, 32, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    block = Bottleneck
+    layers = (3, 4, 23, 3)
+    arch = "resnet101"
