@@ -1,0 +1,167 @@
+"""Aligning the parties' sample IDs by Diffie-Hellman private set intersection, every message on the `Wire`.
+
+Each party holds a list of business IDs (strings or integers, compared by their text). The active party runs the
+two-party protocol below with each passive party k; the samples every party holds are the intersection of all
+lists, which each party then orders the same way (sorted by ID text) and finds among its own rows.
+
+With the active party's key a and passive party k's key b (fresh per run; `lvfl.crypto.psi`), per passive party:
+
+1. active -> k, `<tag>/blinded`: a·H(x) for every active ID x, in the active party's row order (32 bytes each);
+2. k -> active, `<tag>/reblinded`: b·(a·H(x)) for those points, in the same order (32 bytes each);
+3. k -> active, `<tag>/peer`: b·H(y) for every ID y of k, in an order k shuffles secretly (32 bytes each);
+4. the active party computes a·(b·H(y)) and matches it against message 2: it learns which of its IDs k holds;
+5. once every passive party has answered, active -> k, `<tag>/matches`: the positions, in k's shuffled message 3,
+   of the IDs that *every* party holds, sorted (4 bytes each), from which k finds its rows of the intersection.
+
+What each party learns (semi-honest parties; DDH on Curve25519 with H a random oracle): the active party learns
+the size of every passive party's list and *each pairwise intersection* with its own list (with more than two
+parties this is more than the common intersection: it learns which of its IDs each passive party holds). A passive
+party learns the size of the active party's list and the common intersection (its own IDs in it), nothing about
+the other IDs of any party: everything else it receives is a blinded point, and the matches it receives name
+positions in its own shuffled list only. The secret shuffle in message 3 keeps k's row order from the active party
+(the matched positions would otherwise reveal where the shared IDs sit in k's table). Neither key leaves its party.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, split_points, worker_pool
+from lvfl.wire import Wire
+
+__all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
+
+MATCH_DTYPE = np.dtype(">u4")  #: the wire format of a matched position: 4-byte big-endian unsigned
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The samples every party holds: their IDs in the agreed order, and each party's row of each.
+
+    `rows[party][i]` is the row of `ids[i]` in that party's list, so `table[rows[party]]` lines every party's rows
+    up in the same order.
+    """
+
+    ids: list[str]
+    rows: dict[str, np.ndarray]
+
+
+def id_text(value: object, party: str) -> str:
+    """An ID as the text the parties compare: strings as they are, integers in decimal; other types refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | np.integer) and not isinstance(value, bool):
+        return str(int(value))
+    raise TypeError(f"party {party!r}: an ID must be a string or an integer, got {value!r} ({type(value).__name__})")
+
+
+def _texts(ids: Sequence[object], party: str) -> list[str]:
+    texts = [id_text(v, party) for v in ids]
+    seen: set[str] = set()
+    for text in texts:
+        if text in seen:
+            raise ValueError(f"party {party!r}: ID {text!r} occurs more than once; IDs must be unique")
+        seen.add(text)
+    if not texts:
+        raise ValueError(f"party {party!r} holds no IDs")
+    return texts
+
+
+def private_intersection(
+    ids: Mapping[str, Sequence[object]],
+    *,
+    active: str,
+    wire: Wire,
+    tag: str = "psi",
+    keys: Mapping[str, bytes] | None = None,
+    seed: int | None = None,
+    workers: int | None = None,
+) -> Alignment:
+    """Align the parties' IDs by ECDH-PSI (see the module docstring for the messages and what each party learns).
+
+    Args:
+        ids: each party's IDs, in its row order (party name -> list), the active party among them.
+        active: the active party's name.
+        wire: every message goes on it under `<tag>/...`, so the ledger and `setup_bytes` count them.
+        tag: the wire tag prefix.
+        keys: 32-byte secret keys per party (tests); default: fresh random keys.
+        seed: the passive parties' shuffles (tests); default: drawn from the OS.
+        workers: processes for large lists (`PSIKey`); None: every CPU core.
+
+    Raises:
+        ValueError: a party holds no IDs, or one ID twice (named).
+        TypeError: an ID that is neither a string nor an integer (named).
+    """
+    if active not in ids:
+        raise ValueError(f"the active party {active!r} is not among the parties {sorted(ids)}")
+    keys = keys or {}
+    texts = {party: _texts(values, party) for party, values in ids.items()}
+    passive = [p for p in ids if p != active]
+    rng = np.random.default_rng(seed)
+
+    pool = worker_pool(workers) if sum(len(t) for t in texts.values()) >= PARALLEL_FROM else None
+    try:
+        return _run(texts, active, passive, wire, tag, keys, rng, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
+def _run(
+    texts: dict[str, list[str]],
+    active: str,
+    passive: list[str],
+    wire: Wire,
+    tag: str,
+    keys: Mapping[str, bytes],
+    rng: np.random.Generator,
+    pool: ProcessPoolExecutor | None,
+) -> Alignment:
+    # the active party blinds its IDs once; every passive party gets the same message
+    mine = PSIKey(keys.get(active), pool)
+    blinded = mine.blind([t.encode() for t in texts[active]])
+    matched: dict[str, dict[int, int]] = {}  # the active party's view: k -> {its row: position in k's message 3}
+    shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
+    for party in passive:
+        theirs = PSIKey(keys.get(party), pool)
+        incoming = wire.send(active, party, blinded, f"{tag}/blinded")
+        reblinded = wire.send(party, active, theirs.reblind(incoming), f"{tag}/reblinded")
+        shuffles[party] = rng.permutation(len(texts[party]))
+        own = theirs.blind([texts[party][row].encode() for row in shuffles[party]])
+        peer = wire.send(party, active, own, f"{tag}/peer")
+        row_of = {point: row for row, point in enumerate(split_points(reblinded))}
+        both = enumerate(split_points(mine.reblind(peer)))
+        matched[party] = {row_of[point]: position for position, point in both if point in row_of}
+
+    # the active party: the rows every passive party holds, in the agreed order (sorted by ID text)
+    common = set(range(len(texts[active])))
+    for party in passive:
+        common &= matched[party].keys()
+    agreed = sorted(common, key=lambda row: texts[active][row])
+    ids_agreed = [texts[active][row] for row in agreed]
+    rows = {active: np.asarray(agreed, dtype=np.int64)}
+    for party in passive:
+        positions = np.sort(np.asarray([matched[party][row] for row in agreed], dtype=np.int64))
+        received = wire.send(active, party, positions.astype(MATCH_DTYPE).tobytes(), f"{tag}/matches")
+        # passive party k: its rows at the matched positions, put in the agreed order by their own ID text
+        mine_rows = shuffles[party][np.frombuffer(received, dtype=MATCH_DTYPE).astype(np.int64)]
+        order = sorted(mine_rows.tolist(), key=lambda row: texts[party][row])
+        if [texts[party][row] for row in order] != ids_agreed:  # cannot happen unless a hash collides
+            raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
+        rows[party] = np.asarray(order, dtype=np.int64)
+    return Alignment(ids_agreed, rows)
+
+
+def message_bytes(sizes: Mapping[str, int], active: str, common: int) -> dict[str, int]:
+    """The bytes each PSI message tag carries in all, for lists of `sizes` and `common` shared IDs (the ledger)."""
+    passive = [p for p in sizes if p != active]
+    return {
+        "blinded": POINT_BYTES * sizes[active] * len(passive),
+        "reblinded": POINT_BYTES * sizes[active] * len(passive),
+        "peer": POINT_BYTES * sum(sizes[p] for p in passive),
+        "matches": MATCH_DTYPE.itemsize * common * len(passive),
+    }

@@ -1,0 +1,134 @@
+"""Private set intersection: RFC 9380 hashing, the intersection, the ledger, and what a passive party receives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
+from lvfl.crypto.psi import DST, PSIKey, split_points
+from lvfl.privacy.psi import message_bytes, private_intersection
+from lvfl.wire import Wire
+
+# RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
+RFC_DST = b"QUUX-V01-CS02-with-curve25519_XMD:SHA-512_ELL2_RO_"
+RFC_VECTORS = [
+    (
+        b"",
+        "2de3780abb67e861289f5749d16d3e217ffa722192d16bbd9d1bfb9d112b98c0",
+        "3b5dc2a498941a1033d176567d457845637554a2fe7a3507d21abd1c1bd6e878",
+    ),
+    (
+        b"abc",
+        "2b4419f1f2d48f5872de692b0aca72cc7b0a60915dd70bde432e826b6abc526d",
+        "1b8235f255a268f0a6fa8763e97eb3d22d149343d495da1160eff9703f2d07dd",
+    ),
+    (
+        b"abcdef0123456789",
+        "68ca1ea5a6acf4e9956daa101709b1eee6c1bb0df1de3b90d4602382a104c036",
+        "2a375b656207123d10766e68b938b1812a4a6625ff83cb8d5e86f58a4be08353",
+    ),
+]
+
+
+@pytest.mark.parametrize(("msg", "x", "y"), RFC_VECTORS)
+def test_hash_to_curve_matches_the_rfc_vectors(msg: bytes, x: str, y: str) -> None:
+    assert hash_to_curve(msg, RFC_DST) == (int(x, 16), int(y, 16))
+
+
+def test_blinding_commutes_and_clears_the_cofactor() -> None:
+    a, b = PSIKey(bytes(range(32))), PSIKey(bytes(range(1, 33)))
+    ids = [b"alice", b"bob", b"carol"]
+    ab = split_points(b.reblind(a.blind(ids)))
+    ba = split_points(a.reblind(b.blind(ids)))
+    assert ab == ba
+    assert len(set(ab)) == 3
+    # X25519's clamped scalar is 8m: blinding H before the cofactor is cleared equals m times the RFC's point
+    assert split_points(a.blind(ids))[0] != hash_to_u(b"alice", DST)
+
+
+def parties(order_seed: int = 0) -> dict[str, list]:
+    """Three parties: the bank (active, integer IDs), a retailer and an insurer (string IDs), in shuffled orders."""
+    rng = np.random.default_rng(order_seed)
+    base = 10_000_000  # 8-digit IDs: their text cannot turn up by chance in a few kB of random bytes
+    bank = [int(i) for i in rng.permutation(np.arange(base, base + 900))]
+    retailer = [str(i) for i in rng.permutation(np.arange(base + 296, base + 1200))]  # 604 shared with the bank
+    insurer = [str(i) for i in rng.permutation(np.arange(base, base + 2000, 3))]
+    return {"bank": bank, "retailer": retailer, "insurer": insurer}
+
+
+@pytest.mark.parametrize("names", [("bank", "retailer"), ("bank", "retailer", "insurer")])
+def test_the_intersection_is_the_plain_one_and_lines_every_partys_rows_up(names) -> None:
+    ids = {k: v for k, v in parties().items() if k in names}
+    wire = Wire()
+    alignment = private_intersection(ids, active="bank", wire=wire)
+    texts = {k: [str(x) for x in v] for k, v in ids.items()}
+    expected = sorted(set.intersection(*(set(t) for t in texts.values())))
+    assert alignment.ids == expected
+    assert len(expected) == (604 if len(names) == 2 else 201)  # the multiples of 3 in 297..897
+    for party, rows in alignment.rows.items():
+        assert [texts[party][r] for r in rows] == expected, party
+    # every message on the wire, exactly: 32 bytes a point, 4 bytes a matched position
+    sizes = {k: len(v) for k, v in ids.items()}
+    assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in message_bytes(sizes, "bank", len(expected)).items()}
+    assert wire.total_messages() == 4 * (len(names) - 1)
+    assert message_bytes(sizes, "bank", len(expected))["blinded"] == 32 * 900 * (len(names) - 1)
+
+
+def inbox(wire: Wire, party: str) -> list:
+    messages = []
+    wire.subscribe(lambda src, dst, tag, payload: messages.append((tag, payload)) if dst == party else None)
+    return messages
+
+
+def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
+    """The retailer's inbox: no active-party ID in the clear or merely hashed; and, with every key and shuffle
+    fixed, replacing the bank's IDs the retailer does not hold leaves its matches message unchanged."""
+    keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39))}
+    ids = parties()
+    ids.pop("insurer")
+    shared = set(map(str, ids["bank"])) & set(ids["retailer"])
+    others = [x for x in ids["bank"] if str(x) not in shared]
+
+    wire = Wire()
+    seen = inbox(wire, "retailer")
+    private_intersection(ids, active="bank", wire=wire, keys=keys, seed=1)
+    assert [tag for tag, _ in seen] == ["psi/blinded", "psi/matches"]
+    blob = b"".join(payload for _, payload in seen)
+    for x in others:
+        assert str(x).encode() not in blob
+        assert hash_to_u(str(x).encode(), DST) not in blob  # not even the unblinded hash point
+
+    changed = dict(ids, bank=[x if str(x) in shared else x + 100_000 for x in ids["bank"]])  # same count, new IDs
+    wire2 = Wire()
+    seen2 = inbox(wire2, "retailer")
+    private_intersection(changed, active="bank", wire=wire2, keys=keys, seed=1)
+    assert seen2[1] == seen[1]  # the matches: positions in the retailer's own shuffled list only
+    assert len(seen2[0][1]) == len(seen[0][1])  # the blinded points: their count is all that is fixed
+    assert seen2[0][1] != seen[0][1]
+
+
+def test_duplicate_missing_and_bad_ids_are_refused_by_name() -> None:
+    wire = Wire()
+    with pytest.raises(ValueError, match=r"party 'shop': ID 'x7' occurs more than once"):
+        private_intersection({"bank": [1, 2], "shop": ["x7", "a", "x7"]}, active="bank", wire=wire)
+    with pytest.raises(ValueError, match=r"party 'shop' holds no IDs"):
+        private_intersection({"bank": [1, 2], "shop": []}, active="bank", wire=wire)
+    with pytest.raises(TypeError, match=r"party 'bank': an ID must be a string or an integer, got 1.5"):
+        private_intersection({"bank": [1.5], "shop": ["a"]}, active="bank", wire=wire)
+    with pytest.raises(ValueError, match=r"the active party 'nobody' is not among"):
+        private_intersection({"bank": [1], "shop": ["1"]}, active="nobody", wire=wire)
+    with pytest.raises(ValueError, match=r"not a whole number of 32-byte points"):
+        PSIKey().reblind(b"\x01" * 33)
+    assert wire.total_messages() == 0
+
+
+@pytest.mark.slow
+def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
+    n = 30_000  # above PARALLEL_FROM: two spawned workers
+    ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}
+    keys = {"bank": bytes(range(32)), "shop": bytes(range(3, 35))}
+    one = private_intersection(ids, active="bank", wire=Wire(), keys=keys, seed=0, workers=1)
+    two = private_intersection(ids, active="bank", wire=Wire(), keys=keys, seed=0, workers=2)
+    assert one.ids == two.ids == sorted(str(i) for i in range(n // 2, n))
+    assert all(np.array_equal(one.rows[p], two.rows[p]) for p in ids)
