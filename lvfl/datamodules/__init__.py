@@ -21,6 +21,7 @@ from lvfl.datamodules.partition import (
     check_columns,
 )
 from lvfl.datamodules.stand_ins import FileBacked
+from lvfl.datamodules.tables import PartyTable, PartyTables
 from lvfl.datamodules.vision import CIFAR10, CIFAR100, CINIC10, MNIST, FashionMNIST, TorchvisionImages
 
 __all__ = [
@@ -40,6 +41,8 @@ __all__ = [
     "Digits",
     "ExplicitColumns",
     "FileBacked",
+    "PartyTable",
+    "PartyTables",
     "ImageStrips",
     "IndexTensorBatchSampler",
     "Partitioner",

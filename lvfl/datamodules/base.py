@@ -21,7 +21,7 @@ the active party's on all training rows. With alpha = 1 (the default) everything
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -403,6 +403,23 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """
         return None
 
+    def held_by_every_party(self, num_rows: int) -> np.ndarray | None:
+        """Which rows every party holds (a boolean mask over `load()`'s rows), when the data says so itself.
+
+        Default None: the `overlap` option draws that fraction of every split. A datamodule whose parties have
+        their own ID lists (`PartyTables`, aligned by private set intersection) returns the intersection instead;
+        the rest of the rows exist at the active party only.
+        """
+        return None
+
+    def setup_traffic(self) -> Mapping[str, list] | None:
+        """The wire ledger (`Wire.state_dict`) of messages the datamodule's parties exchanged while loading.
+
+        Default None. `PartyTables` aligns its parties' IDs by private set intersection while loading, before any
+        protocol exists; the protocol adds this ledger to its wire in `setup`, so those bytes count as set-up.
+        """
+        return None
+
     def categories(self, num_columns: int) -> list[int] | None:
         """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.
 
@@ -737,7 +754,16 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         num_classes = self._check_labels(labels)
         labels = labels.astype(np.int64)
 
-        overlap = {split: self._choose_overlap(labels[idx], i) for i, (split, idx) in enumerate(rows.items())}
+        held_mask = self.held_by_every_party(len(y))
+        if held_mask is not None and self.overlap < 1.0:
+            raise ValueError(
+                f"overlap={self.overlap} draws which samples every party holds, but {type(self).__name__} knows it "
+                "from the parties' own IDs: leave overlap at 1"
+            )
+        if held_mask is None:
+            overlap = {split: self._choose_overlap(labels[idx], i) for i, (split, idx) in enumerate(rows.items())}
+        else:
+            overlap = {split: np.asarray(held_mask, dtype=bool)[idx] for split, idx in rows.items()}
         shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
         vfl_all = len(self.participants) == 1  # no passive participant: nothing is missing from anyone
         vfl_rows = rows if vfl_all else shared
