@@ -93,26 +93,29 @@ def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retail
     assert psi == {f"psi/{k}": v for k, v in message_bytes({"party0": 900, "party1": 900}, "party0", 604).items()}
 
 
-BANK_HEADER = ["customer_id", "income", "age", "status"]
+def corrupt(path: str, line: int, column: int, value: str) -> None:
+    """Set one field of a CSV (line numbers as an editor shows them, the header on line 1)."""
+    with Path(path).open(newline="") as f:
+        rows = list(csv.reader(f))
+    rows[line - 1][column] = value
+    write_csv(Path(path), rows[0], rows[1:])
 
 
 @pytest.mark.parametrize(
-    ("table", "header", "rows", "match"),
+    ("edit", "match"),
     [
-        ("retailer", ["visits", "customer", "spend"], [[1, "C00001", 2.0]], r"retailer.csv: no column 'client'"),
-        ("bank", BANK_HEADER, [["C00001", 1, 2, "ok"]] * 2, r"bank.csv: ID 'C00001' occurs twice \(lines 2 and 3\)"),
-        ("bank", BANK_HEADER, [["C00001", "", 2, "ok"]], r"bank.csv, line 2: column 'income' is missing a value"),
-        (
-            "bank",
-            BANK_HEADER,
-            [["C00001", 1, "old", "ok"]],
-            r"bank.csv, line 2: column 'age' holds 'old', not a number",
-        ),
+        (("retailer", 1, 1, "customer"), r"retailer.csv: no column 'client'"),
+        (("bank", 3, 0, "ID_OF_LINE_2"), r"bank.csv: ID 'ID_OF_LINE_2' occurs twice \(lines 2 and 3\)"),
+        (("bank", 40, 1, ""), r"bank.csv, line 40: column 'income' is missing a value \(missing: refuse"),
+        (("bank", 40, 2, "old"), r"bank.csv, line 40: column 'age' holds 'old', not a number"),
     ],
     ids=["id column", "duplicate", "missing", "text"],
 )
-def test_bad_tables_are_refused_naming_file_column_and_line(bank_retailer, table, header, rows, match) -> None:
-    write_csv(Path(bank_retailer[table]), header, rows)
+def test_bad_tables_are_refused_naming_file_column_and_line(bank_retailer, edit, match) -> None:
+    table, line, column, value = edit
+    if value == "ID_OF_LINE_2":
+        corrupt(bank_retailer["bank"], 2, 0, value)
+    corrupt(bank_retailer[table], line, column, value)
     with pytest.raises(ValueError, match=match):
         tables(bank_retailer).setup("fit")
 
@@ -148,3 +151,108 @@ def test_three_parties_hold_the_common_intersection(bank_retailer, tmp_path: Pat
     np.testing.assert_array_equal(
         train.features["party2"][:, 0].numpy(), [claims[k] for k in dm.business_ids(train.ids)]
     )
+
+
+# ---------------------------------------------------------------------------------------------------- encoding
+@pytest.fixture
+def with_categories(tmp_path: Path) -> dict:
+    """The bank with a categorical `segment` and ~5% missing incomes; the retailer with a categorical `region`."""
+    rng = np.random.default_rng(1)
+    ids = [f"C{i:05d}" for i in rng.permutation(400)]
+    bank = {
+        i: [
+            "" if rng.random() < 0.05 else f"{rng.normal(50, 10):.3f}",
+            str(rng.choice(["retail", "premium", "student"])),
+        ]
+        for i in ids
+    }
+    status = {i: "ok" if rng.random() < 0.6 else "default" for i in ids}
+    region = {i: str(rng.choice(["north", "south"])) for i in ids[:300]}
+    return {
+        "bank": write_csv(
+            tmp_path / "bank.csv", ["id", "income", "segment", "status"], [[i, *v, status[i]] for i, v in bank.items()]
+        ),
+        "retailer": write_csv(tmp_path / "retailer.csv", ["id", "region"], [[i, r] for i, r in region.items()]),
+        "values": bank,
+    }
+
+
+def encoded(data: dict, **kwargs) -> PartyTables:
+    return PartyTables(
+        [
+            PartyTable(data["bank"], id_column="id", label_column="status", missing="mean"),
+            PartyTable(data["retailer"], id_column="id"),
+        ],
+        scale=False,
+        **kwargs,
+    )
+
+
+def training_ids(dm: PartyTables) -> list[str]:
+    return dm.business_ids(dm.active_set("train").ids)
+
+
+def test_imputation_and_levels_come_from_the_training_rows_only(with_categories) -> None:
+    dm = encoded(with_categories)
+    names = dm.feature_names
+    assert names["party0"] == [
+        "income",
+        "income missing",
+        "segment=premium",
+        "segment=retail",
+        "segment=student",
+        "segment=<missing>",
+        "segment=<unseen>",
+    ]
+    assert names["party1"] == ["region=north", "region=south", "region=<unseen>"]  # refuse: no <missing> level
+    values = with_categories["values"]
+    train_incomes = [float(values[i][0]) for i in training_ids(dm) if values[i][0]]
+    every = dm.active_set("test")
+    x = every.features["party0"].numpy()
+    for j, key in enumerate(dm.business_ids(every.ids)):
+        income, segment = values[key]
+        expected = float(income) if income else np.mean(train_incomes)
+        assert x[j, 0] == pytest.approx(expected, rel=1e-6)
+        assert x[j, 1] == (0.0 if income else 1.0)
+        assert x[j, 2:].tolist() == [float(f"segment={segment}" == n) for n in names["party0"][2:]]
+
+    # a level seen only in a test row maps to <unseen>; a changed test value leaves the fitted encoders alone
+    key = dm.business_ids(every.ids[:1])[0]
+    rows = {i: v for i, v in values.items()}
+    rows[key] = ["1000000", "vip"]
+    with Path(with_categories["bank"]).open(newline="") as f:
+        status = {r[0]: r[-1] for r in csv.reader(f)}
+    write_csv(
+        Path(with_categories["bank"]),
+        ["id", "income", "segment", "status"],
+        [[i, *v, status[i]] for i, v in rows.items()],
+    )
+    again = encoded(with_categories)
+    assert again.feature_names == names
+    assert again.encoders["party0"][0].fill == dm.encoders["party0"][0].fill
+    test = again.active_set("test")
+    j = again.business_ids(test.ids).index(key)
+    assert test.features["party0"][j, -1].item() == 1.0  # segment=<unseen>
+
+
+def test_codes_give_the_party_models_their_cardinalities(with_categories) -> None:
+    dm = encoded(with_categories, encoding="codes")
+    specs = {s.name: s for s in dm.party_specs}
+    assert dm.feature_names["party0"] == ["income", "income missing", "segment"]
+    assert specs["party0"].categories == (0, 0, 5)  # premium, retail, student, <missing>, <unseen>
+    assert specs["party1"].categories == (3,)
+    codes = dm.train_set.features["party1"][:, 0]
+    assert set(codes.tolist()) <= {0.0, 1.0}
+
+
+def test_a_mixed_column_and_a_bad_policy_are_refused(with_categories) -> None:
+    corrupt(with_categories["retailer"], 5, 1, "17")
+    with pytest.raises(ValueError, match=r"retailer.csv, line 5: column 'region' holds '17', a number among text"):
+        encoded(with_categories).setup("fit")
+    with pytest.raises(ValueError, match=r"`missing` must be one of \['refuse', 'mean', 'median'\], got 'zero'"):
+        PartyTables(
+            [
+                PartyTable(with_categories["bank"], id_column="id", label_column="status", missing="zero"),
+                PartyTable(with_categories["retailer"], id_column="id"),
+            ]
+        ).setup("fit")

@@ -7,10 +7,21 @@ set-up traffic (`setup_traffic`). The samples are the active party's rows (it ho
 is what every party holds (`held_by_every_party`): the VFL loaders serve those, the rest exist at the active party
 only (the `overlap` machinery: `active_only_set`, the student callbacks).
 
-This increment reads numeric feature columns; a missing value (an empty field, `NA`, `NaN`) or a non-numeric one
-is refused naming the file, the column and the line. Labels may be strings (`default` / `ok`): they are coded in
-sorted order and `label_names` decodes predictions. IDs are compared by their text (`12` and `"12"` are one ID)
-and kept: `business_ids(sample_ids)` gives the business ID of any sample.
+Encoding, per party and fitted on the training rows only (the split is drawn first, over the active party's rows):
+
+- a column is numeric when every training value parses as a number, categorical when none does or when it is
+  named in `categorical` (a column of numbers with a stray text is refused by line, not silently made
+  categorical); categorical levels are the training rows' (sorted), plus a reserved `<unseen>` level that values
+  first seen outside the training rows map to; `encoding: onehot` gives one 0/1 column per level
+  (`<column>=<level>`), `encoding: codes` one integer-code column with `categories()` for embedding tables;
+- a missing value (an empty field, `NA`, `NaN`, `null`) follows the table's `missing` policy: `refuse` (the
+  default) names the file, the column and the lines; `mean` / `median` fill a numeric column with that statistic of
+  its training values and, when the training rows miss any, add a 0/1 column `<column> missing`; categorical
+  columns then get a `<missing>` level. A value that is not a number in a numeric column is refused by line.
+
+Labels may be strings (`default` / `ok`): they are coded in sorted order and `label_names` decodes predictions. IDs
+are compared by their text (`12` and `"12"` are one ID) and kept: `business_ids(sample_ids)` gives the business ID
+of any sample. `feature_names` lists every party's encoded columns.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ from lvfl.wire import Wire
 __all__ = ["PartyTable", "PartyTables", "read_table"]
 
 MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
+POLICIES = ("refuse", "mean", "median")  #: the `missing` options
+MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
+UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
 
 
 @dataclass
@@ -43,21 +57,28 @@ class PartyTable:
         id_column: the column of business IDs (unique within the file).
         columns: the feature columns; default: every column but the ID and label columns.
         label_column: the active party's label column (exactly one party names one).
+        categorical: columns to encode as categories even where every value is a number (postcodes, codes).
+        missing: "refuse" (a missing feature value is an error naming it), "mean" or "median" (impute numeric
+            columns from the training rows, with an indicator column; categorical ones get a `<missing>` level).
     """
 
     path: str
     id_column: str
     columns: list[str] | None = None
     label_column: str | None = None
+    categorical: list[str] = field(default_factory=list)
+    missing: str = "refuse"
 
 
 @dataclass
 class Table:
-    """A table as its party's reader returns it: IDs, features (float32) and, at the active party, label texts."""
+    """A table as its party's reader returns it: IDs, the feature columns' texts, file lines and label texts."""
 
+    path: Path
     ids: list[str]
     columns: list[str]
-    features: np.ndarray
+    values: list[list[str]]  # values[row][column], stripped
+    lines: list[int]  # the file line of each row, for messages
     labels: list[str] | None = field(default=None)
 
 
@@ -84,6 +105,11 @@ def read_table(source: PartyTable) -> Table:
             raise ValueError(f"{path}: no feature columns besides the ID and label columns")
         where = {c: header.index(c) for c in header}
         ids, rows, labels, first_line = [], [], [], {}
+        unknown = [c for c in source.categorical if c not in columns]
+        if unknown:
+            raise ValueError(f"{path}: `categorical` names {unknown[0]!r}, which is not one of the feature columns")
+        if source.missing not in POLICIES:
+            raise ValueError(f"{path}: `missing` must be one of {list(POLICIES)}, got {source.missing!r}")
         for line, fields in enumerate(reader, start=2):
             if not any(v.strip() for v in fields):
                 continue  # a blank line (e.g. at the end of the file)
@@ -98,7 +124,7 @@ def read_table(source: PartyTable) -> Table:
                 )
             first_line[key] = line
             ids.append(key)
-            rows.append([_number(fields[where[c]], path, c, line) for c in columns])
+            rows.append([fields[where[c]].strip() for c in columns])
             if source.label_column:
                 label = fields[where[source.label_column]].strip()
                 if label.lower() in MISSING:
@@ -106,27 +132,116 @@ def read_table(source: PartyTable) -> Table:
                 labels.append(label)
     if not ids:
         raise ValueError(f"{path}: no rows below the header")
-    features = np.asarray(rows, dtype=np.float32).reshape(len(ids), len(columns))
-    return Table(ids, columns, features, labels if source.label_column else None)
+    lines = [first_line[key] for key in ids]
+    return Table(path, ids, columns, rows, lines, labels if source.label_column else None)
 
 
-def _number(text: str, path: Path, column: str, line: int) -> float:
-    value = text.strip()
-    if value.lower() in MISSING:
-        raise ValueError(
-            f"{path}, line {line}: column {column!r} is missing a value; PartyTables does not impute yet: fill it in "
-            "or leave the column out (`columns`)"
-        )
+def _number(text: str) -> float | None:
+    """The finite number a field holds, None if it holds no number."""
     try:
-        number = float(value)
+        number = float(text)
     except ValueError:
-        raise ValueError(
-            f"{path}, line {line}: column {column!r} holds {value!r}, not a number; PartyTables reads numeric "
-            "columns only so far: encode it or leave the column out (`columns`)"
-        ) from None
-    if not math.isfinite(number):
-        raise ValueError(f"{path}, line {line}: column {column!r} holds {value!r}, not a finite number")
-    return number
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass
+class ColumnEncoder:
+    """How one raw column becomes model input, fitted on the training rows (kept for prediction and export).
+
+    `kind` "numeric": the value, missing ones replaced by `fill` (plus an indicator column when `indicator`);
+    "categorical": a level index into `levels` (its last entry the reserved `<unseen>`), one-hot or as a code.
+    """
+
+    name: str
+    kind: str
+    fill: float | None = None
+    indicator: bool = False
+    levels: list[str] = field(default_factory=list)
+    onehot: bool = True
+
+    @property
+    def output_names(self) -> list[str]:
+        """The encoded columns' names."""
+        if self.kind == "numeric":
+            return [self.name] + ([f"{self.name} missing"] if self.indicator else [])
+        return [f"{self.name}={level}" for level in self.levels] if self.onehot else [self.name]
+
+    def encode(self, texts: list[str], where: str, lines: list[int]) -> np.ndarray:
+        """(rows, len(output_names)) float32 for the column's texts (`where`, `lines`: for messages)."""
+        if self.kind == "numeric":
+            out = np.zeros((len(texts), 2 if self.indicator else 1), dtype=np.float32)
+            for i, text in enumerate(texts):
+                if text.lower() in MISSING:
+                    if self.fill is None:
+                        raise ValueError(
+                            f"{where}, line {lines[i]}: column {self.name!r} is missing a value (missing: refuse; "
+                            "set the table's `missing` to mean or median to impute it)"
+                        )
+                    out[i, 0] = self.fill
+                    if self.indicator:
+                        out[i, 1] = 1.0
+                    continue
+                value = _number(text)
+                if value is None:
+                    raise ValueError(
+                        f"{where}, line {lines[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
+                        "numeric in the training rows; list it in `categorical` to encode it as categories)"
+                    )
+                out[i, 0] = value
+            return out
+        index = {level: j for j, level in enumerate(self.levels)}
+        codes = np.empty(len(texts), dtype=np.int64)
+        for i, text in enumerate(texts):
+            level = MISSING_LEVEL if text.lower() in MISSING else text
+            if level == MISSING_LEVEL and level not in index:
+                raise ValueError(
+                    f"{where}, line {lines[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
+                    "table's `missing` to mean or median to give missing values a level of their own)"
+                )
+            codes[i] = index.get(level, len(self.levels) - 1)  # unseen in training: the reserved last level
+        if not self.onehot:
+            return codes[:, None].astype(np.float32)
+        out = np.zeros((len(texts), len(self.levels)), dtype=np.float32)
+        out[np.arange(len(texts)), codes] = 1.0
+        return out
+
+
+def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bool) -> list[ColumnEncoder]:
+    """Each column's encoder from the table's training rows `train` only (see the module docstring)."""
+    encoders = []
+    for j, name in enumerate(table.columns):
+        texts = [table.values[r][j] for r in train]
+        present = [t for t in texts if t.lower() not in MISSING]
+        parsed = [_number(t) is not None for t in present]
+        if name not in source.categorical and any(parsed) and not all(parsed):  # a typo must not turn it categorical
+            odd_is_text = sum(parsed) >= len(parsed) / 2  # name the value of the minority kind
+            i = next(
+                r
+                for r, t in zip(train, texts, strict=True)
+                if t.lower() not in MISSING and (_number(t) is None) == odd_is_text
+            )
+            kind = "not a number, while its other values are numbers" if odd_is_text else "a number among text values"
+            raise ValueError(
+                f"{table.path}, line {table.lines[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
+                "value, or list the column in `categorical` (levels may look like numbers)"
+            )
+        if name not in source.categorical and all(parsed):
+            values = np.asarray([_number(t) for t in present], dtype=np.float64)
+            fill = None
+            if source.missing != "refuse":
+                if not len(values):
+                    raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
+                fill = float(np.mean(values) if source.missing == "mean" else np.median(values))
+            encoders.append(
+                ColumnEncoder(name, "numeric", fill=fill, indicator=fill is not None and len(present) < len(texts))
+            )
+        else:
+            levels = sorted(set(present))
+            if source.missing != "refuse":
+                levels.append(MISSING_LEVEL)
+            encoders.append(ColumnEncoder(name, "categorical", levels=[*levels, UNSEEN], onehot=onehot))
+    return encoders
 
 
 class PartyTables(VerticalDataModule):
@@ -134,16 +249,23 @@ class PartyTables(VerticalDataModule):
 
     Args:
         parties: one `PartyTable` per party, in party order; the one at `active_party` names the `label_column`.
+        encoding: categorical columns as "onehot" 0/1 columns (any party model) or "codes" (one integer column
+            each, with `categories()`, for `TabularMLP` / `DeepFM` / `WideDeep`).
+        num_parties: the number of tables (None: taken from `parties`; another number is refused).
         **kwargs: `VerticalDataModule` arguments (`num_parties` is the number of tables; `overlap` must stay 1: the
             tables say which samples every party holds).
     """
 
-    def __init__(self, parties: list[PartyTable], **kwargs: Any) -> None:
+    def __init__(
+        self, parties: list[PartyTable], encoding: str = "onehot", num_parties: int | None = None, **kwargs: Any
+    ) -> None:
         if not parties:
             raise ValueError("PartyTables needs one table per party in `parties`, got none")
         parties = [p if isinstance(p, PartyTable) else PartyTable(**p) for p in parties]
-        if "num_parties" in kwargs and kwargs["num_parties"] != len(parties):
-            raise ValueError(f"num_parties={kwargs['num_parties']} but `parties` lists {len(parties)} tables")
+        if num_parties is not None and num_parties != len(parties):
+            raise ValueError(f"num_parties={num_parties} but `parties` lists {len(parties)} tables")
+        if encoding not in ("onehot", "codes"):
+            raise ValueError(f"PartyTables: encoding must be 'onehot' or 'codes', got {encoding!r}")
         kwargs["num_parties"] = len(parties)
         active = kwargs.get("active_party", 0)
         labelled = [k for k, p in enumerate(parties) if p.label_column]
@@ -153,18 +275,22 @@ class PartyTables(VerticalDataModule):
                 f"{[parties[k].path for k in labelled]}"
             )
         self.tables = parties
+        self.encoding = encoding
         self._alignment_wire = Wire()
         self._ids: list[str] = []
         self._held: np.ndarray | None = None
+        self._splits: dict[str, np.ndarray] | None = None
+        self._categories: list[int] | None = None
+        self.encoders: dict[str, list[ColumnEncoder]] = {}
         self.label_names: list[str] = []
         super().__init__(**kwargs)
 
     def default_partitioner(self) -> Partitioner:
-        """Placeholder until `load` knows each table's width (then the columns follow the tables exactly)."""
+        """Placeholder until `load` knows each table's encoded width (then the columns follow the tables exactly)."""
         return ExplicitColumns([[k] for k in range(len(self.tables))])
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
-        """Read each table, align the IDs by PSI, and lay the features out on the active party's rows."""
+        """Read each table, align the IDs by PSI, split, fit each party's encoders on its training rows, lay out."""
         tables = [read_table(source) for source in self.tables]  # each by its own party
         names = [party_name(k) for k in range(len(tables))]
         active = self.active_party
@@ -177,22 +303,56 @@ class PartyTables(VerticalDataModule):
         )
         if not alignment.ids:
             raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
-        widths = [t.features.shape[1] for t in tables]
-        offsets = np.cumsum([0, *widths])
-        self.partitioner = ExplicitColumns([list(range(offsets[k], offsets[k + 1])) for k in range(len(tables))])
-        rows_active = alignment.rows[names[active]]
-        x = np.zeros((len(tables[active].ids), int(offsets[-1])), dtype=np.float32)
-        for k, table in enumerate(tables):
-            if k == active:
-                x[:, offsets[k] : offsets[k + 1]] = table.features
-            else:  # a passive party's values exist for the shared IDs only; its other columns are never served
-                x[rows_active, offsets[k] : offsets[k + 1]] = table.features[alignment.rows[names[k]]]
-        self._held = np.zeros(len(x), dtype=bool)
-        self._held[rows_active] = True
-        self._ids = tables[active].ids
         self.label_names = sorted(set(tables[active].labels or []))
         code = {name: i for i, name in enumerate(self.label_names)}
-        return x, np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
+        y = np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
+        self._splits = None
+        self._splits = self._split(self.stratify_key(y))  # drawn first: the encoders see training rows only
+        num_rows = len(y)
+        train = np.zeros(num_rows, dtype=bool)
+        train[self._splits["train"]] = True
+
+        rows_active = alignment.rows[names[active]]
+        blocks, cats = [], []
+        for k, (table, source) in enumerate(zip(tables, self.tables, strict=True)):
+            own = np.arange(num_rows) if k == active else alignment.rows[names[k]]  # this party's row of each
+            at = np.arange(num_rows) if k == active else rows_active  # ... and the sample it belongs to
+            fit_rows = own[train[at]]
+            encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
+            self.encoders[names[k]] = encoders
+            lines = [table.lines[r] for r in own]
+            block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
+            parts = [
+                e.encode([table.values[r][j] for r in own], str(table.path), lines) for j, e in enumerate(encoders)
+            ]
+            block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
+            blocks.append(block)
+            cats += [
+                len(e.levels) if e.kind == "categorical" and not e.onehot else 0
+                for e in encoders
+                for _ in e.output_names
+            ]
+        widths = np.cumsum([0, *(b.shape[1] for b in blocks)])
+        self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(blocks))])
+        self._categories = cats if any(cats) else None
+        self._held = np.zeros(num_rows, dtype=bool)
+        self._held[rows_active] = True
+        self._ids = tables[active].ids
+        return np.concatenate(blocks, axis=1), y
+
+    def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
+        """The split `load` drew before fitting the encoders (so that the base class keeps exactly it)."""
+        return None if self._splits is None else {"val": self._splits["val"], "test": self._splits["test"]}
+
+    def categories(self, num_columns: int) -> list[int] | None:
+        """With `encoding: codes`, the cardinality of each categorical column (0 for numeric ones)."""
+        return self._categories
+
+    @property
+    def feature_names(self) -> dict[str, list[str]]:
+        """Every party's encoded column names, in its column order."""
+        self._prepare()
+        return {party: [n for e in encoders for n in e.output_names] for party, encoders in self.encoders.items()}
 
     def held_by_every_party(self, num_rows: int) -> np.ndarray | None:
         """The active party's rows whose IDs every party holds (the PSI's intersection)."""
