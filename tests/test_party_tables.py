@@ -105,7 +105,10 @@ def corrupt(path: str, line: int, column: int, value: str) -> None:
     ("edit", "match"),
     [
         (("retailer", 1, 1, "customer"), r"retailer.csv: no column 'client'"),
-        (("bank", 3, 0, "ID_OF_LINE_2"), r"bank.csv: ID 'ID_OF_LINE_2' occurs twice \(lines 2 and 3\)"),
+        (
+            ("bank", 3, 0, "ID_OF_LINE_2"),
+            r"bank.csv, line 3: ID 'ID_OF_LINE_2' occurs twice \(first at .*bank.csv, line 2\)",
+        ),
         (("bank", 40, 1, ""), r"bank.csv, line 40: column 'income' is missing a value \(missing: refuse"),
         (("bank", 40, 2, "old"), r"bank.csv, line 40: column 'age' holds 'old', not a number"),
     ],
@@ -254,5 +257,72 @@ def test_a_mixed_column_and_a_bad_policy_are_refused(with_categories) -> None:
             [
                 PartyTable(with_categories["bank"], id_column="id", label_column="status", missing="zero"),
                 PartyTable(with_categories["retailer"], id_column="id"),
+            ]
+        ).setup("fit")
+
+
+# ---------------------------------------------------------------------------------------------------- formats
+def test_a_directory_of_csv_parts_and_a_parquet_file_read_as_the_single_csvs_do(bank_retailer, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with Path(bank_retailer["bank"]).open(newline="") as f:
+        header, *rows = list(csv.reader(f))
+    parts = tmp_path / "bank_parts"
+    parts.mkdir()
+    write_csv(parts / "part-0.csv", header, rows[:500])
+    write_csv(parts / "part-1.csv", header, rows[500:])
+    with Path(bank_retailer["retailer"]).open(newline="") as f:
+        r_header, *r_rows = list(csv.reader(f))
+    columns = {name: [row[j] for row in r_rows] for j, name in enumerate(r_header)}
+    table = pa.table(
+        {
+            "client": columns["client"],
+            "spend": [float(v) for v in columns["spend"]],
+            "visits": [int(v) for v in columns["visits"]],
+        }
+    )
+    pq.write_table(table, tmp_path / "retailer.parquet")
+
+    single = tables(bank_retailer)
+    split = PartyTables(
+        [
+            PartyTable(str(parts), id_column="customer_id", label_column="status"),
+            PartyTable(str(tmp_path / "retailer.parquet"), id_column="client", columns=["spend", "visits"]),
+        ],
+        batch_size=32,
+        scale=False,
+    )
+    for name in ("train", "test"):
+        a, b = getattr(single, f"{name}_set"), getattr(split, f"{name}_set")
+        assert single.business_ids(a.ids) == split.business_ids(b.ids)
+        for party in ("party0", "party1"):
+            assert torch.equal(a.features[party], b.features[party]), (name, party)
+
+
+def test_parquet_nulls_are_missing_values_named_by_row_and_mixed_directories_are_refused(
+    bank_retailer, tmp_path: Path
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"client": ["C00300", "C00301"], "spend": [1.0, None]}), tmp_path / "r.parquet")
+    dm = PartyTables(
+        [
+            PartyTable(bank_retailer["bank"], id_column="customer_id", label_column="status"),
+            PartyTable(str(tmp_path / "r.parquet"), id_column="client"),
+        ]
+    )
+    with pytest.raises(ValueError, match=r"r.parquet, row 2: column 'spend' is missing a value"):
+        dm.setup("fit")
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "a.csv").write_text("client,spend\n")
+    pq.write_table(pa.table({"client": ["x"]}), mixed / "b.parquet")
+    with pytest.raises(ValueError, match=r"mixes .csv and .parquet files"):
+        PartyTables(
+            [
+                PartyTable(bank_retailer["bank"], id_column="customer_id", label_column="status"),
+                PartyTable(str(mixed), id_column="client"),
             ]
         ).setup("fit")

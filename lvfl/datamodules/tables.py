@@ -1,4 +1,4 @@
-"""`PartyTables`: each party's own CSV table with its own business-ID column, aligned by private set intersection.
+"""`PartyTables`: each party's own table (CSV or Parquet) with its own business-ID column, aligned by PSI.
 
 The way a bank and a retailer hold their data: one table each, rows keyed by a customer ID of their own ordering,
 overlapping only in part. Each party's table is read by that party's reader only (`read_table`); the parties then
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from lvfl.wire import Wire
 
 __all__ = ["PartyTable", "PartyTables", "read_table"]
 
+SUFFIXES = (".csv", ".parquet")  #: the table formats (a directory holds files of one of them)
 MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
 POLICIES = ("refuse", "mean", "median")  #: the `missing` options
 MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
@@ -72,68 +74,111 @@ class PartyTable:
 
 @dataclass
 class Table:
-    """A table as its party's reader returns it: IDs, the feature columns' texts, file lines and label texts."""
+    """A table as its party's reader returns it: IDs, the feature columns' texts, their origins, label texts."""
 
     path: Path
     ids: list[str]
     columns: list[str]
     values: list[list[str]]  # values[row][column], stripped
-    lines: list[int]  # the file line of each row, for messages
+    origins: list[str]  # where each row is ("file, line N"), for messages
     labels: list[str] | None = field(default=None)
 
 
-def read_table(source: PartyTable) -> Table:
-    """Read one party's CSV (the `csv` module), refusing what cannot be used, naming the file, column and line."""
-    path = Path(source.path)
-    if not path.is_file():
+def _files(path: Path) -> list[Path]:
+    """The files of a table: the file itself, or a directory's `*.csv` or `*.parquet` files in name order."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
         raise FileNotFoundError(f"party table {path} does not exist (the `path` of a PartyTables entry)")
-    with path.open(newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if not header:
-            raise ValueError(f"{path}: the file is empty; a party table needs a header line")
-        header = [h.strip() for h in header]
-        named = [source.id_column, *(source.columns or []), *([source.label_column] if source.label_column else [])]
-        absent = [c for c in named if c not in header]
-        if absent:
-            raise ValueError(f"{path}: no column {absent[0]!r} (the file's columns: {header})")
-        if source.columns is not None and not source.columns:
-            raise ValueError(f"{path}: `columns` is empty; name at least one feature column or leave it out")
-        reserved = {source.id_column, source.label_column}
-        columns = list(source.columns) if source.columns is not None else [h for h in header if h not in reserved]
-        if not columns:
-            raise ValueError(f"{path}: no feature columns besides the ID and label columns")
-        where = {c: header.index(c) for c in header}
-        ids, rows, labels, first_line = [], [], [], {}
-        unknown = [c for c in source.categorical if c not in columns]
-        if unknown:
-            raise ValueError(f"{path}: `categorical` names {unknown[0]!r}, which is not one of the feature columns")
-        if source.missing not in POLICIES:
-            raise ValueError(f"{path}: `missing` must be one of {list(POLICIES)}, got {source.missing!r}")
-        for line, fields in enumerate(reader, start=2):
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in SUFFIXES)
+    kinds = {p.suffix.lower() for p in files}
+    if not files:
+        raise FileNotFoundError(f"party table {path} is a directory without .csv or .parquet files")
+    if len(kinds) > 1:
+        raise ValueError(f"party table {path} mixes .csv and .parquet files; keep one format per table")
+    return files
+
+
+def _records(path: Path) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:
+    """A file's header and its rows as texts, each with where it is (`file, line N` or `file, row N`)."""
+    if path.suffix.lower() == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as err:
+            raise ImportError(f"{path}: reading Parquet needs pyarrow: pip install 'lvfl[parquet]'") from err
+        data = pq.read_table(path).to_pydict()
+        header = list(data)
+        texts = {c: ["" if v is None else str(v) for v in data[c]] for c in header}
+        n = len(next(iter(texts.values()), []))
+        return header, ((f"{path}, row {i + 1}", [texts[c][i] for c in header]) for i in range(n))
+    f = path.open(newline="")
+    reader = csv.reader(f)
+    header = next(reader, None)
+    if not header:
+        f.close()
+        raise ValueError(f"{path}: the file is empty; a party table needs a header line")
+
+    def rows() -> Iterator[tuple[str, list[str]]]:
+        with f:
+            for line, fields in enumerate(reader, start=2):
+                yield f"{path}, line {line}", fields
+
+    return [h.strip() for h in header], rows()
+
+
+def read_table(source: PartyTable) -> Table:
+    """Read one party's table: CSV (the `csv` module) or Parquet (pyarrow), a file or a directory of them.
+
+    What cannot be used is refused naming the file, the column and the line (Parquet: the row).
+    """
+    path = Path(source.path)
+    files = _files(path)
+    header: list[str] | None = None
+    ids, rows, labels, origins, first = [], [], [], [], {}
+    for file in files:
+        own_header, records = _records(file)
+        if header is None:
+            header = own_header
+            named = [source.id_column, *(source.columns or []), *([source.label_column] if source.label_column else [])]
+            absent = [c for c in named if c not in header]
+            if absent:
+                raise ValueError(f"{file}: no column {absent[0]!r} (the file's columns: {header})")
+            if source.columns is not None and not source.columns:
+                raise ValueError(f"{path}: `columns` is empty; name at least one feature column or leave it out")
+            reserved = {source.id_column, source.label_column}
+            columns = list(source.columns) if source.columns is not None else [h for h in header if h not in reserved]
+            if not columns:
+                raise ValueError(f"{path}: no feature columns besides the ID and label columns")
+            unknown = [c for c in source.categorical if c not in columns]
+            if unknown:
+                raise ValueError(f"{path}: `categorical` names {unknown[0]!r}, which is not one of the feature columns")
+            if source.missing not in POLICIES:
+                raise ValueError(f"{path}: `missing` must be one of {list(POLICIES)}, got {source.missing!r}")
+            where = {c: header.index(c) for c in header}
+        elif own_header != header:
+            raise ValueError(f"{file}: its columns {own_header} differ from {files[0]}'s {header}")
+        for origin, fields in records:
             if not any(v.strip() for v in fields):
                 continue  # a blank line (e.g. at the end of the file)
             if len(fields) != len(header):
-                raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
+                raise ValueError(f"{origin}: {len(fields)} fields, the header has {len(header)}")
             key = fields[where[source.id_column]].strip()
             if not key:
-                raise ValueError(f"{path}, line {line}: the ID column {source.id_column!r} is empty")
-            if key in first_line:
-                raise ValueError(
-                    f"{path}: ID {key!r} occurs twice (lines {first_line[key]} and {line}); IDs must be unique"
-                )
-            first_line[key] = line
+                raise ValueError(f"{origin}: the ID column {source.id_column!r} is empty")
+            if key in first:
+                raise ValueError(f"{origin}: ID {key!r} occurs twice (first at {first[key]}); IDs must be unique")
+            first[key] = origin
             ids.append(key)
+            origins.append(origin)
             rows.append([fields[where[c]].strip() for c in columns])
             if source.label_column:
                 label = fields[where[source.label_column]].strip()
                 if label.lower() in MISSING:
-                    raise ValueError(f"{path}, line {line}: the label column {source.label_column!r} is missing")
+                    raise ValueError(f"{origin}: the label column {source.label_column!r} is missing")
                 labels.append(label)
     if not ids:
         raise ValueError(f"{path}: no rows below the header")
-    lines = [first_line[key] for key in ids]
-    return Table(path, ids, columns, rows, lines, labels if source.label_column else None)
+    return Table(path, ids, columns, rows, origins, labels if source.label_column else None)
 
 
 def _number(text: str) -> float | None:
@@ -167,15 +212,15 @@ class ColumnEncoder:
             return [self.name] + ([f"{self.name} missing"] if self.indicator else [])
         return [f"{self.name}={level}" for level in self.levels] if self.onehot else [self.name]
 
-    def encode(self, texts: list[str], where: str, lines: list[int]) -> np.ndarray:
-        """(rows, len(output_names)) float32 for the column's texts (`where`, `lines`: for messages)."""
+    def encode(self, texts: list[str], origins: list[str]) -> np.ndarray:
+        """(rows, len(output_names)) float32 for the column's texts (`origins`: where each is, for messages)."""
         if self.kind == "numeric":
             out = np.zeros((len(texts), 2 if self.indicator else 1), dtype=np.float32)
             for i, text in enumerate(texts):
                 if text.lower() in MISSING:
                     if self.fill is None:
                         raise ValueError(
-                            f"{where}, line {lines[i]}: column {self.name!r} is missing a value (missing: refuse; "
+                            f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; "
                             "set the table's `missing` to mean or median to impute it)"
                         )
                     out[i, 0] = self.fill
@@ -185,7 +230,7 @@ class ColumnEncoder:
                 value = _number(text)
                 if value is None:
                     raise ValueError(
-                        f"{where}, line {lines[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
+                        f"{origins[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
                         "numeric in the training rows; list it in `categorical` to encode it as categories)"
                     )
                 out[i, 0] = value
@@ -196,7 +241,7 @@ class ColumnEncoder:
             level = MISSING_LEVEL if text.lower() in MISSING else text
             if level == MISSING_LEVEL and level not in index:
                 raise ValueError(
-                    f"{where}, line {lines[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
+                    f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
                     "table's `missing` to mean or median to give missing values a level of their own)"
                 )
             codes[i] = index.get(level, len(self.levels) - 1)  # unseen in training: the reserved last level
@@ -223,7 +268,7 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
             )
             kind = "not a number, while its other values are numbers" if odd_is_text else "a number among text values"
             raise ValueError(
-                f"{table.path}, line {table.lines[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
+                f"{table.origins[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
                 "value, or list the column in `categorical` (levels may look like numbers)"
             )
         if name not in source.categorical and all(parsed):
@@ -320,11 +365,9 @@ class PartyTables(VerticalDataModule):
             fit_rows = own[train[at]]
             encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
             self.encoders[names[k]] = encoders
-            lines = [table.lines[r] for r in own]
+            origins = [table.origins[r] for r in own]
             block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
-            parts = [
-                e.encode([table.values[r][j] for r in own], str(table.path), lines) for j, e in enumerate(encoders)
-            ]
+            parts = [e.encode([table.values[r][j] for r in own], origins) for j, e in enumerate(encoders)]
             block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
             blocks.append(block)
             cats += [
