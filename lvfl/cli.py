@@ -12,7 +12,8 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -46,6 +47,37 @@ class VFLCLI(LightningCLI):
             help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
             "each unless the config lists one of its kind; false: only the config's own callbacks.",
         )
+        parser.add_argument(
+            "--output",
+            type=Optional[str],  # noqa: UP045 - jsonargparse reads the annotation object
+            default=None,
+            help="lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID "
+            "(default: predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
+        )
+
+    def _output(self) -> str | None:
+        config = self.config.get(str(self.subcommand), self.config)
+        return config.get("output")
+
+    def _refuse_output(self) -> None:
+        if self._output() is not None:
+            raise ValueError(f"--output names the predictions file of lvfl predict; lvfl {self.subcommand} writes none")
+
+    before_fit = before_validate = before_test = _refuse_output
+
+    def before_predict(self) -> None:
+        """`lvfl predict` writes its predictions to a file (`lvfl.callbacks.PredictionWriter`)."""
+        from lvfl.callbacks.predictions import PredictionWriter
+
+        path = self._output() or str(Path(self.trainer.log_dir or ".") / "predictions.csv")
+        self.prediction_writer = PredictionWriter(path)
+        self.trainer.callbacks.append(self.prediction_writer)
+
+    def after_predict(self) -> None:
+        """Say where the predictions went."""
+        writer = self.prediction_writer
+        if self.trainer.is_global_zero:
+            print(f"lvfl predict: {len(writer.rows)} predictions written to {writer.path}")
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`)."""

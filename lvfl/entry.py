@@ -13,7 +13,7 @@ SUBCOMMANDS = {
     "fit": "train a protocol on a datamodule (resume with --ckpt_path last)",
     "validate": "one evaluation epoch over the validation split",
     "test": "every party's model on the test split, and their mean (--ckpt_path last for the fitted weights)",
-    "predict": "every predicting party's class probabilities on the test split (returned in Python; no file yet)",
+    "predict": "predictions for the test split to a file keyed by sample ID (--output: .csv or .parquet)",
     "bench": "a grid of protocols x datasets x seeds, each a fit + test in its own process, with tables and plots",
 }
 

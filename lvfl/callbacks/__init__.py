@@ -3,6 +3,14 @@
 from lvfl.callbacks.checkpoint import ExactResume, ExperimentCheckpoint
 from lvfl.callbacks.communication import CommunicationMeter
 from lvfl.callbacks.label_audit import LabelLeakageAudit
+from lvfl.callbacks.predictions import PredictionWriter
 from lvfl.callbacks.student import StudentDistillation
 
-__all__ = ["CommunicationMeter", "ExactResume", "ExperimentCheckpoint", "LabelLeakageAudit", "StudentDistillation"]
+__all__ = [
+    "CommunicationMeter",
+    "ExactResume",
+    "ExperimentCheckpoint",
+    "LabelLeakageAudit",
+    "PredictionWriter",
+    "StudentDistillation",
+]

@@ -1,0 +1,100 @@
+"""`PredictionWriter`: `lvfl predict` writes its predictions to a file, one row per sample, keyed by its ID.
+
+A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers every batch's `predict_step` output
+(sample IDs and each predicting party's class probabilities) and writes one row per sample:
+
+- `id`: the business ID where the datamodule keeps them (`PartyTables.business_ids`), else lvfl's sample ID;
+- `prediction`: the predicted class, decoded to its label where the datamodule has names (`label_names`);
+- `prob_<class>`: the answering model's class probabilities;
+- `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers).
+
+The file's format follows its extension: `.csv` (the `csv` module) or `.parquet` (pyarrow). Which model answers:
+`party: active` (the active party's model, the default: it holds the labels and serves the predictions; for
+split learning the active party's is the only one), `mean` (the mean of every predicting party's probabilities),
+or a party's name.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+
+__all__ = ["PredictionWriter"]
+
+FORMATS = (".csv", ".parquet")
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Write `lvfl predict`'s predictions to `path` (see the module docstring).
+
+    Args:
+        path: the output file, `.csv` or `.parquet`; its folder is created.
+        party: the answering model: "active", "mean" or a party name.
+    """
+
+    def __init__(self, path: str, party: str = "active") -> None:
+        super().__init__(write_interval="epoch")
+        if Path(path).suffix.lower() not in FORMATS:
+            raise ValueError(f"PredictionWriter: path {path!r} must end in one of {list(FORMATS)} (the file's format)")
+        self.path = Path(path)
+        self.party = party
+        self.rows: list[dict[str, Any]] = []
+
+    def write_on_epoch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Any, batch_indices: Any
+    ) -> None:
+        """Gather the batches' outputs, answer each sample and write the file (rank 0 only under DDP)."""
+        if not predictions:
+            raise ValueError("lvfl predict produced no predictions (an empty predict split?)")
+        batches = predictions[0] if isinstance(predictions[0], list) else predictions  # one dataloader
+        ids = torch.cat([b["ids"] for b in batches]).cpu()
+        probs = self._answer(pl_module, [b["probs"] for b in batches]).cpu()
+        datamodule = trainer.datamodule
+        names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(probs.shape[1])])
+        keys = datamodule.business_ids(ids) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in ids]
+        predicted = probs.argmax(dim=1).tolist()
+        self.rows = [
+            {
+                "id": key,
+                "prediction": names[c],
+                **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
+                "path": "vfl",
+            }
+            for key, c, row in zip(keys, predicted, probs, strict=True)
+        ]
+        if trainer.is_global_zero:
+            self._write()
+
+    def _answer(self, pl_module: pl.LightningModule, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        available = list(batches[0])
+        if self.party == "mean":
+            return torch.cat([torch.stack([b[p] for p in available]).mean(0) for b in batches])
+        party = pl_module.active if self.party == "active" else self.party
+        if party not in available:
+            if self.party == "active" and len(available) == 1:
+                party = available[0]
+            else:
+                raise ValueError(
+                    f"PredictionWriter: party={self.party!r}: no predictions of {party!r}; this protocol's predicting "
+                    f"parties are {available}"
+                )
+        return torch.cat([b[party] for b in batches])
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        header = list(self.rows[0])
+        if self.path.suffix.lower() == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.table({k: [r[k] for r in self.rows] for k in header}), self.path)
+            return
+        with self.path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=header)
+            writer.writeheader()
+            writer.writerows(self.rows)
