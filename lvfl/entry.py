@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "test": "every party's model on the test split, and their mean (--ckpt_path last for the fitted weights)",
     "predict": "predictions for the test split to a file keyed by sample ID (--output: .csv or .parquet)",
     "bench": "a grid of protocols x datasets x seeds, each a fit + test in its own process, with tables and plots",
+    "export": "one folder per party with only its part of a fitted run (--ckpt_path, --out)",
 }
 
 HELP = "\n".join(
@@ -39,6 +40,11 @@ def main(args: list[str] | None = None) -> None:
         print(HELP)
         if not argv:
             raise SystemExit(2)
+        return
+    if argv[0] == "export":
+        from lvfl.export import main as export_main
+
+        export_main(argv[1:])
         return
     if argv[0] == "bench":
         from lvfl.bench import main as bench_main

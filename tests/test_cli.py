@@ -320,8 +320,8 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
 
     lvfl(["--help"])
     out = capsys.readouterr().out
-    assert all(f"  {name} " in out for name in ("fit", "validate", "test", "predict", "bench"))
-    assert set(SUBCOMMANDS) == {"fit", "validate", "test", "predict", "bench"}
+    assert all(f"  {name} " in out for name in ("fit", "validate", "test", "predict", "bench", "export"))
+    assert set(SUBCOMMANDS) == {"fit", "validate", "test", "predict", "bench", "export"}
     with pytest.raises(SystemExit) as bare:
         lvfl([])
     assert bare.value.code == 2
@@ -329,6 +329,10 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
         lvfl(["bench", "--help"])
     assert bench_help.value.code == 0
     assert "usage: lvfl bench" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as export_help:
+        lvfl(["export", "--help"])
+    assert export_help.value.code == 0
+    assert "usage: lvfl export" in capsys.readouterr().out
 
 
 def test_cli_and_bench_do_not_import_each_other_at_module_level():

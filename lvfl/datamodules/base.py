@@ -368,6 +368,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         self.augmentation: SampleAugmentation | None = augmentation
         self._prepared: _Prepared | None = None
+        #: per party, the standardization fitted on its training rows (`x' = (x - mean) / scale` on `columns`, a
+        #: list of its column positions or "all"); empty where nothing is scaled. `lvfl export` writes it.
+        self.scaling: dict[str, dict[str, Any]] = {}
 
     # ----------------------------------------------------------------------------------------------- subclass hooks
     @abstractmethod
@@ -847,6 +850,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             scaler = StandardScaler().fit(part["train"][:, numeric])
             for split, p in part.items():
                 out[split][:, numeric] = scaler.transform(p[:, numeric])
+            self.scaling[party] = {"columns": numeric, "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
         return {split: torch.from_numpy(np.ascontiguousarray(p)) for split, p in out.items()}
 
     def _choose_overlap(self, labels: np.ndarray, split_index: int) -> np.ndarray:
@@ -922,7 +926,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             std = float(train.std(dtype=np.float64))
             std = std if std > 0 else 1.0  # a constant strip (blank margin) is only centred
             part = {split: (p - mean) / std for split, p in part.items()}
+            self.scaling[party] = {"columns": "all", "mean": [mean], "scale": [std]}
         elif self.scale:
             scaler = StandardScaler().fit(part["train"])
             part = {split: scaler.transform(p) for split, p in part.items()}
+            self.scaling[party] = {"columns": "all", "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
         return {split: torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32)) for split, p in part.items()}
