@@ -252,7 +252,9 @@ def test_a_mixed_column_and_a_bad_policy_are_refused(with_categories) -> None:
     corrupt(with_categories["retailer"], 5, 1, "17")
     with pytest.raises(ValueError, match=r"retailer.csv, line 5: column 'region' holds '17', a number among text"):
         encoded(with_categories).setup("fit")
-    with pytest.raises(ValueError, match=r"`missing` must be one of \['refuse', 'mean', 'median'\], got 'zero'"):
+    with pytest.raises(
+        ValueError, match=r"`missing` must be one of \['refuse', 'mean', 'median', 'mode', 'level'\], got 'zero'"
+    ):
         PartyTables(
             [
                 PartyTable(with_categories["bank"], id_column="id", label_column="status", missing="zero"),
@@ -326,3 +328,64 @@ def test_parquet_nulls_are_missing_values_named_by_row_and_mixed_directories_are
                 PartyTable(str(mixed), id_column="client"),
             ]
         ).setup("fit")
+
+
+def test_per_column_policies_mode_and_their_indicators(with_categories, tmp_path: Path) -> None:
+    values = with_categories["values"]
+    keys = list(values)
+    for key in keys[:40:4]:  # some missing segments too
+        values[key] = [values[key][0], ""]
+    with Path(with_categories["bank"]).open(newline="") as f:
+        status = {r[0]: r[-1] for r in csv.reader(f)}
+    header = ["id", "income", "segment", "status"]
+    write_csv(Path(with_categories["bank"]), header, [[i, *v, status[i]] for i, v in values.items()])
+    table = PartyTable(
+        with_categories["bank"],
+        id_column="id",
+        label_column="status",
+        missing="refuse",
+        missing_columns={"income": "median", "segment": "mode"},
+    )
+    dm = PartyTables([table, PartyTable(with_categories["retailer"], id_column="id")], scale=False)
+    names = dm.feature_names["party0"]
+    assert names == [
+        "income",
+        "income missing",
+        "segment=premium",
+        "segment=retail",
+        "segment=student",
+        "segment=<unseen>",
+        "segment missing",
+    ]
+    train = [values[i] for i in training_ids(dm)]
+    median = float(np.median([float(v[0]) for v in train if v[0]]))
+    segments = [v[1] for v in train if v[1]]
+    mode = max(sorted(set(segments)), key=segments.count)
+    assert dm.encoders["party0"][0].fill == pytest.approx(median)
+    assert dm.encoders["party0"][1].fill_level == mode
+    every = dm.active_set("train")
+    x = every.features["party0"].numpy()
+    for j, key in enumerate(dm.business_ids(every.ids)):
+        income, segment = values[key]
+        assert x[j, 1] == float(not income)
+        assert x[j, 6] == float(not segment)
+        assert x[j, 2 + ["premium", "retail", "student"].index(segment or mode)] == 1.0
+
+    codes = PartyTables([table, PartyTable(with_categories["retailer"], id_column="id")], encoding="codes")
+    assert codes.feature_names["party0"] == ["income", "income missing", "segment", "segment missing"]
+    assert codes.party_specs[0].categories == (0, 0, 4, 0)  # the indicator is numeric, not a code column
+
+
+def test_a_policy_that_does_not_fit_the_column_is_refused(with_categories) -> None:
+    def build(**missing_columns):
+        table = PartyTable(
+            with_categories["bank"], id_column="id", label_column="status", missing_columns=missing_columns
+        )
+        return PartyTables([table, PartyTable(with_categories["retailer"], id_column="id")])
+
+    with pytest.raises(ValueError, match=r"column 'segment' is categorical; its missing policy can be mode or level"):
+        build(segment="mean").setup("fit")
+    with pytest.raises(ValueError, match=r"column 'income' is numeric; missing 'level' is for categorical columns"):
+        build(income="level").setup("fit")
+    with pytest.raises(ValueError, match=r"`missing_columns` names 'colour', which is not a feature column"):
+        build(colour="mode").setup("fit")

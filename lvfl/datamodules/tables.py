@@ -14,10 +14,12 @@ Encoding, per party and fitted on the training rows only (the split is drawn fir
   categorical); categorical levels are the training rows' (sorted), plus a reserved `<unseen>` level that values
   first seen outside the training rows map to; `encoding: onehot` gives one 0/1 column per level
   (`<column>=<level>`), `encoding: codes` one integer-code column with `categories()` for embedding tables;
-- a missing value (an empty field, `NA`, `NaN`, `null`) follows the table's `missing` policy: `refuse` (the
-  default) names the file, the column and the lines; `mean` / `median` fill a numeric column with that statistic of
-  its training values and, when the training rows miss any, add a 0/1 column `<column> missing`; categorical
-  columns then get a `<missing>` level. A value that is not a number in a numeric column is refused by line.
+- a missing value (an empty field, `NA`, `NaN`, `null`) follows the table's `missing` policy, or the column's own in
+  `missing_columns`: `refuse` (the default) names the file, the column and the line; `mean` / `median` / `mode`
+  fill a numeric column with that statistic of its training values, `mode` a categorical one with its most
+  frequent training level, and, when the training rows miss any, add a 0/1 column `<column> missing`; `level`
+  (and a table-wide `mean` / `median`) gives categorical columns a `<missing>` level. A policy that does not fit the
+  column (the mean of a category) is refused. A value that is not a number in a numeric column is refused by line.
 
 Labels may be strings (`default` / `ok`): they are coded in sorted order and `label_names` decodes predictions. IDs
 are compared by their text (`12` and `"12"` are one ID) and kept: `business_ids(sample_ids)` gives the business ID
@@ -45,7 +47,7 @@ __all__ = ["PartyTable", "PartyTables", "read_table"]
 
 SUFFIXES = (".csv", ".parquet")  #: the table formats (a directory holds files of one of them)
 MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
-POLICIES = ("refuse", "mean", "median")  #: the `missing` options
+POLICIES = ("refuse", "mean", "median", "mode", "level")  #: the `missing` options (see `PartyTable`)
 MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
 UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
 
@@ -60,8 +62,11 @@ class PartyTable:
         columns: the feature columns; default: every column but the ID and label columns.
         label_column: the active party's label column (exactly one party names one).
         categorical: columns to encode as categories even where every value is a number (postcodes, codes).
-        missing: "refuse" (a missing feature value is an error naming it), "mean" or "median" (impute numeric
-            columns from the training rows, with an indicator column; categorical ones get a `<missing>` level).
+        missing: the table's policy for a missing feature value: "refuse" (an error naming it), "mean" or "median"
+            (impute numeric columns from the training rows, with an indicator column; categorical ones get a
+            `<missing>` level), "mode" (the most frequent training value or level, with an indicator column), or
+            "level" (categorical columns only: a `<missing>` level).
+        missing_columns: per-column policies that override `missing` (e.g. `{income: median, segment: mode}`).
     """
 
     path: str
@@ -70,6 +75,7 @@ class PartyTable:
     label_column: str | None = None
     categorical: list[str] = field(default_factory=list)
     missing: str = "refuse"
+    missing_columns: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -152,8 +158,12 @@ def read_table(source: PartyTable) -> Table:
             unknown = [c for c in source.categorical if c not in columns]
             if unknown:
                 raise ValueError(f"{path}: `categorical` names {unknown[0]!r}, which is not one of the feature columns")
-            if source.missing not in POLICIES:
-                raise ValueError(f"{path}: `missing` must be one of {list(POLICIES)}, got {source.missing!r}")
+            for column, policy in [("", source.missing), *source.missing_columns.items()]:
+                if column and column not in columns:
+                    raise ValueError(f"{path}: `missing_columns` names {column!r}, which is not a feature column")
+                if policy not in POLICIES:
+                    what = f"`missing_columns[{column!r}]`" if column else "`missing`"
+                    raise ValueError(f"{path}: {what} must be one of {list(POLICIES)}, got {policy!r}")
             where = {c: header.index(c) for c in header}
         elif own_header != header:
             raise ValueError(f"{file}: its columns {own_header} differ from {files[0]}'s {header}")
@@ -204,13 +214,21 @@ class ColumnEncoder:
     indicator: bool = False
     levels: list[str] = field(default_factory=list)
     onehot: bool = True
+    fill_level: str | None = None  # categorical, missing: mode: the level a missing value takes
 
     @property
     def output_names(self) -> list[str]:
         """The encoded columns' names."""
+        flag = [f"{self.name} missing"] if self.indicator else []
         if self.kind == "numeric":
-            return [self.name] + ([f"{self.name} missing"] if self.indicator else [])
-        return [f"{self.name}={level}" for level in self.levels] if self.onehot else [self.name]
+            return [self.name, *flag]
+        return [*([f"{self.name}={level}" for level in self.levels] if self.onehot else [self.name]), *flag]
+
+    @property
+    def cardinalities(self) -> list[int]:
+        """Per output column: the number of levels of a code column (`onehot` False), else 0 (numeric)."""
+        codes = self.kind == "categorical" and not self.onehot
+        return [len(self.levels) if codes and j == 0 else 0 for j in range(len(self.output_names))]
 
     def encode(self, texts: list[str], origins: list[str]) -> np.ndarray:
         """(rows, len(output_names)) float32 for the column's texts (`origins`: where each is, for messages)."""
@@ -237,8 +255,11 @@ class ColumnEncoder:
             return out
         index = {level: j for j, level in enumerate(self.levels)}
         codes = np.empty(len(texts), dtype=np.int64)
+        gaps = np.zeros((len(texts), 1), dtype=np.float32)
         for i, text in enumerate(texts):
-            level = MISSING_LEVEL if text.lower() in MISSING else text
+            absent = text.lower() in MISSING
+            gaps[i] = absent
+            level = (self.fill_level or MISSING_LEVEL) if absent else text
             if level == MISSING_LEVEL and level not in index:
                 raise ValueError(
                     f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
@@ -246,10 +267,11 @@ class ColumnEncoder:
                 )
             codes[i] = index.get(level, len(self.levels) - 1)  # unseen in training: the reserved last level
         if not self.onehot:
-            return codes[:, None].astype(np.float32)
-        out = np.zeros((len(texts), len(self.levels)), dtype=np.float32)
-        out[np.arange(len(texts)), codes] = 1.0
-        return out
+            out = codes[:, None].astype(np.float32)
+        else:
+            out = np.zeros((len(texts), len(self.levels)), dtype=np.float32)
+            out[np.arange(len(texts)), codes] = 1.0
+        return np.concatenate([out, gaps], axis=1) if self.indicator else out
 
 
 def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bool) -> list[ColumnEncoder]:
@@ -271,21 +293,46 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
                 f"{table.origins[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
                 "value, or list the column in `categorical` (levels may look like numbers)"
             )
+        policy = source.missing_columns.get(name, source.missing)
+        explicit = name in source.missing_columns
+        gaps = len(present) < len(texts)  # the training rows miss a value: an indicator column says where
+        if policy != "refuse" and not present:
+            raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
         if name not in source.categorical and all(parsed):
+            if policy == "level" and explicit:
+                raise ValueError(
+                    f"{table.path}: column {name!r} is numeric; missing 'level' is for categorical columns"
+                )
             values = np.asarray([_number(t) for t in present], dtype=np.float64)
             fill = None
-            if source.missing != "refuse":
-                if not len(values):
-                    raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
-                fill = float(np.mean(values) if source.missing == "mean" else np.median(values))
-            encoders.append(
-                ColumnEncoder(name, "numeric", fill=fill, indicator=fill is not None and len(present) < len(texts))
-            )
+            if policy in ("mean", "median", "level"):  # a table-wide `level` leaves numeric columns to the mean
+                fill = float(np.median(values) if policy == "median" else np.mean(values))
+            elif policy == "mode":
+                numbers, counts = np.unique(values, return_counts=True)
+                fill = float(numbers[np.argmax(counts)])  # the smallest of the most frequent values
+            encoders.append(ColumnEncoder(name, "numeric", fill=fill, indicator=fill is not None and gaps))
         else:
+            if policy in ("mean", "median") and explicit:
+                raise ValueError(
+                    f"{table.path}: column {name!r} is categorical; its missing policy can be mode or level"
+                )
             levels = sorted(set(present))
-            if source.missing != "refuse":
+            fill_level = None
+            if policy == "mode":
+                counts = {level: present.count(level) for level in levels}
+                fill_level = max(levels, key=counts.__getitem__)  # ties: the first in sorted order
+            elif policy != "refuse":
                 levels.append(MISSING_LEVEL)
-            encoders.append(ColumnEncoder(name, "categorical", levels=[*levels, UNSEEN], onehot=onehot))
+            encoders.append(
+                ColumnEncoder(
+                    name,
+                    "categorical",
+                    levels=[*levels, UNSEEN],
+                    onehot=onehot,
+                    fill_level=fill_level,
+                    indicator=fill_level is not None and gaps,
+                )
+            )
     return encoders
 
 
@@ -370,11 +417,7 @@ class PartyTables(VerticalDataModule):
             parts = [e.encode([table.values[r][j] for r in own], origins) for j, e in enumerate(encoders)]
             block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
             blocks.append(block)
-            cats += [
-                len(e.levels) if e.kind == "categorical" and not e.onehot else 0
-                for e in encoders
-                for _ in e.output_names
-            ]
+            cats += [c for e in encoders for c in e.cardinalities]
         widths = np.cumsum([0, *(b.shape[1] for b in blocks)])
         self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(blocks))])
         self._categories = cats if any(cats) else None
