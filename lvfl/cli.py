@@ -54,14 +54,23 @@ class VFLCLI(LightningCLI):
             help="lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID "
             "(default: predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
         )
+        parser.add_argument(
+            "--ids",
+            type=Optional[str],  # noqa: UP045 - jsonargparse reads the annotation object
+            default=None,
+            help="lvfl predict: a file of the IDs to predict, one per line (a .csv: its first column, below the "
+            "header), in the order wanted (default: the test split); the other subcommands refuse it.",
+        )
 
     def _output(self) -> str | None:
         config = self.config.get(str(self.subcommand), self.config)
         return config.get("output")
 
     def _refuse_output(self) -> None:
-        if self._output() is not None:
-            raise ValueError(f"--output names the predictions file of lvfl predict; lvfl {self.subcommand} writes none")
+        config = self.config.get(str(self.subcommand), self.config)
+        for option in ("output", "ids"):
+            if config.get(option) is not None:
+                raise ValueError(f"--{option} is an option of lvfl predict; lvfl {self.subcommand} refuses it")
 
     before_fit = before_validate = before_test = _refuse_output
 
@@ -69,6 +78,9 @@ class VFLCLI(LightningCLI):
         """`lvfl predict` writes its predictions to a file (`lvfl.callbacks.PredictionWriter`)."""
         from lvfl.callbacks.predictions import PredictionWriter
 
+        ids = self.config.get(str(self.subcommand), self.config).get("ids")
+        if ids is not None:
+            self.datamodule.predict_ids = requested_samples(self.datamodule, read_ids(ids))
         path = self._output() or str(Path(self.trainer.log_dir or ".") / "predictions.csv")
         self.prediction_writer = PredictionWriter(path)
         self.trainer.callbacks.append(self.prediction_writer)
@@ -88,6 +100,42 @@ class VFLCLI(LightningCLI):
                 trainer.get("callbacks"), checkpointing=trainer.get("enable_checkpointing") is not False
             )
         return super().instantiate_trainer(**kwargs)
+
+
+def read_ids(path: str) -> list[str]:
+    """IDs from a file: one per line, or a .csv's first column below its header; blank lines skipped."""
+    import csv
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--ids: {file} does not exist")
+    with file.open(newline="") as f:
+        rows = [r for r in csv.reader(f)] if file.suffix.lower() == ".csv" else [[line] for line in f]
+    ids = [r[0].strip() for r in (rows[1:] if file.suffix.lower() == ".csv" else rows) if r and r[0].strip()]
+    if not ids:
+        raise ValueError(f"--ids: {file} lists no ID")
+    return ids
+
+
+def requested_samples(datamodule: Any, keys: list[str]) -> list[int]:
+    """The sample IDs `lvfl predict --ids` serves, checked: every ID known, and held by every party.
+
+    An ID only the active party holds would need a student model; `lvfl predict` does not load one yet, so such IDs
+    are refused by name rather than answered by a model that does not see them.
+    """
+    datamodule.setup("predict")
+    try:
+        samples = datamodule.sample_ids_for(keys)
+    except KeyError as err:
+        raise ValueError(f"--ids: {err.args[0]}") from None
+    held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
+    active_only = [k for k, s in zip(keys, samples, strict=True) if s not in held]
+    if active_only:
+        raise ValueError(
+            f"--ids: {active_only[:10]} are held by the active party only; answering them needs a student model, "
+            "which lvfl predict does not load yet: leave them out"
+        )
+    return samples
 
 
 def trainer_defaults() -> dict:

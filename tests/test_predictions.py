@@ -106,6 +106,54 @@ def test_output_is_refused_outside_predict_and_needs_a_known_format(fitted, tmp_
     monkeypatch.chdir(REPO)
     with pytest.raises(SystemExit):
         main(["test", *args(fitted, f"--output={tmp_path / 'x.csv'}")])
-    assert "--output names the predictions file of lvfl predict; lvfl test writes none" in capsys.readouterr().err
+    assert "--output is an option of lvfl predict; lvfl test refuses it" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"path 'x.txt' must end in one of \['.csv', '.parquet'\]"):
         PredictionWriter("x.txt")
+
+
+def test_predict_answers_the_requested_ids_in_their_order_from_any_split(fitted, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    cli = build_cli([*args(fitted)[:-2]], run=False)
+    dm = cli.datamodule
+    wanted = [*dm.business_ids(dm.test_set.ids[:2]), *dm.business_ids(dm.train_set.ids[:3])][::-1]
+    (tmp_path / "ids.csv").write_text("customer\n" + "\n".join(wanted) + "\n")
+    out = tmp_path / "some.csv"
+    main(["predict", *args(fitted, f"--output={out}", f"--ids={tmp_path / 'ids.csv'}")])
+    rows = read(out)
+    assert [r["id"] for r in rows] == wanted
+    assert {r["path"] for r in rows} == {"vfl"}
+
+    # the same samples' outputs in this process
+    checkpoint = torch.load(fitted / "bank_retailer" / "checkpoints" / "last.ckpt", weights_only=False)
+    cli.trainer.datamodule = dm
+    cli.model.trainer = cli.trainer
+    cli.model.setup("predict")
+    cli.model.load_state_dict(checkpoint["state_dict"])
+    subset = dm.vfl_rows(dm.sample_ids_for(wanted))
+    batch = dm.on_after_batch_transfer(subset.gather(torch.arange(len(subset))), 0)
+    with torch.no_grad():
+        probs = cli.model.party_logits(batch)["party0"].softmax(-1)
+    written = torch.tensor([[float(r["prob_default"]), float(r["prob_ok"])] for r in rows])
+    torch.testing.assert_close(written, probs, rtol=1e-5, atol=1e-6)
+
+    # an ID only the bank holds, and one nobody holds, are refused by name
+    only = dm.business_ids(dm.active_only_set("test").ids[:1])
+    (tmp_path / "bad.txt").write_text(f"{wanted[0]}\n{only[0]}\n")
+    with pytest.raises(SystemExit):
+        main(["predict", *args(fitted, f"--ids={tmp_path / 'bad.txt'}")])
+    assert f"--ids: ['{only[0]}'] are held by the active party only" in capsys.readouterr().err
+    (tmp_path / "unknown.txt").write_text("NOBODY-1\n")
+    with pytest.raises(SystemExit):
+        main(["predict", *args(fitted, f"--ids={tmp_path / 'unknown.txt'}")])
+    assert "--ids: IDs ['NOBODY-1'] are not in the active party's table" in capsys.readouterr().err
+
+
+def test_without_business_ids_the_ids_are_sample_ids() -> None:
+    from lvfl.datamodules import Digits
+
+    dm = Digits(num_parties=2)
+    ids = dm.test_set.ids[:3].tolist()
+    assert dm.sample_ids_for([str(i) for i in ids]) == ids
+    assert torch.equal(dm.vfl_rows(ids[::-1]).ids, torch.tensor(ids[::-1]))
+    with pytest.raises(KeyError, match=r"IDs \['x7', '99999'\] name no sample of Digits"):
+        dm.sample_ids_for(["x7", "99999", "1"])

@@ -371,6 +371,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         #: per party, the standardization fitted on its training rows (`x' = (x - mean) / scale` on `columns`, a
         #: list of its column positions or "all"); empty where nothing is scaled. `lvfl export` writes it.
         self.scaling: dict[str, dict[str, Any]] = {}
+        #: sample IDs `predict_dataloader` serves instead of the test split (`lvfl predict --ids`)
+        self.predict_ids: list[int] | None = None
 
     # ----------------------------------------------------------------------------------------------- subclass hooks
     @abstractmethod
@@ -602,8 +604,46 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         return self._loader(self.test_set, SequentialSampler(self.test_set))
 
     def predict_dataloader(self) -> DataLoader:
-        """The test set in order."""
-        return self._loader(self.test_set, SequentialSampler(self.test_set))
+        """The test set in order, or the samples of `predict_ids` (in that order) when it is set."""
+        dataset = self.test_set if self.predict_ids is None else self.vfl_rows(self.predict_ids)
+        return self._loader(dataset, SequentialSampler(dataset))
+
+    def sample_ids_for(self, keys: Sequence[str]) -> list[int]:
+        """The sample IDs of IDs as a user writes them (`lvfl predict --ids`): here the sample IDs' own text.
+
+        Datamodules with business IDs (`PartyTables`) map those instead.
+
+        Raises:
+            KeyError: IDs that name no sample (listed).
+        """
+        num_rows = sum(len(d) for d in self._prepare().active_splits.values())
+        bad = [k for k in keys if not str(k).strip().isdigit() or int(k) >= num_rows]
+        if bad:
+            raise KeyError(f"IDs {bad[:_MAX_LISTED]} name no sample of {type(self).__name__} (IDs 0..{num_rows - 1})")
+        return [int(k) for k in keys]
+
+    def vfl_rows(self, sample_ids: Sequence[int]) -> VerticalTensorDataset:
+        """The samples with these IDs, in this order, as every party holds them (from whichever split holds each).
+
+        Raises:
+            KeyError: IDs that not every party holds (named), which the VFL model cannot answer.
+        """
+        prepared = self._prepare()
+        where = {}
+        for split, dataset in prepared.splits.items():
+            for position, sample in enumerate(dataset.ids.tolist()):
+                where[sample] = (split, position)
+        missing = [i for i in sample_ids if int(i) not in where]
+        if missing:
+            raise KeyError(f"samples {missing[:_MAX_LISTED]} are not held by every party")
+        parts = [prepared.splits[where[int(i)][0]].subset(torch.tensor([where[int(i)][1]])) for i in sample_ids]
+        first = parts[0]
+        return VerticalTensorDataset(
+            ids=torch.cat([p.ids for p in parts]),
+            features={name: torch.cat([p.stored[name] for p in parts]) for name in first.stored},
+            labels=torch.cat([p.labels for p in parts]),
+            decoders=first.decoders,
+        )
 
     # ----------------------------------------------------------------------------------------------- internals
     def _loader(self, dataset: VerticalTensorDataset, sampler: Sampler) -> DataLoader:

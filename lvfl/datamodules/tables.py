@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -448,6 +448,21 @@ class PartyTables(VerticalDataModule):
         """The PSI's messages (tags `psi/...`), for the protocol's wire."""
         self._prepare()
         return self._alignment_wire.state_dict()
+
+    def sample_ids_for(self, keys: Sequence[str]) -> list[int]:
+        """The sample IDs of business IDs (as the active party's table writes them).
+
+        Raises:
+            KeyError: business IDs that are not in the active party's table (listed).
+        """
+        self._prepare()
+        row = {key: i for i, key in enumerate(self._ids)}
+        unknown = [k for k in keys if k not in row]
+        if unknown:
+            raise KeyError(
+                f"IDs {unknown[:10]} are not in the active party's table ({self.tables[self.active_party].path})"
+            )
+        return [row[k] for k in keys]
 
     def business_ids(self, sample_ids: torch.Tensor | np.ndarray | list[int]) -> list[str]:
         """The business IDs (as the active party's table writes them) of samples given by their lvfl sample IDs."""
