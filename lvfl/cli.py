@@ -47,20 +47,9 @@ class VFLCLI(LightningCLI):
             help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
             "each unless the config lists one of its kind; false: only the config's own callbacks.",
         )
-        parser.add_argument(
-            "--output",
-            type=Optional[str],  # noqa: UP045 - jsonargparse reads the annotation object
-            default=None,
-            help="lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID "
-            "(default: predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
-        )
-        parser.add_argument(
-            "--ids",
-            type=Optional[str],  # noqa: UP045 - jsonargparse reads the annotation object
-            default=None,
-            help="lvfl predict: a file of the IDs to predict, one per line (a .csv: its first column, below the "
-            "header), in the order wanted (default: the test split); the other subcommands refuse it.",
-        )
+        for option, text in PREDICT_OPTIONS.items():
+            # Optional[str], not `str | None`: jsonargparse reads the annotation object
+            parser.add_argument(f"--{option}", type=Optional[str], default=None, help=text)  # noqa: UP045
 
     def _output(self) -> str | None:
         config = self.config.get(str(self.subcommand), self.config)
@@ -68,7 +57,7 @@ class VFLCLI(LightningCLI):
 
     def _refuse_output(self) -> None:
         config = self.config.get(str(self.subcommand), self.config)
-        for option in ("output", "ids"):
+        for option in PREDICT_OPTIONS:
             if config.get(option) is not None:
                 raise ValueError(f"--{option} is an option of lvfl predict; lvfl {self.subcommand} refuses it")
 
@@ -100,6 +89,15 @@ class VFLCLI(LightningCLI):
                 trainer.get("callbacks"), checkpointing=trainer.get("enable_checkpointing") is not False
             )
         return super().instantiate_trainer(**kwargs)
+
+
+#: the options of `lvfl predict` alone (the other subcommands refuse them), with their help
+PREDICT_OPTIONS = {
+    "output": "lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID (default: "
+    "predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
+    "ids": "lvfl predict: a file of the IDs to predict, one per line (a .csv: its first column, below the header), "
+    "in the order wanted (default: the test split); the other subcommands refuse it.",
+}
 
 
 def read_ids(path: str) -> list[str]:
