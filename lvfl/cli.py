@@ -67,16 +67,36 @@ class VFLCLI(LightningCLI):
         """`lvfl predict` writes its predictions to a file (`lvfl.callbacks.PredictionWriter`)."""
         from lvfl.callbacks.predictions import PredictionWriter
 
-        ids = self.config.get(str(self.subcommand), self.config).get("ids")
-        if ids is not None:
-            self.datamodule.predict_ids = requested_samples(self.datamodule, read_ids(ids))
+        config = self.config.get(str(self.subcommand), self.config)
         path = self._output() or str(Path(self.trainer.log_dir or ".") / "predictions.csv")
         self.prediction_writer = PredictionWriter(path)
+        if config.get("ids") is not None:
+            keys = read_ids(config["ids"])
+            student = load_student(self._checkpoint_folder(config.get("ckpt_path")))
+            vfl, answered = requested_samples(self.datamodule, keys, student)
+            self.datamodule.predict_ids = vfl
+            self.prediction_writer.request(keys, answered)
         self.trainer.callbacks.append(self.prediction_writer)
+
+    def _checkpoint_folder(self, ckpt_path: str | None) -> Path | None:
+        """The folder of the checkpoint `lvfl predict` loads (where a student is saved beside it)."""
+        if ckpt_path is None:
+            return None
+        if ckpt_path != "last":
+            return Path(ckpt_path).parent
+        from lvfl.callbacks import ExperimentCheckpoint
+
+        keepers = [cb for cb in self.trainer.callbacks if isinstance(cb, ExperimentCheckpoint)]
+        if not keepers:
+            return None
+        keepers[0]._use_experiment_dir(self.trainer)
+        return Path(keepers[0].dirpath) if keepers[0].dirpath else None
 
     def after_predict(self) -> None:
         """Say where the predictions went."""
         writer = self.prediction_writer
+        if not writer.rows and writer.pending_student_answers:  # every ID went to the student: no predict batch ran
+            writer.write_on_epoch_end(self.trainer, self.model, [], [])
         if self.trainer.is_global_zero:
             print(f"lvfl predict: {len(writer.rows)} predictions written to {writer.path}")
 
@@ -115,25 +135,46 @@ def read_ids(path: str) -> list[str]:
     return ids
 
 
-def requested_samples(datamodule: Any, keys: list[str]) -> list[int]:
-    """The sample IDs `lvfl predict --ids` serves, checked: every ID known, and held by every party.
+def load_student(folder: Path | None) -> Any:
+    """The student `StudentDistillation` saved beside the checkpoints, or None where there is none."""
+    import torch
 
-    An ID only the active party holds would need a student model; `lvfl predict` does not load one yet, so such IDs
-    are refused by name rather than answered by a model that does not see them.
+    from lvfl.callbacks.student import STUDENT_FILE
+
+    path = None if folder is None else folder / STUDENT_FILE
+    return torch.load(path, map_location="cpu", weights_only=False) if path is not None and path.is_file() else None
+
+
+def requested_samples(datamodule: Any, keys: list[str], student: Any = None) -> tuple[list[int], dict[str, Any]]:
+    """What `lvfl predict --ids` answers: the VFL model's samples, and the student's answers for the other IDs.
+
+    Returns (the samples every party holds, for the VFL model; {ID: probabilities} of the IDs only the active party
+    holds, answered by the `student` on its features). Without a student such IDs are refused by name rather than
+    answered by a model that does not see them; an ID that is no sample of the active party is always refused.
     """
+    import torch
+
     datamodule.setup("predict")
     try:
         samples = datamodule.sample_ids_for(keys)
     except KeyError as err:
         raise ValueError(f"--ids: {err.args[0]}") from None
     held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
-    active_only = [k for k, s in zip(keys, samples, strict=True) if s not in held]
-    if active_only:
+    vfl = [s for s in samples if s in held]
+    only = [(k, s) for k, s in zip(keys, samples, strict=True) if s not in held]
+    if only and student is None:
         raise ValueError(
-            f"--ids: {active_only[:10]} are held by the active party only; answering them needs a student model, "
-            "which lvfl predict does not load yet: leave them out"
+            f"--ids: {[k for k, _ in only][:10]} are held by the active party only; answering them needs the student "
+            "model that StudentDistillation saves beside the checkpoints, and this run has none: leave them out"
         )
-    return samples
+    answered: dict[str, Any] = {}
+    if only:
+        rows = datamodule.active_rows([s for _, s in only])
+        student.eval()
+        with torch.no_grad():
+            probs = student(rows.features[datamodule.active_party_name]).softmax(-1)
+        answered = {k: p for (k, _), p in zip(only, probs, strict=True)}
+    return vfl, answered
 
 
 def trainer_defaults() -> dict:

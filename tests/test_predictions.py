@@ -157,3 +157,42 @@ def test_without_business_ids_the_ids_are_sample_ids() -> None:
     assert torch.equal(dm.vfl_rows(ids[::-1]).ids, torch.tensor(ids[::-1]))
     with pytest.raises(KeyError, match=r"IDs \['x7', '99999'\] name no sample of Digits"):
         dm.sample_ids_for(["x7", "99999", "1"])
+
+
+@pytest.fixture(scope="module")
+def with_student(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example fitted for 2 epochs with StudentDistillation (which saves student.pt beside the checkpoints)."""
+    out = tmp_path_factory.mktemp("student")
+    student = '[{"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 5}}]'
+    cwd = Path.cwd()
+    try:
+        os.chdir(REPO)
+        main(["fit", *args(out)[:-2], "--trainer.max_epochs=2", f"--trainer.callbacks={student}"])
+    finally:
+        os.chdir(cwd)
+    return out
+
+
+def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_student, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    saved = with_student / "bank_retailer" / "checkpoints" / "student.pt"
+    assert saved.is_file()
+    dm = build_cli([*args(with_student)[:-2]], run=False).datamodule
+    only = dm.business_ids(dm.active_only_set("test").ids[:2])
+    shared = dm.business_ids(dm.test_set.ids[:1])
+    wanted = [only[0], shared[0], only[1]]
+    (tmp_path / "ids.txt").write_text("\n".join(wanted) + "\n")
+    main(["predict", *args(with_student, f"--output={tmp_path / 'p.csv'}", f"--ids={tmp_path / 'ids.txt'}")])
+    rows = read(tmp_path / "p.csv")
+    assert [(r["id"], r["path"]) for r in rows] == [(only[0], "student"), (shared[0], "vfl"), (only[1], "student")]
+    student = torch.load(saved, weights_only=False)
+    x = dm.active_rows(dm.sample_ids_for([only[0], only[1]])).features["party0"]
+    with torch.no_grad():
+        expected = student.eval()(x).softmax(-1)
+    written = torch.tensor([[float(r["prob_default"]), float(r["prob_ok"])] for r in (rows[0], rows[2])])
+    torch.testing.assert_close(written, expected, rtol=1e-5, atol=1e-6)
+
+    # every ID the student's: no VFL batch runs, the file is still written
+    (tmp_path / "only.txt").write_text(only[1] + "\n")
+    main(["predict", *args(with_student, f"--output={tmp_path / 'o.csv'}", f"--ids={tmp_path / 'only.txt'}")])
+    assert [(r["id"], r["path"]) for r in read(tmp_path / "o.csv")] == [(only[1], "student")]

@@ -6,7 +6,8 @@ A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers e
 - `id`: the business ID where the datamodule keeps them (`PartyTables.business_ids`), else lvfl's sample ID;
 - `prediction`: the predicted class, decoded to its label where the datamodule has names (`label_names`);
 - `prob_<class>`: the answering model's class probabilities;
-- `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers).
+- `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
+  `student` (only the active party holds it: its student model answers, `lvfl predict --ids` with a saved student).
 
 The file's format follows its extension: `.csv` (the `csv` module) or `.parquet` (pyarrow). Which model answers:
 `party: active` (the active party's model, the default: it holds the labels and serves the predictions; for
@@ -44,29 +45,47 @@ class PredictionWriter(BasePredictionWriter):
         self.path = Path(path)
         self.party = party
         self.rows: list[dict[str, Any]] = []
+        self._order: list[str] | None = None
+        self._student: dict[str, torch.Tensor] = {}
+
+    @property
+    def pending_student_answers(self) -> bool:
+        """Whether the student answered IDs that are not yet written (all IDs were the student's: no batch ran)."""
+        return bool(self._student) and not self.rows
+
+    def request(self, keys: list[str], student_answers: dict[str, torch.Tensor]) -> None:
+        """Write the rows in the order of `keys`, with the student's answers for the IDs only the active party holds."""
+        self._order = list(keys)
+        self._student = dict(student_answers)
 
     def write_on_epoch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Any, batch_indices: Any
     ) -> None:
         """Gather the batches' outputs, answer each sample and write the file (rank 0 only under DDP)."""
-        if not predictions:
+        batches = (predictions[0] if predictions and isinstance(predictions[0], list) else predictions) or []
+        if not batches and not self._student:
             raise ValueError("lvfl predict produced no predictions (an empty predict split?)")
-        batches = predictions[0] if isinstance(predictions[0], list) else predictions  # one dataloader
-        ids = torch.cat([b["ids"] for b in batches]).cpu()
-        probs = self._answer(pl_module, [b["probs"] for b in batches]).cpu()
+        answers: dict[str, tuple[torch.Tensor, str]] = {k: (p, "student") for k, p in self._student.items()}
         datamodule = trainer.datamodule
-        names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(probs.shape[1])])
-        keys = datamodule.business_ids(ids) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in ids]
-        predicted = probs.argmax(dim=1).tolist()
-        self.rows = [
-            {
-                "id": key,
-                "prediction": names[c],
-                **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
-                "path": "vfl",
-            }
-            for key, c, row in zip(keys, predicted, probs, strict=True)
-        ]
+        if batches:
+            ids = torch.cat([b["ids"] for b in batches]).cpu()
+            probs = self._answer(pl_module, [b["probs"] for b in batches]).cpu()
+            keys = datamodule.business_ids(ids) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in ids]
+            answers |= {k: (p, "vfl") for k, p in zip(keys, probs, strict=True)}
+        width = len(next(iter(answers.values()))[0])
+        names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(width)])
+        order = self._order if self._order is not None else list(answers)
+        self.rows = []
+        for key in order:
+            row, path = answers[key]
+            self.rows.append(
+                {
+                    "id": key,
+                    "prediction": names[int(row.argmax())],
+                    **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
+                    "path": path,
+                }
+            )
         if trainer.is_global_zero:
             self._write()
 

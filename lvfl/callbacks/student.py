@@ -14,7 +14,9 @@ the figures to every logger:
   the datamodule's overlap is 1, or AUROC when one class is missing);
 - `student/train/loss`: the last epoch's mean training loss; `student/epochs`: epochs run.
 
-The same figures are kept in `metrics`, the student in `student`.
+The same figures are kept in `metrics`, the student in `student`; the student is also saved as `student.pt` beside
+the run's checkpoints (`STUDENT_FILE`, the whole module: `torch.load(..., weights_only=False)`), where `lvfl predict
+--ids` finds it to answer the IDs only the active party holds.
 
 Who learns what (see `lvfl.inference.student` and `lvfl.privacy.soft_labels`): the producer (default the first
 passive party) receives the passive parties' own predictions on the overlap and forms their sum; the active party adds
@@ -27,6 +29,7 @@ view that depends on the true labels; with `cross_fit`, the fold teachers train 
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -43,6 +46,9 @@ from lvfl.models.logistic import LogisticRegression
 from lvfl.privacy.soft_labels import PlainSoftLabels, SoftLabelChannel, check_lam
 
 PREFIX = "student"
+
+
+STUDENT_FILE = "student.pt"  #: the saved student, in the run's checkpoint folder
 
 
 class StudentDistillation(Callback):
@@ -181,6 +187,10 @@ class StudentDistillation(Callback):
         self.metrics[f"{PREFIX}/train/loss"] = fit.losses[-1]
         self.metrics[f"{PREFIX}/epochs"] = float(len(fit.losses))
         log_to_loggers(trainer, self.metrics)
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if trainer.is_global_zero and folder:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            torch.save(fit.model, Path(folder) / STUDENT_FILE)
         if trainer.is_global_zero:
             for logger in trainer.loggers:  # loggers were finalized before on_fit_end: write these rows out
                 logger.save()

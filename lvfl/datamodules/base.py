@@ -159,6 +159,22 @@ class VerticalTensorDataset(Dataset):
         return self.__getitems__([index] if isinstance(index, (int, np.integer)) else index)
 
 
+def _rows(splits: dict[str, VerticalTensorDataset], sample_ids: Sequence[int], absent: str) -> VerticalTensorDataset:
+    """The rows of `sample_ids`, in that order, gathered from whichever of `splits` holds each (KeyError: `absent`)."""
+    where = {sample: (split, pos) for split, data in splits.items() for pos, sample in enumerate(data.ids.tolist())}
+    missing = [i for i in sample_ids if int(i) not in where]
+    if missing:
+        raise KeyError(f"samples {missing[:_MAX_LISTED]} {absent}")
+    template = next(iter(splits.values()))
+    parts = [splits[where[int(i)][0]].subset(torch.tensor([where[int(i)][1]])) for i in sample_ids]
+    return VerticalTensorDataset(
+        ids=torch.cat([p.ids for p in parts]) if parts else template.ids[:0],
+        features={k: torch.cat([p.stored[k] for p in parts]) if parts else v[:0] for k, v in template.stored.items()},
+        labels=torch.cat([p.labels for p in parts]) if parts else template.labels[:0],
+        decoders=template.decoders,
+    )
+
+
 class RawView(Dataset):
     """A `VerticalTensorDataset` served as stored (uint8 pixels stay uint8): what the DataLoaders read."""
 
@@ -628,22 +644,11 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         Raises:
             KeyError: IDs that not every party holds (named), which the VFL model cannot answer.
         """
-        prepared = self._prepare()
-        where = {}
-        for split, dataset in prepared.splits.items():
-            for position, sample in enumerate(dataset.ids.tolist()):
-                where[sample] = (split, position)
-        missing = [i for i in sample_ids if int(i) not in where]
-        if missing:
-            raise KeyError(f"samples {missing[:_MAX_LISTED]} are not held by every party")
-        parts = [prepared.splits[where[int(i)][0]].subset(torch.tensor([where[int(i)][1]])) for i in sample_ids]
-        first = parts[0]
-        return VerticalTensorDataset(
-            ids=torch.cat([p.ids for p in parts]),
-            features={name: torch.cat([p.stored[name] for p in parts]) for name in first.stored},
-            labels=torch.cat([p.labels for p in parts]),
-            decoders=first.decoders,
-        )
+        return _rows(self._prepare().splits, sample_ids, "are not held by every party")
+
+    def active_rows(self, sample_ids: Sequence[int]) -> VerticalTensorDataset:
+        """The samples with these IDs, in this order, as the active party holds them (its slice only)."""
+        return _rows(self._prepare().active_splits, sample_ids, "are not samples of the active party")
 
     # ----------------------------------------------------------------------------------------------- internals
     def _loader(self, dataset: VerticalTensorDataset, sampler: Sampler) -> DataLoader:
