@@ -88,9 +88,17 @@ def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retail
         enable_model_summary=False,
         default_root_dir=tmp_path,
     )
+    seen = []  # what a party's observer sees: the PSI's messages too, not only their bytes
+    model.wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag)))
     trainer.fit(model, datamodule=dm)
     psi = {k: v for k, v in model.wire.bytes_by_tag().items() if k.startswith("psi/")}
     assert psi == {f"psi/{k}": v for k, v in message_bytes({"party0": 900, "party1": 900}, "party0", 604).items()}
+    assert seen[:4] == [
+        ("party0", "party1", "psi/blinded"),
+        ("party1", "party0", "psi/reblinded"),
+        ("party1", "party0", "psi/peer"),
+        ("party0", "party1", "psi/matches"),
+    ]
 
 
 def corrupt(path: str, line: int, column: int, value: str) -> None:

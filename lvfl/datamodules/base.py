@@ -21,7 +21,7 @@ the active party's on all training rows. With alpha = 1 (the default) everything
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -433,13 +433,14 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """
         return None
 
-    def setup_traffic(self) -> Mapping[str, list] | None:
-        """The wire ledger (`Wire.state_dict`) of messages the datamodule's parties exchanged while loading.
+    def setup_messages(self) -> list[tuple[str, str, Any, str]]:
+        """Messages the datamodule's parties exchange while loading, as (src, dst, payload, tag), in order.
 
-        Default None. `PartyTables` aligns its parties' IDs by private set intersection while loading, before any
-        protocol exists; the protocol adds this ledger to its wire in `setup`, so those bytes count as set-up.
+        Default none. `PartyTables` aligns its parties' IDs by private set intersection while loading, before any
+        protocol exists, holding its messages back (`Wire.recording`); the protocol sends them on its wire in
+        `setup`, so they are metered as set-up traffic and seen by the wire's observers like every other message.
         """
-        return None
+        return []
 
     def categories(self, num_columns: int) -> list[int] | None:
         """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.

@@ -3,7 +3,7 @@
 The way a bank and a retailer hold their data: one table each, rows keyed by a customer ID of their own ordering,
 overlapping only in part. Each party's table is read by that party's reader only (`read_table`); the parties then
 align their IDs by ECDH-PSI (`lvfl.privacy.psi`), whose messages are metered and reach the protocol's wire as
-set-up traffic (`setup_traffic`). The samples are the active party's rows (it holds the labels); the intersection
+set-up traffic (`setup_messages`). The samples are the active party's rows (it holds the labels); the intersection
 is what every party holds (`held_by_every_party`): the VFL loaders serve those, the rest exist at the active party
 only (the `overlap` machinery: `active_only_set`, the student callbacks).
 
@@ -368,7 +368,7 @@ class PartyTables(VerticalDataModule):
             )
         self.tables = parties
         self.encoding = encoding
-        self._alignment_wire = Wire()
+        self._messages: list[tuple[str, str, Any, str]] = []
         self._ids: list[str] = []
         self._held: np.ndarray | None = None
         self._splits: dict[str, np.ndarray] | None = None
@@ -386,13 +386,15 @@ class PartyTables(VerticalDataModule):
         tables = [read_table(source) for source in self.tables]  # each by its own party
         names = [party_name(k) for k in range(len(tables))]
         active = self.active_party
-        self._alignment_wire.reset()
-        alignment = private_intersection(
-            {name: table.ids for name, table in zip(names, tables, strict=True)},
-            active=names[active],
-            wire=self._alignment_wire,
-            seed=self.seed,
-        )
+        wire = Wire()
+        with wire.recording() as held:  # sent for real by the protocol, on its wire (`setup_messages`)
+            alignment = private_intersection(
+                {name: table.ids for name, table in zip(names, tables, strict=True)},
+                active=names[active],
+                wire=wire,
+                seed=self.seed,
+            )
+        self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         if not alignment.ids:
             raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
         self.label_names = sorted(set(tables[active].labels or []))
@@ -444,10 +446,10 @@ class PartyTables(VerticalDataModule):
         """The active party's rows whose IDs every party holds (the PSI's intersection)."""
         return self._held
 
-    def setup_traffic(self) -> dict[str, list] | None:
-        """The PSI's messages (tags `psi/...`), for the protocol's wire."""
+    def setup_messages(self) -> list[tuple[str, str, Any, str]]:
+        """The PSI's messages (tags `psi/...`), held back for the protocol to send on its wire."""
         self._prepare()
-        return self._alignment_wire.state_dict()
+        return list(self._messages)
 
     def sample_ids_for(self, keys: Sequence[str]) -> list[int]:
         """The sample IDs of business IDs (as the active party's table writes them).

@@ -228,10 +228,9 @@ class VFLModule(LightningModule, ABC):
         dm = getattr(self.trainer, "datamodule", None)
         if dm is None or not hasattr(dm, "party_specs"):
             raise ValueError("lvfl protocols need a VerticalDataModule (data:) that provides party_specs and task")
+        for src, dst, payload, tag in dm.setup_messages() if hasattr(dm, "setup_messages") else []:
+            self.wire.send(src, dst, payload, tag)  # the datamodule's own exchange (ID alignment by PSI), first
         self.build(dm.party_specs, dm.task, rank=self.trainer.global_rank)
-        traffic = dm.setup_traffic() if hasattr(dm, "setup_traffic") else None
-        if traffic:  # messages the parties exchanged while the datamodule loaded (ID alignment by PSI)
-            self.wire.merge_state_dict(traffic)
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Create every party's model and metrics and run the backend's key set-up on the wire."""
