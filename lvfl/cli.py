@@ -70,10 +70,20 @@ class VFLCLI(LightningCLI):
         config = self.config.get(str(self.subcommand), self.config)
         path = self._output() or str(Path(self.trainer.log_dir or ".") / "predictions.csv")
         self.prediction_writer = PredictionWriter(path)
+        folder = self._checkpoint_folder(config.get("ckpt_path"))
+        new_rows = getattr(self.datamodule, "new_rows_active_only", None)
+        if new_rows is not None:
+            self.datamodule.setup("predict")
+            new = new_rows()
+            if new is not None and config.get("ids") is not None:
+                raise ValueError("--ids and the datamodule's new_rows both say what to predict: give one")
+            if new is not None:
+                keys, features = new
+                answered = student_answers(load_student(folder) if keys else None, keys, features, "new rows")
+                self.prediction_writer.request(self.datamodule.new_row_ids(), answered)
         if config.get("ids") is not None:
             keys = read_ids(config["ids"])
-            student = load_student(self._checkpoint_folder(config.get("ckpt_path")))
-            vfl, answered = requested_samples(self.datamodule, keys, student)
+            vfl, answered = requested_samples(self.datamodule, keys, load_student(folder))
             self.datamodule.predict_ids = vfl
             self.prediction_writer.request(keys, answered)
         self.trainer.callbacks.append(self.prediction_writer)
@@ -152,8 +162,6 @@ def requested_samples(datamodule: Any, keys: list[str], student: Any = None) -> 
     holds, answered by the `student` on its features). Without a student such IDs are refused by name rather than
     answered by a model that does not see them; an ID that is no sample of the active party is always refused.
     """
-    import torch
-
     datamodule.setup("predict")
     try:
         samples = datamodule.sample_ids_for(keys)
@@ -162,19 +170,29 @@ def requested_samples(datamodule: Any, keys: list[str], student: Any = None) -> 
     held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
     vfl = [s for s in samples if s in held]
     only = [(k, s) for k, s in zip(keys, samples, strict=True) if s not in held]
-    if only and student is None:
+    features = datamodule.active_rows([s for _, s in only]).features[datamodule.active_party_name]
+    return vfl, student_answers(student if only else None, [k for k, _ in only], features, "--ids")
+
+
+def student_answers(student: Any, keys: list[str], features: Any, what: str) -> dict[str, Any]:
+    """{ID: class probabilities} of the student on the active party's `features` of `keys` (none: {}).
+
+    Raises:
+        ValueError: there are such IDs but no student (named): a model that does not see them must not answer.
+    """
+    import torch
+
+    if not keys:
+        return {}
+    if student is None:
         raise ValueError(
-            f"--ids: {[k for k, _ in only][:10]} are held by the active party only; answering them needs the student "
-            "model that StudentDistillation saves beside the checkpoints, and this run has none: leave them out"
+            f"{what}: {keys[:10]} are held by the active party only; answering them needs the student model that "
+            "StudentDistillation saves beside the checkpoints, and this run has none: leave them out"
         )
-    answered: dict[str, Any] = {}
-    if only:
-        rows = datamodule.active_rows([s for _, s in only])
-        student.eval()
-        with torch.no_grad():
-            probs = student(rows.features[datamodule.active_party_name]).softmax(-1)
-        answered = {k: p for (k, _), p in zip(only, probs, strict=True)}
-    return vfl, answered
+    student.eval()
+    with torch.no_grad():
+        probs = student(features).softmax(-1)
+    return dict(zip(keys, probs, strict=True))
 
 
 def trainer_defaults() -> dict:

@@ -196,3 +196,63 @@ def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_
     (tmp_path / "only.txt").write_text(only[1] + "\n")
     main(["predict", *args(with_student, f"--output={tmp_path / 'o.csv'}", f"--ids={tmp_path / 'only.txt'}")])
     assert [(r["id"], r["path"]) for r in read(tmp_path / "o.csv")] == [(only[1], "student")]
+
+
+def copy_rows(source: Path, target: Path, keys: list[str], id_column: int = 0) -> list[str]:
+    """`target`: the rows of `source` with these IDs, each under a new ID `NEW-<old>`, no label column kept."""
+    with source.open(newline="") as f:
+        header, *rows = list(csv.reader(f))
+    by_key = {r[id_column]: r for r in rows}
+    keep = [j for j, name in enumerate(header) if name != "status"]
+    with target.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([header[j] for j in keep])
+        for key in keys:
+            row = list(by_key[key])
+            row[id_column] = f"NEW-{key}"
+            writer.writerow([row[j] for j in keep])
+    return [f"NEW-{k}" for k in keys]
+
+
+def new_rows_config(tmp_path: Path, bank: Path, retailer: Path) -> str:
+    path = tmp_path / "new_rows.yaml"
+    path.write_text(
+        "data:\n  init_args:\n    new_rows:\n"
+        f"      - {{path: {bank}, id_column: customer_id, missing: mean}}\n"
+        f"      - {{path: {retailer}, id_column: client}}\n"
+    )
+    return str(path)
+
+
+def test_new_rows_are_aligned_encoded_and_answered_like_the_rows_they_copy(with_student, tmp_path, monkeypatch):
+    """New rows that copy known customers under new IDs get those customers' predictions: the same encoders and
+    scaling reach them, the VFL model answers the shared ones and the student the bank's own."""
+    monkeypatch.chdir(REPO)
+    dm = build_cli([*args(with_student)[:-2]], run=False).datamodule
+    shared = dm.business_ids(dm.test_set.ids[:3])
+    only = dm.business_ids(dm.active_only_set("test").ids[:2])
+    bank = tmp_path / "new_bank.csv"
+    new_bank = copy_rows(REPO / "examples/bank_retailer/bank.csv", bank, [shared[0], only[0], shared[1], only[1]])
+    copy_rows(REPO / "examples/bank_retailer/retailer.csv", tmp_path / "new_retail.csv", [shared[1], shared[0]])
+    (tmp_path / "old.txt").write_text("\n".join([shared[0], only[0], shared[1], only[1]]) + "\n")
+    main(["predict", *args(with_student, f"--output={tmp_path / 'old.csv'}", f"--ids={tmp_path / 'old.txt'}")])
+    extra = new_rows_config(tmp_path, bank, tmp_path / "new_retail.csv")
+    main(["predict", *args(with_student, "--config", extra, f"--output={tmp_path / 'new.csv'}")])
+    old, new = read(tmp_path / "old.csv"), read(tmp_path / "new.csv")
+    assert [r["id"] for r in new] == new_bank
+    assert [r["path"] for r in new] == ["vfl", "student", "vfl", "student"] == [r["path"] for r in old]
+    for a, b in zip(old, new, strict=True):
+        assert float(a["prob_ok"]) == pytest.approx(float(b["prob_ok"]), abs=1e-6), (a["id"], b["id"])
+
+
+def test_new_rows_only_the_bank_holds_need_a_student(fitted, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    dm = build_cli([*args(fitted)[:-2]], run=False).datamodule
+    only = dm.business_ids(dm.active_only_set("test").ids[:1])
+    shared = dm.business_ids(dm.test_set.ids[:1])
+    bank = tmp_path / "b.csv"
+    new_only = copy_rows(REPO / "examples/bank_retailer/bank.csv", bank, [shared[0], only[0]])[1]
+    copy_rows(REPO / "examples/bank_retailer/retailer.csv", tmp_path / "r.csv", shared)
+    with pytest.raises(SystemExit):
+        main(["predict", *args(fitted, "--config", new_rows_config(tmp_path, bank, tmp_path / "r.csv"))])
+    assert f"new rows: ['{new_only}'] are held by the active party only" in capsys.readouterr().err

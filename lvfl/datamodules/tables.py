@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import SequentialSampler
 
-from lvfl.datamodules.base import VerticalDataModule, party_name
+from lvfl.datamodules.base import VerticalDataModule, VerticalTensorDataset, party_name
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 from lvfl.privacy.psi import private_intersection
 from lvfl.wire import Wire
@@ -344,12 +345,21 @@ class PartyTables(VerticalDataModule):
         encoding: categorical columns as "onehot" 0/1 columns (any party model) or "codes" (one integer column
             each, with `categories()`, for `TabularMLP` / `DeepFM` / `WideDeep`).
         num_parties: the number of tables (None: taken from `parties`; another number is refused).
+        new_rows: for `lvfl predict`: one table of new rows per party (the same columns as its training table, no
+            label column), aligned by a PSI of their own (tags `psi_new/...`) and encoded and scaled with what each
+            party fitted on its training rows; the rows every party holds are predicted by the VFL model, the
+            active party's others by the student when the run saved one (`new_rows_active_only`).
         **kwargs: `VerticalDataModule` arguments (`num_parties` is the number of tables; `overlap` must stay 1: the
             tables say which samples every party holds).
     """
 
     def __init__(
-        self, parties: list[PartyTable], encoding: str = "onehot", num_parties: int | None = None, **kwargs: Any
+        self,
+        parties: list[PartyTable],
+        encoding: str = "onehot",
+        num_parties: int | None = None,
+        new_rows: list[PartyTable] | None = None,
+        **kwargs: Any,
     ) -> None:
         if not parties:
             raise ValueError("PartyTables needs one table per party in `parties`, got none")
@@ -366,7 +376,15 @@ class PartyTables(VerticalDataModule):
                 f"exactly the active party's table (party {active}) names a `label_column`; tables naming one: "
                 f"{[parties[k].path for k in labelled]}"
             )
+        new_rows = None if new_rows is None else [p if isinstance(p, PartyTable) else PartyTable(**p) for p in new_rows]
+        if new_rows is not None and len(new_rows) != len(parties):
+            raise ValueError(f"`new_rows` lists {len(new_rows)} tables for {len(parties)} parties: give one per party")
+        if new_rows is not None and any(t.label_column for t in new_rows):
+            raise ValueError("`new_rows` tables are what lvfl predict answers: they name no `label_column`")
         self.tables = parties
+        self.new_row_tables = new_rows
+        self._new: tuple[VerticalTensorDataset, list[str], torch.Tensor] | None = None
+        self._new_keys: list[str] = []
         self.encoding = encoding
         self._messages: list[tuple[str, str, Any, str]] = []
         self._ids: list[str] = []
@@ -427,6 +445,78 @@ class PartyTables(VerticalDataModule):
         self._held[rows_active] = True
         self._ids = tables[active].ids
         return np.concatenate(blocks, axis=1), y
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load (once); for `lvfl predict` with `new_rows`, also align and encode the new rows (once)."""
+        super().setup(stage)
+        if stage == "predict" and self.new_row_tables is not None and self._new is None:
+            self._new = self._load_new_rows()
+
+    def _load_new_rows(self) -> tuple[VerticalTensorDataset, list[str], torch.Tensor]:
+        """The new rows, encoded and scaled as each party's training rows were, aligned by their own PSI.
+
+        Returns (the new rows every party holds, as a dataset; the business IDs of the new rows only the active
+        party holds; those rows' active-party features).
+        """
+        tables = [read_table(source) for source in self.new_row_tables or []]
+        names = [party_name(k) for k in range(len(tables))]
+        for name, table in zip(names, tables, strict=True):
+            trained = [e.name for e in self.encoders[name]]
+            if table.columns != trained:
+                raise ValueError(f"{table.path}: columns {table.columns}, but {name} was trained on {trained}")
+        active = names[self.active_party]
+        wire = Wire()
+        with wire.recording() as held:
+            alignment = private_intersection(
+                {n: t.ids for n, t in zip(names, tables, strict=True)},
+                active=active,
+                wire=wire,
+                tag="psi_new",
+                seed=self.seed,
+            )
+        self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
+        features = {}
+        for name, table in zip(names, tables, strict=True):
+            rows = np.arange(len(table.ids)) if name == active else alignment.rows[name]
+            origins = [table.origins[r] for r in rows]
+            parts = [e.encode([table.values[r][j] for r in rows], origins) for j, e in enumerate(self.encoders[name])]
+            features[name] = self._scale(name, np.concatenate(parts, axis=1))
+        first = len(self._ids)
+        self._ids = [*self._ids, *tables[self.active_party].ids]  # new sample IDs follow the training ones
+        shared = alignment.rows[active]
+        only = np.setdiff1d(np.arange(len(tables[self.active_party].ids)), shared)
+        vfl = VerticalTensorDataset(
+            ids=torch.as_tensor(first + shared, dtype=torch.int64),
+            features={n: torch.from_numpy(features[n][shared] if n == active else features[n]) for n in names},
+            labels=torch.zeros(len(shared), dtype=torch.int64),  # unknown: predict_step does not read them
+        )
+        only_keys = [tables[self.active_party].ids[r] for r in only]
+        self._new_keys = list(tables[self.active_party].ids)
+        return vfl, only_keys, torch.from_numpy(features[active][only])
+
+    def _scale(self, party: str, x: np.ndarray) -> np.ndarray:
+        """`x` standardized with what `party` fitted on its training rows (`scaling`), as float32."""
+        fitted = self.scaling.get(party)
+        x = x.astype(np.float64)
+        if fitted is not None:
+            columns = list(range(x.shape[1])) if fitted["columns"] == "all" else fitted["columns"]
+            x[:, columns] = (x[:, columns] - np.asarray(fitted["mean"])) / np.asarray(fitted["scale"])
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def predict_dataloader(self) -> Any:
+        """The new rows every party holds (with `new_rows`), else the base class's (test split or `predict_ids`)."""
+        if self._new is None or self.predict_ids is not None:
+            return super().predict_dataloader()
+        dataset = self._new[0]
+        return self._loader(dataset, SequentialSampler(dataset))
+
+    def new_rows_active_only(self) -> tuple[list[str], torch.Tensor] | None:
+        """With `new_rows`: the business IDs of the new rows only the active party holds, and its features of them."""
+        return None if self._new is None else (self._new[1], self._new[2])
+
+    def new_row_ids(self) -> list[str] | None:
+        """With `new_rows`: every new row's business ID, in the active party's table order."""
+        return None if self._new is None else list(self._new_keys)
 
     def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
         """The split `load` drew before fitting the encoders (so that the base class keeps exactly it)."""
