@@ -334,4 +334,20 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _run(argv: list[str]) -> None:
-    build_cli(argv, exit_on_error=False)
+    try:
+        build_cli(argv, exit_on_error=False)
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Destroy the DDP process group before the interpreter exits (Lightning leaves it open).
+
+    Left open, gloo's threads can still be joinable when the interpreter tears down, and the process then aborts
+    ("terminate called without an active exception") after a run that finished: a non-zero exit status for a
+    successful fit.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
