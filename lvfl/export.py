@@ -123,12 +123,14 @@ def main(argv: Sequence[str]) -> None:
     import argparse
 
     from lvfl.cli import build_cli
+    from lvfl.errors import quiet_third_party
 
     parser = argparse.ArgumentParser(prog="lvfl export", description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt_path", required=True, help="the fitted run's checkpoint (a path, or 'last')")
     parser.add_argument("--out", required=True, help="the folder to write one sub-folder per party into")
     args, rest = parser.parse_known_args(list(argv))
-    cli = build_cli(rest, run=False)
+    with quiet_third_party():
+        cli = build_cli(rest, run=False)
     model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     path = args.ckpt_path
     if path == "last":

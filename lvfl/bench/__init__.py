@@ -145,10 +145,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from lvfl.errors import quiet_third_party  # Lightning's tips and known third-party noise, as `lvfl fit` does
+
     if args.cell:
         from lvfl.bench.run import cell_main
 
-        cell_main(args.cell)
+        with quiet_third_party():
+            cell_main(args.cell)
         return
     if not args.grid:
         parser.error("give a grid file, e.g. lvfl bench configs/bench/baselines.yaml")
@@ -160,7 +163,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             suffix = "stand-ins" if args.stand_ins else "quick"
             grid = shorten(grid, args.max_rows, args.max_epochs, args.seeds, suffix)
         stand_ins = None if not args.stand_ins else (args.stand_ins, args.max_rows)
-        outcome = run_grid(grid, args.out, args.force, args.keep_going, stand_ins)
+        with quiet_third_party():
+            outcome = run_grid(grid, args.out, args.force, args.keep_going, stand_ins)
     except (GridError, CellFailed) as exc:
         raise SystemExit(f"lvfl bench: {exc}") from exc
     print(outcome.table)
