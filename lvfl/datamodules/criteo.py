@@ -356,7 +356,7 @@ class Criteo(VerticalDataModule, FileBacked):
 
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """Not used: Criteo streams its arrays (see `_prepare`) instead of loading the table."""
-        raise NotImplementedError("Criteo does not load the whole table; its splits read rows from memmaps")
+        raise RuntimeError("Criteo does not load the whole table: its splits read rows from memory-mapped arrays")
 
     def arrays(self) -> tuple[np.memmap, np.memmap, np.memmap, dict[str, Any]]:
         """(dense, sparse, labels, meta) of the converted files, converting first if needed; arrays memory-mapped."""
