@@ -11,7 +11,8 @@ from its config, loads the checkpoint, and writes `DIR/<party>/`:
   -> logits) where its model has both, else `model.pt`; the active party of a top-model protocol also gets `top.pt`;
 - `party.json`: its name and role, input shape, categorical cardinalities, model config, the standardization
   fitted on its training rows (`VerticalDataModule.scaling`), and, with `PartyTables`, its column encoders and (the
-  active party) the label names.
+  active party) the label names; the active party's also holds the task (`TaskInfo`: its kind and classes, or a
+  regression's target mean and scale, which turn the model's standardized output into the target's units).
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def export_parties(model: Any, datamodule: Any, config: dict[str, Any], out: str
         if encoders is not None:
             info["encoders"] = _jsonable(encoders)
             info["feature_names"] = datamodule.feature_names[party]
+        if spec.role == "active" and model.task is not None:  # what the outputs mean: classes, or target units
+            info["task"] = _jsonable(model.task)
         if spec.role == "active" and getattr(datamodule, "label_names", None):
             info["label_names"] = list(datamodule.label_names)
         (folder / "party.json").write_text(json.dumps(info, indent=1))

@@ -6,6 +6,7 @@ models from these in `setup()`, so one config runs on any dataset and any number
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -36,17 +37,48 @@ class PartySpec:
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """The supervised task: number of classes and whether it is binary (AUROC is reported then)."""
+    """The supervised task: binary or multiclass classification (AUROC is reported for binary), or regression.
+
+    A regression task has `num_classes` 0 and one output. Its labels reach the protocol standardized with the mean
+    and scale of the training targets (`target_mean`, `target_scale`, fitted by the active party on its own training
+    rows), so that one learning rate fits every target's units; metrics and predictions are reported in the
+    target's own units (`to_target`).
+    """
 
     num_classes: int
-    kind: Literal["binary", "multiclass"] = "multiclass"
+    kind: Literal["binary", "multiclass", "regression"] = "multiclass"
+    target_mean: float = 0.0
+    target_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.kind == "regression":
+            if self.num_classes != 0:
+                raise ValueError(f"a regression task has no classes: num_classes must be 0, got {self.num_classes}")
+            if not (math.isfinite(self.target_scale) and self.target_scale > 0 and math.isfinite(self.target_mean)):
+                raise ValueError(
+                    f"target_mean must be finite and target_scale finite and > 0, got {self.target_mean}, "
+                    f"{self.target_scale}"
+                )
+            return
         if self.num_classes < 2:
             raise ValueError(f"a classification task needs at least 2 classes, got num_classes={self.num_classes}")
         expected = "binary" if self.num_classes == 2 else "multiclass"
         if self.kind != expected:
             raise ValueError(f"task kind {self.kind!r} does not fit num_classes={self.num_classes}")
+
+    @property
+    def is_regression(self) -> bool:
+        """Whether the labels are real-valued targets (MSE loss, MAE/RMSE/R^2 metrics) rather than classes."""
+        return self.kind == "regression"
+
+    @property
+    def num_outputs(self) -> int:
+        """The width of a model's output: one logit per class, or the one predicted value of a regression."""
+        return 1 if self.is_regression else self.num_classes
+
+    def to_target(self, standardized: torch.Tensor) -> torch.Tensor:
+        """Standardized regression values (labels or predictions) back in the target's units."""
+        return standardized * self.target_scale + self.target_mean
 
 
 @dataclass

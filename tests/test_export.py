@@ -89,6 +89,8 @@ def test_party_json_carries_encoders_scaling_and_only_the_actives_labels(exporte
     assert bank["role"] == "active"
     assert bank["label_names"] == ["default", "ok"]
     assert "label_names" not in shop
+    assert bank["task"] == {"num_classes": 2, "kind": "binary", "target_mean": 0.0, "target_scale": 1.0}
+    assert "task" not in shop
     assert [e["name"] for e in bank["encoders"]] == ["income", "age", "segment"]
     assert bank["feature_names"][:2] == ["income", "income missing"]
     assert shop["feature_names"] == ["spend", "visits", "channel=online", "channel=store", "channel=<unseen>"]

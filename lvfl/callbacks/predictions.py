@@ -5,7 +5,8 @@ A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers e
 
 - `id`: the business ID where the datamodule keeps them (`PartyTables.business_ids`), else lvfl's sample ID;
 - `prediction`: the predicted class, decoded to its label where the datamodule has names (`label_names`);
-- `prob_<class>`: the answering model's class probabilities;
+- `prob_<class>`: the answering model's class probabilities (a regression writes the predicted value, in the
+  target's units, as `prediction` and no probabilities);
 - `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
   `student` (only the active party holds it: its student model answers, `lvfl predict --ids` with a saved student).
 
@@ -67,25 +68,29 @@ class PredictionWriter(BasePredictionWriter):
             raise ValueError("lvfl predict produced no predictions (an empty predict split?)")
         answers: dict[str, tuple[torch.Tensor, str]] = {k: (p, "student") for k, p in self._student.items()}
         datamodule = trainer.datamodule
+        regression = bool(batches) and "values" in batches[0]
         if batches:
             ids = torch.cat([b["ids"] for b in batches]).cpu()
-            probs = self._answer(pl_module, [b["probs"] for b in batches]).cpu()
+            outputs = self._answer(pl_module, [b["values" if regression else "probs"] for b in batches]).cpu()
             keys = datamodule.business_ids(ids) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in ids]
-            answers |= {k: (p, "vfl") for k, p in zip(keys, probs, strict=True)}
-        width = len(next(iter(answers.values()))[0])
-        names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(width)])
+            answers |= {k: (p, "vfl") for k, p in zip(keys, outputs, strict=True)}
         order = self._order if self._order is not None else list(answers)
         self.rows = []
-        for key in order:
-            row, path = answers[key]
-            self.rows.append(
-                {
-                    "id": key,
-                    "prediction": names[int(row.argmax())],
-                    **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
-                    "path": path,
-                }
-            )
+        if regression:
+            self.rows = [{"id": key, "prediction": float(answers[key][0]), "path": answers[key][1]} for key in order]
+        else:
+            width = len(next(iter(answers.values()))[0])
+            names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(width)])
+            for key in order:
+                row, path = answers[key]
+                self.rows.append(
+                    {
+                        "id": key,
+                        "prediction": names[int(row.argmax())],
+                        **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
+                        "path": path,
+                    }
+                )
         if trainer.is_global_zero:
             self._write()
 

@@ -130,7 +130,16 @@ class StudentDistillation(Callback):
         self.metrics: dict[str, float] = {}
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Keep an unbuilt copy of the protocol for the fold teachers (callbacks set up before the module builds)."""
+        """Keep an unbuilt copy of the protocol for the fold teachers (callbacks set up before the module builds).
+
+        Refuses a regression task: the student learns the teacher's class probabilities (soft labels).
+        """
+        task = getattr(trainer.datamodule, "task", None) if trainer.datamodule is not None else None
+        if task is not None and task.is_regression:
+            raise ValueError(
+                "StudentDistillation distils the teacher's class probabilities and does not fit a regression task "
+                f"({type(trainer.datamodule).__name__}): remove it from trainer.callbacks"
+            )
         if self.cross_fit is not None and stage == "fit" and self._template is None:
             if trainer.world_size > 1:
                 raise ValueError("cross_fit runs its fold teachers in one process: use it without DDP")

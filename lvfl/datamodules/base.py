@@ -326,6 +326,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     """
 
     num_classes: int | None = None
+    #: whether `load()`'s targets are real values to regress on (MSE loss, MAE/RMSE/R^2) rather than class labels;
+    #: the split is then unstratified unless `stratify_key` says otherwise, and the labels are the targets
+    #: standardized with the training rows' mean and standard deviation (`TaskInfo.target_mean`, `target_scale`)
+    regression: bool = False
 
     def __init__(
         self,
@@ -399,11 +403,15 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """The partitioner used when none is configured: contiguous column groups."""
         return ContiguousColumns()
 
-    def stratify_key(self, y: np.ndarray) -> np.ndarray:
-        """What the split stratifies on. Default: the labels, checked first so bad labels fail with a clear message.
+    def stratify_key(self, y: np.ndarray) -> np.ndarray | None:
+        """What the split stratifies on: by default the labels (checked first, for a clear message), or None.
 
-        Override (with `labels_from_targets`) when `y` are targets that become labels only after the split.
+        A regression target (`regression`) is checked and the split is not stratified (None). Override (with
+        `labels_from_targets`) when `y` are targets that become labels only after the split.
         """
+        if self.regression:
+            self._check_targets(y)
+            return None
         self._check_labels(y)
         return y
 
@@ -729,10 +737,43 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         return num_classes
 
-    def _split(self, key: np.ndarray) -> dict[str, np.ndarray]:
-        """Seeded stratified split of the row indices; each split's IDs sorted so val/test batches run in ID order."""
-        ids = np.arange(len(key), dtype=np.int64)
-        fixed = self.fixed_splits(len(key))
+    def _check_targets(self, y: np.ndarray) -> np.ndarray:
+        """Check regression targets are one finite real number per sample; return them as float64."""
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"regression targets must be a 1-D array, one value per sample, got shape {y.shape}")
+        if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
+            raise ValueError(
+                f"regression targets must be numbers, got dtype {y.dtype} (values such as "
+                f"{np.unique(y.astype(str))[:3].tolist()})"
+            )
+        y = y.astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(y))
+        if bad.size:
+            raise ValueError(
+                f"regression targets must be finite; rows {bad[:_MAX_LISTED].tolist()} hold NaN or inf "
+                f"({bad.size} in all)"
+            )
+        return y
+
+    def _regression_labels(self, y: np.ndarray, train_rows: np.ndarray) -> tuple[np.ndarray, TaskInfo]:
+        """The targets standardized with the training rows' mean and standard deviation, and the task that undoes it."""
+        y = self._check_targets(self.labels_from_targets(y, train_rows))
+        mean, std = float(y[train_rows].mean()), float(y[train_rows].std())
+        if not std > 0:
+            raise ValueError(
+                f"the regression target is constant ({mean}) over the {len(train_rows)} training rows: nothing to learn"
+            )
+        task = TaskInfo(num_classes=0, kind="regression", target_mean=mean, target_scale=std)
+        return ((y - mean) / std).astype(np.float32), task
+
+    def _split(self, num_rows: int, key: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Seeded split of the row indices, stratified by `key` (None: unstratified); each split's IDs sorted.
+
+        Sorted so that val/test batches run in ID order.
+        """
+        ids = np.arange(num_rows, dtype=np.int64)
+        fixed = self.fixed_splits(num_rows)
         try:
             if fixed is not None:
                 test = np.asarray(fixed["test"], dtype=np.int64)
@@ -742,15 +783,21 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                     train = np.setdiff1d(rest, val)
                 else:
                     train, val = train_test_split(
-                        rest, test_size=self.val_fraction, stratify=key[rest], random_state=self.seed
+                        rest,
+                        test_size=self.val_fraction,
+                        stratify=None if key is None else key[rest],
+                        random_state=self.seed,
                     )
                 return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
             rest, test = train_test_split(ids, test_size=self.test_fraction, stratify=key, random_state=self.seed)
             val_share = self.val_fraction / (1.0 - self.test_fraction)
-            train, val = train_test_split(rest, test_size=val_share, stratify=key[rest], random_state=self.seed)
+            train, val = train_test_split(
+                rest, test_size=val_share, stratify=None if key is None else key[rest], random_state=self.seed
+            )
         except ValueError as err:
+            what = "split" if key is None else "stratified split"
             raise ValueError(
-                f"cannot make a stratified split of {len(key)} samples with val_fraction={self.val_fraction}, "
+                f"cannot make a {what} of {num_rows} samples with val_fraction={self.val_fraction}, "
                 f"test_fraction={self.test_fraction}: {err}"
             ) from err
         return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
@@ -798,10 +845,14 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                     f"{party_name(k)} has {bad} non-finite feature values (NaN or inf); clean or impute them first"
                 )
 
-        rows = self._split(self.stratify_key(y))
-        labels = np.asarray(self.labels_from_targets(y, rows["train"]))
-        num_classes = self._check_labels(labels)
-        labels = labels.astype(np.int64)
+        rows = self._split(len(y), self.stratify_key(y))
+        if self.regression:
+            labels, task = self._regression_labels(y, rows["train"])
+        else:
+            labels = np.asarray(self.labels_from_targets(y, rows["train"]))
+            num_classes = self._check_labels(labels)
+            labels = labels.astype(np.int64)
+            task = TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")
 
         held_mask = self.held_by_every_party(len(y))
         if held_mask is not None and self.overlap < 1.0:
@@ -810,7 +861,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 "from the parties' own IDs: leave overlap at 1"
             )
         if held_mask is None:
-            overlap = {split: self._choose_overlap(labels[idx], i) for i, (split, idx) in enumerate(rows.items())}
+            # stratified by class; a regression target has no classes (one stratum)
+            strata = np.zeros(len(labels), dtype=np.int64) if self.regression else labels
+            overlap = {split: self._choose_overlap(strata[idx], i) for i, (split, idx) in enumerate(rows.items())}
         else:
             overlap = {split: np.asarray(held_mask, dtype=bool)[idx] for split, idx in rows.items()}
         shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
@@ -863,7 +916,6 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
             for k in self.participants
         ]
-        task = TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")
         self._prepared = _Prepared(
             columns=columns,
             party_specs=specs,

@@ -63,24 +63,30 @@ class Wine(VerticalDataModule):
 
 
 class Diabetes(VerticalDataModule):
-    """Diabetes progression (442 samples, 10 features) turned into a binary task.
+    """Diabetes progression (442 samples, 10 features): a binary task (the default) or the regression it comes from.
 
-    The regression target is binarized at the median of the TRAINING split only (label 1 when the target is above
-    it): a median over all rows would let the test targets shape the labels. So the split is made on the continuous
-    target first, stratified on its quantile bins so every split covers the whole range, and then every split is
-    thresholded at the training median. Features are loaded unscaled (`scaled=False`) because scikit-learn's
-    default pre-scales them with statistics of all rows; the datamodule scales with training rows only.
+    `task: binary`: the regression target is binarized at the median of the TRAINING split only (label 1 when the
+    target is above it): a median over all rows would let the test targets shape the labels. So the split is made on
+    the continuous target first, stratified on its quantile bins so every split covers the whole range, and then
+    every split is thresholded at the training median. `task: regression`: the same split; the labels are the
+    targets, standardized with the training rows' mean and standard deviation (metrics and predictions are reported
+    in the target's units). Features are loaded unscaled (`scaled=False`) because scikit-learn's default pre-scales
+    them with statistics of all rows; the datamodule scales with training rows only.
 
     Args:
+        task: "binary" (above / below the training median) or "regression" (the disease-progression value).
         num_bins: quantile bins of the target used only to stratify the split.
         **kwargs: `VerticalDataModule` arguments.
     """
 
     num_classes = 2
 
-    def __init__(self, num_bins: int = 5, **kwargs: Any) -> None:
+    def __init__(self, task: str = "binary", num_bins: int = 5, **kwargs: Any) -> None:
+        if task not in ("binary", "regression"):
+            raise ValueError(f"Diabetes: task must be 'binary' or 'regression', got task={task!r}")
         if num_bins < 1:
             raise ValueError(f"num_bins must be at least 1, got {num_bins}")
+        self.regression = task == "regression"
         self.num_bins = num_bins
         super().__init__(**kwargs)
 
@@ -95,7 +101,9 @@ class Diabetes(VerticalDataModule):
         return np.searchsorted(edges, y, side="right")
 
     def labels_from_targets(self, y: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
-        """1 where the target exceeds the median of the training targets, else 0 (the same threshold for all splits)."""
+        """Binary: 1 above the training targets' median, else 0 (one threshold for all splits); regression: y."""
+        if self.regression:
+            return y
         return (y > np.median(y[train_rows])).astype(np.int64)
 
 

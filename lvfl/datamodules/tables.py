@@ -21,7 +21,9 @@ Encoding, per party and fitted on the training rows only (the split is drawn fir
   (and a table-wide `mean` / `median`) gives categorical columns a `<missing>` level. A policy that does not fit the
   column (the mean of a category) is refused. A value that is not a number in a numeric column is refused by line.
 
-Labels may be strings (`default` / `ok`): they are coded in sorted order and `label_names` decodes predictions. IDs
+Labels may be strings (`default` / `ok`): they are coded in sorted order and `label_names` decodes predictions.
+With `task: regression` the label column holds numbers (a value that is not one, or a missing one, is refused by
+line), standardized with the training rows' mean and standard deviation and predicted in its own units. IDs
 are compared by their text (`12` and `"12"` are one ID) and kept: `business_ids(sample_ids)` gives the business ID
 of any sample. `feature_names` lists every party's encoded columns.
 """
@@ -337,6 +339,22 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
     return encoders
 
 
+def _numeric_labels(table: Table, column: str) -> np.ndarray:
+    """A regression table's label texts as float64, refusing a text that is no finite number by file and line."""
+    values = np.empty(len(table.ids), dtype=np.float64)
+    for r, text in enumerate(table.labels or []):
+        try:
+            values[r] = float(text)
+        except ValueError:
+            values[r] = math.nan
+        if not math.isfinite(values[r]):
+            raise ValueError(
+                f"{table.origins[r]}: the label column {column!r} holds {text!r}, not a finite number "
+                "(task: regression)"
+            )
+    return values
+
+
 class PartyTables(VerticalDataModule):
     """Every party's own table (`PartyTable`), aligned by private set intersection on their business IDs.
 
@@ -345,6 +363,7 @@ class PartyTables(VerticalDataModule):
         encoding: categorical columns as "onehot" 0/1 columns (any party model) or "codes" (one integer column
             each, with `categories()`, for `TabularMLP` / `DeepFM` / `WideDeep`).
         num_parties: the number of tables (None: taken from `parties`; another number is refused).
+        task: "classification" (labels are classes, any text) or "regression" (labels are real numbers).
         new_rows: for `lvfl predict`: one table of new rows per party (the same columns as its training table, no
             label column), aligned by a PSI of their own (tags `psi_new/...`) and encoded and scaled with what each
             party fitted on its training rows; the rows every party holds are predicted by the VFL model, the
@@ -359,8 +378,12 @@ class PartyTables(VerticalDataModule):
         encoding: str = "onehot",
         num_parties: int | None = None,
         new_rows: list[PartyTable] | None = None,
+        task: str = "classification",
         **kwargs: Any,
     ) -> None:
+        if task not in ("classification", "regression"):
+            raise ValueError(f"PartyTables: task must be 'classification' or 'regression', got task={task!r}")
+        self.regression = task == "regression"
         if not parties:
             raise ValueError("PartyTables needs one table per party in `parties`, got none")
         parties = [p if isinstance(p, PartyTable) else PartyTable(**p) for p in parties]
@@ -415,11 +438,14 @@ class PartyTables(VerticalDataModule):
         self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         if not alignment.ids:
             raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
-        self.label_names = sorted(set(tables[active].labels or []))
-        code = {name: i for i, name in enumerate(self.label_names)}
-        y = np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
+        if self.regression:
+            y = _numeric_labels(tables[active], self.tables[active].label_column or "")
+        else:
+            self.label_names = sorted(set(tables[active].labels or []))
+            code = {name: i for i, name in enumerate(self.label_names)}
+            y = np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
         self._splits = None
-        self._splits = self._split(self.stratify_key(y))  # drawn first: the encoders see training rows only
+        self._splits = self._split(len(y), self.stratify_key(y))  # drawn first: the encoders see training rows only
         num_rows = len(y)
         train = np.zeros(num_rows, dtype=bool)
         train[self._splits["train"]] = True

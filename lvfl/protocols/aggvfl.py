@@ -54,13 +54,13 @@ from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
-import torchmetrics
 from torch import nn
 
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.task_metrics import make_metric, metric_names
 
 AGGREGATE = "aggregate"
 """The metric and prediction key of the aggregated prediction (never a party name)."""
@@ -116,11 +116,8 @@ class AggVFL(VFLModule):
             raise ValueError(f"a party may not be called {AGGREGATE!r}: it is the aggregated prediction's metric key")
         super().build(party_specs, task, rank=rank)
         for stage in ("val", "test"):
-            self.metrics[f"{stage}_acc_{AGGREGATE}"] = torchmetrics.Accuracy(
-                task="multiclass", num_classes=task.num_classes
-            )
-            if task.kind == "binary":
-                self.metrics[f"{stage}_auroc_{AGGREGATE}"] = torchmetrics.AUROC(task="binary")
+            for metric in metric_names(task):
+                self.metrics[f"{stage}_{metric}_{AGGREGATE}"] = make_metric(task, metric)
         if self.aggregate == "weighted":
             self.weight_logits = nn.Parameter(torch.zeros(self.num_parties))  # uniform weights to start
         if self.protects_labels:
@@ -259,7 +256,7 @@ class AggVFL(VFLModule):
         return agg
 
     def _log_aggregate_as_mean(self, stage: str) -> None:
-        for metric in ("acc", "auroc"):
+        for metric in metric_names(self.task) if self.task is not None else ():
             key = f"{stage}_{metric}_{AGGREGATE}"
             if key in self.metrics:
                 # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-import torchmetrics
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
@@ -32,6 +31,7 @@ from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
+from lvfl.protocols.task_metrics import make_metric, metric_names, update_metric
 from lvfl.wire import Wire
 
 
@@ -254,11 +254,8 @@ class VFLModule(LightningModule, ABC):
             self.party_models[spec.name] = self.build_party_model(spec, cfg)
         for stage in ("val", "test"):
             for name in self.predicting_parties:
-                self.metrics[f"{stage}_acc_{name}"] = torchmetrics.Accuracy(
-                    task="multiclass", num_classes=task.num_classes
-                )
-                if task.kind == "binary":
-                    self.metrics[f"{stage}_auroc_{name}"] = torchmetrics.AUROC(task="binary")
+                for metric in metric_names(task):
+                    self.metrics[f"{stage}_{metric}_{name}"] = make_metric(task, metric)
         self.check_backend()
         self.aggregation.setup(self.party_specs, self.active, self.wire, rank=rank)
 
@@ -281,12 +278,12 @@ class VFLModule(LightningModule, ABC):
                 )
             try:
                 return config.model(
-                    tuple(spec.input_shape), self.embedding_dim, self.task.num_classes, categories=spec.categories
+                    tuple(spec.input_shape), self.embedding_dim, self.task.num_outputs, categories=spec.categories
                 )
             except (ValueError, TypeError) as err:
                 raise type(err)(f"party {spec.name!r}'s model: {err}") from err
         try:
-            return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_classes)
+            return config.model(tuple(spec.input_shape), self.embedding_dim, self.task.num_outputs)
         except (ValueError, TypeError) as err:  # a bad model hyperparameter: say whose model it is
             raise type(err)(f"party {spec.name!r}'s model: {err}") from err
 
@@ -479,11 +476,18 @@ class VFLModule(LightningModule, ABC):
     def task_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy against class indices (VFedMH Eq. 8); MSE against noisy one-hot rows (PraVFed Eq. 4).
 
+        A regression task: MSE of the outputs (shape (N, 1)) against the standardized targets.
+
         Float labels of shape (N, M) are a `LaplaceLabels` release. Soft-target cross-entropy does not fit them:
         their entries go negative, and -y'_j log p_j with y'_j < 0 is unbounded below (it rewards p_j -> 0 without
         limit on noise drawn once per sample). The paper's 1/(2N) ||softmax(R) - Y'||^2 is bounded below and its
         gradient is linear in Y', so in expectation over the noise it equals the gradient against the one-hot label.
         """
+        if self.task is not None and self.task.is_regression:
+            if logits.shape != (labels.shape[0], 1):
+                shape = tuple(logits.shape)
+                raise ValueError(f"a regression model outputs shape (N, 1), got {shape} for N={len(labels)}")
+            return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype))
         if labels.dtype.is_floating_point:
             if labels.shape != logits.shape:
                 shapes = f"{tuple(labels.shape)} vs logits {tuple(logits.shape)}"
@@ -578,13 +582,10 @@ class VFLModule(LightningModule, ABC):
         logits = self.party_logits(batch)
         for name, out in logits.items():
             self.log(f"{stage}/loss/{name}", self.task_loss(out, batch.labels), sync_dist=True)
-            acc = self.metrics[f"{stage}_acc_{name}"]
-            acc(out, batch.labels)
-            self.log(f"{stage}/acc/{name}", acc, on_step=False, on_epoch=True)
-            if self.task is not None and self.task.kind == "binary":
-                auroc = self.metrics[f"{stage}_auroc_{name}"]
-                auroc(out.softmax(-1)[:, 1], batch.labels)
-                self.log(f"{stage}/auroc/{name}", auroc, on_step=False, on_epoch=True)
+            for metric in metric_names(self.task):
+                tracker = self.metrics[f"{stage}_{metric}_{name}"]
+                update_metric(tracker, metric, self.task, out, batch.labels)
+                self.log(f"{stage}/{metric}/{name}", tracker, on_step=False, on_epoch=True)
 
     def validation_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """Every party's model on the validation batch."""
@@ -595,7 +596,7 @@ class VFLModule(LightningModule, ABC):
         self._eval_step(batch, "test")
 
     def _log_mean(self, stage: str) -> None:
-        for metric in ("acc", "auroc"):
+        for metric in metric_names(self.task) if self.task is not None else ():
             keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
             if keys and all(k in self.metrics for k in keys):
                 values = torch.stack([self.metrics[k].compute() for k in keys])
@@ -611,8 +612,14 @@ class VFLModule(LightningModule, ABC):
         self._log_mean("test")
 
     def predict_step(self, batch: VFLBatch, batch_idx: int) -> dict[str, Any]:
-        """Class probabilities of every party's model, keyed by party, with the sample IDs."""
-        return {"ids": batch.ids, "probs": {k: v.softmax(-1) for k, v in self.party_logits(batch).items()}}
+        """Every predicting party's class probabilities ("probs"), keyed by party, with the sample IDs.
+
+        A regression gives the predicted values in the target's units ("values") instead.
+        """
+        logits = self.party_logits(batch)
+        if self.task is not None and self.task.is_regression:
+            return {"ids": batch.ids, "values": {k: self.task.to_target(v.reshape(-1)) for k, v in logits.items()}}
+        return {"ids": batch.ids, "probs": {k: v.softmax(-1) for k, v in logits.items()}}
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -93,9 +93,9 @@ class TopModelProtocol(VFLModule):
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the bottom models (base), then the active party's top model (and private copy) on the fused input."""
         super().build(party_specs, task, rank=rank)
-        self.top = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
+        self.top = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_outputs)
         if self.protects_labels:
-            self.private_head = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_classes)
+            self.private_head = self.top_model_factory((self.fused_dim,), self.top_hidden, task.num_outputs)
 
     @property
     def predicting_parties(self) -> list[str]:
