@@ -47,9 +47,9 @@ class VFLCLI(LightningCLI):
             help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
             "each unless the config lists one of its kind; false: only the config's own callbacks.",
         )
-        for option, text in PREDICT_OPTIONS.items():
-            # Optional[str], not `str | None`: jsonargparse reads the annotation object
-            parser.add_argument(f"--{option}", type=Optional[str], default=None, help=text)  # noqa: UP045
+        for option, (kind, text) in PREDICT_OPTIONS.items():
+            # Optional[...], not `... | None`: jsonargparse reads the annotation object
+            parser.add_argument(f"--{option}", type=Optional[kind], default=None, help=text)  # noqa: UP045
 
     def _output(self) -> str | None:
         config = self.config.get(str(self.subcommand), self.config)
@@ -71,6 +71,10 @@ class VFLCLI(LightningCLI):
         path = self._output() or str(Path(self.trainer.log_dir or ".") / "predictions.csv")
         self.prediction_writer = PredictionWriter(path)
         folder = self._checkpoint_folder(config.get("ckpt_path"))
+        self._routed: tuple[list[str], Any] | None = None
+        if config.get("oblivious"):
+            self._route(config, folder)
+            return
         new_rows = getattr(self.datamodule, "new_rows_active_only", None)
         if new_rows is not None:
             self.datamodule.setup("predict")
@@ -80,13 +84,41 @@ class VFLCLI(LightningCLI):
             if new is not None:
                 keys, features = new
                 answered = student_answers(load_student(folder) if keys else None, keys, features, "new rows")
+                answered = {k: (v, "student") for k, v in answered.items()}
                 self.prediction_writer.request(self.datamodule.new_row_ids(), answered)
         if config.get("ids") is not None:
             keys = read_ids(config["ids"])
             vfl, answered = requested_samples(self.datamodule, keys, load_student(folder))
             self.datamodule.predict_ids = vfl
-            self.prediction_writer.request(keys, answered)
+            self.prediction_writer.request(keys, {k: (v, "student") for k, v in answered.items()})
         self.trainer.callbacks.append(self.prediction_writer)
+        self._quiet_if_no_batch()
+
+    def _quiet_if_no_batch(self) -> None:
+        """No predict batch is wanted (every ID is answered outside the loop): Lightning's warning is no news."""
+        if self.datamodule.predict_ids == []:
+            import warnings
+
+            warnings.filterwarnings("ignore", message=r"Total length of `DataLoader` across ranks is zero")
+
+    def _route(self, config: Any, folder: Path | None) -> None:
+        """`--oblivious`: no predict batch runs; `after_predict` answers the IDs through the `Router`."""
+        self.datamodule.setup("predict")
+        new_rows = getattr(self.datamodule, "new_rows_active_only", None)
+        if new_rows is not None and new_rows() is not None:
+            raise ValueError(
+                "--oblivious answers IDs the parties held at training time (--ids, or the test split); the "
+                "datamodule's new_rows are predicted without it: leave one of them out"
+            )
+        if config.get("ids") is not None:
+            keys = read_ids(config["ids"])
+        else:
+            test = self.datamodule.active_set("test").ids
+            keys = self.datamodule.business_ids(test) if hasattr(self.datamodule, "business_ids") else test.tolist()
+        self._routed = ([str(k) for k in keys], load_student(folder))
+        self.datamodule.predict_ids = []  # the trainer still builds the model and loads the checkpoint
+        self.trainer.callbacks.append(self.prediction_writer)
+        self._quiet_if_no_batch()
 
     def _checkpoint_folder(self, ckpt_path: str | None) -> Path | None:
         """The folder of the checkpoint `lvfl predict` loads (where a student is saved beside it)."""
@@ -105,7 +137,16 @@ class VFLCLI(LightningCLI):
     def after_predict(self) -> None:
         """Say where the predictions went."""
         writer = self.prediction_writer
-        if not writer.rows and writer.pending_student_answers:  # every ID went to the student: no predict batch ran
+        if getattr(self, "_routed", None) is not None:
+            from lvfl.wire import Wire
+
+            keys, student = self._routed
+            wire = Wire()
+            writer.request(keys, routed_answers(self.model, self.datamodule, keys, student, wire))
+            if self.trainer.is_global_zero:
+                tags = ", ".join(f"{tag} {n:,} B" for tag, n in sorted(wire.bytes_by_tag().items()))
+                print(f"lvfl predict --oblivious: {len(keys)} IDs through oblivious lookups, {tags}")
+        if not writer.rows and writer.pending_answers:  # every ID was answered outside the loop: no batch ran
             writer.write_on_epoch_end(self.trainer, self.model, [], [])
         if self.trainer.is_global_zero:
             print(f"lvfl predict: {len(writer.rows)} predictions written to {writer.path}")
@@ -122,11 +163,25 @@ class VFLCLI(LightningCLI):
 
 
 #: the options of `lvfl predict` alone (the other subcommands refuse them), with their help
-PREDICT_OPTIONS = {
-    "output": "lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID (default: "
-    "predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
-    "ids": "lvfl predict: a file of the IDs to predict, one per line (a .csv: its first column, below the header), "
-    "in the order wanted (default: the test split); the other subcommands refuse it.",
+PREDICT_OPTIONS: dict[str, tuple[type, str]] = {
+    "output": (
+        str,
+        "lvfl predict: the predictions file (.csv or .parquet), one row per sample keyed by its ID (default: "
+        "predictions.csv in the run's log folder); the other subcommands write none and refuse it.",
+    ),
+    "ids": (
+        str,
+        "lvfl predict: a file of the IDs to predict, one per line (a .csv: its first column, below the header), "
+        "in the order wanted (default: the test split); the other subcommands refuse it.",
+    ),
+    "oblivious": (
+        bool,
+        "lvfl predict: answer the IDs (--ids, or the active party's test split) as a deployment would without "
+        "telling the passive parties which: each passive party's contributions for the IDs it holds are computed "
+        "from the checkpoint into a table, the active party fetches them by 1-out-of-N oblivious transfer "
+        "(lvfl.inference.Router), and the saved student answers where a party has no entry; the other "
+        "subcommands refuse it.",
+    ),
 }
 
 
@@ -172,6 +227,30 @@ def requested_samples(datamodule: Any, keys: list[str], student: Any = None) -> 
     only = [(k, s) for k, s in zip(keys, samples, strict=True) if s not in held]
     features = datamodule.active_rows([s for _, s in only]).features[datamodule.active_party_name]
     return vfl, student_answers(student if only else None, [k for k, _ in only], features, "--ids")
+
+
+def routed_answers(
+    model: Any, datamodule: Any, keys: list[str], student: Any, wire: Any, bucket_size: int = 64
+) -> dict[str, tuple[Any, str]]:
+    """{ID: (probabilities or value, path)} of `keys` answered by a `Router` rebuilt from the loaded run.
+
+    The passive parties' tables come from the checkpoint's models on their own features, the student from
+    `student.pt`; the lookups' messages go on `wire`. IDs that only the active party holds need the student and are
+    refused by name without one, as is an ID that is no sample of the active party.
+    """
+    from lvfl.inference.router import Router
+
+    try:
+        samples = datamodule.sample_ids_for(keys)
+    except KeyError as err:
+        raise ValueError(f"--oblivious: {err.args[0]}") from None
+    if student is None:
+        held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
+        student_answers(None, [k for k, s in zip(keys, samples, strict=True) if s not in held], None, "--oblivious")
+    routed = Router(model, datamodule, student, bucket_size=bucket_size, wire=wire).predict(samples)
+    task = model.task
+    outputs = task.to_target(routed.logits.reshape(-1)) if task.is_regression else routed.logits.softmax(-1)
+    return {k: (o, p) for k, o, p in zip(keys, outputs, routed.path, strict=True)}
 
 
 def student_answers(student: Any, keys: list[str], features: Any, what: str) -> dict[str, Any]:

@@ -88,8 +88,8 @@ def test_the_same_settings_with_other_rows_are_refused(tmp_path, dh_checkpoint):
     """A datamodule whose settings match but whose split holds other rows (e.g. a changed `load()`)."""
 
     class Shifted(Synthetic):
-        def _split(self, key):
-            rows = super()._split(key)
+        def _split(self, num_rows, key):
+            rows = super()._split(num_rows, key)
             rows["train"], rows["val"] = rows["val"], rows["train"]
             return rows
 

@@ -198,6 +198,44 @@ def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_
     assert [(r["id"], r["path"]) for r in read(tmp_path / "o.csv")] == [(only[1], "student")]
 
 
+def test_oblivious_predict_rebuilds_the_router_from_the_run_and_answers_like_the_plain_path(
+    with_student, tmp_path, monkeypatch, capsys
+):
+    """`--oblivious`: in a new CLI run, the Router is rebuilt from the checkpoint (the passive tables) and student.pt;
+    it answers every requested ID with the same path and probabilities as the plain `lvfl predict`, its lookups on
+    the wire under the oblivious-transfer tags; without a student an active-only ID is refused by name."""
+    monkeypatch.chdir(REPO)
+    dm = build_cli([*args(with_student)[:-2]], run=False).datamodule
+    only = dm.business_ids(dm.active_only_set("test").ids[:2])
+    shared = dm.business_ids(dm.test_set.ids[:3])
+    wanted = [shared[0], only[0], shared[1], only[1], shared[2]]
+    (tmp_path / "ids.txt").write_text("\n".join(wanted) + "\n")
+    ids = f"--ids={tmp_path / 'ids.txt'}"
+    main(["predict", *args(with_student, f"--output={tmp_path / 'plain.csv'}", ids)])
+    capsys.readouterr()
+    main(["predict", *args(with_student, f"--output={tmp_path / 'ot.csv'}", ids, "--oblivious=true")])
+    said = capsys.readouterr().out
+    plain, routed = read(tmp_path / "plain.csv"), read(tmp_path / "ot.csv")
+    assert [(r["id"], r["path"]) for r in routed] == [(r["id"], r["path"]) for r in plain]
+    assert [r["path"] for r in routed] == ["vfl", "student", "vfl", "student", "vfl"]
+    for a, b in zip(plain, routed, strict=True):
+        assert a["prediction"] == b["prediction"]
+        assert float(a["prob_ok"]) == pytest.approx(float(b["prob_ok"]), abs=1e-5)
+    assert "5 IDs through oblivious lookups" in said
+    assert all(tag in said for tag in ("ot_prepare", "ot_query", "ot_answer"))
+
+    # without a student, an ID only the active party holds is refused by name; other subcommands refuse the option
+    (tmp_path / "no_student").mkdir()
+    bare = tmp_path / "no_student" / "last.ckpt"
+    bare.write_bytes((with_student / "bank_retailer" / "checkpoints" / "last.ckpt").read_bytes())
+    with pytest.raises(SystemExit):
+        main(["predict", *args(with_student)[:-2], "--ckpt_path", str(bare), ids, "--oblivious=true"])
+    assert f"--oblivious: ['{only[0]}', '{only[1]}'] are held by the active party only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["test", *args(with_student, "--oblivious=true")])
+    assert "--oblivious is an option of lvfl predict" in capsys.readouterr().err
+
+
 def copy_rows(source: Path, target: Path, keys: list[str], id_column: int = 0) -> list[str]:
     """`target`: the rows of `source` with these IDs, each under a new ID `NEW-<old>`, no label column kept."""
     with source.open(newline="") as f:

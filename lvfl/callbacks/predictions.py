@@ -10,6 +10,9 @@ A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers e
 - `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
   `student` (only the active party holds it: its student model answers, `lvfl predict --ids` with a saved student).
 
+Answers computed outside the predict loop (the student's, or every answer of `lvfl predict --oblivious`, which the
+`Router` computes from oblivious lookups) are handed over with `request` and written with the loop's own.
+
 The file's format follows its extension: `.csv` (the `csv` module) or `.parquet` (pyarrow). Which model answers:
 `party: active` (the active party's model, the default: it holds the labels and serves the predictions; for
 split learning the active party's is the only one), `mean` (the mean of every predicting party's probabilities),
@@ -47,28 +50,32 @@ class PredictionWriter(BasePredictionWriter):
         self.party = party
         self.rows: list[dict[str, Any]] = []
         self._order: list[str] | None = None
-        self._student: dict[str, torch.Tensor] = {}
+        self._given: dict[str, tuple[torch.Tensor, str]] = {}
 
     @property
-    def pending_student_answers(self) -> bool:
-        """Whether the student answered IDs that are not yet written (all IDs were the student's: no batch ran)."""
-        return bool(self._student) and not self.rows
+    def pending_answers(self) -> bool:
+        """Whether answers given by `request` are not yet written (every ID was answered outside the loop)."""
+        return bool(self._given) and not self.rows
 
-    def request(self, keys: list[str], student_answers: dict[str, torch.Tensor]) -> None:
-        """Write the rows in the order of `keys`, with the student's answers for the IDs only the active party holds."""
+    def request(self, keys: list[str], answers: dict[str, tuple[torch.Tensor, str]]) -> None:
+        """Write the rows in the order of `keys`, with `answers` ({ID: (probabilities or value, path)}) given already.
+
+        The predict loop answers the other IDs (path `vfl`).
+        """
         self._order = list(keys)
-        self._student = dict(student_answers)
+        self._given = dict(answers)
 
     def write_on_epoch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, predictions: Any, batch_indices: Any
     ) -> None:
         """Gather the batches' outputs, answer each sample and write the file (rank 0 only under DDP)."""
         batches = (predictions[0] if predictions and isinstance(predictions[0], list) else predictions) or []
-        if not batches and not self._student:
+        if not batches and not self._given:
             raise ValueError("lvfl predict produced no predictions (an empty predict split?)")
-        answers: dict[str, tuple[torch.Tensor, str]] = {k: (p, "student") for k, p in self._student.items()}
+        answers = dict(self._given)
         datamodule = trainer.datamodule
-        regression = bool(batches) and "values" in batches[0]
+        task = getattr(datamodule, "task", None)
+        regression = task.is_regression if task is not None else bool(batches) and "values" in batches[0]
         if batches:
             ids = torch.cat([b["ids"] for b in batches]).cpu()
             outputs = self._answer(pl_module, [b["values" if regression else "probs"] for b in batches]).cpu()
