@@ -80,6 +80,8 @@ RESULT = {
         ),
         ({"protocols": {"E": {"config": EASTER, "overrides": ["x=1"]}}}, r"protocol 'E'.*bad"),
         ({"reference": "SplitNN"}, r"`reference` 'SplitNN' is not one of the protocols \['EASTER'\]"),
+        ({"network": {"links": "wifi"}}, r"`network`: NetworkSimulator links: unknown link preset 'wifi'"),
+        ({"network": "lan"}, r"`network` holds NetworkSimulator's arguments"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
@@ -135,6 +137,23 @@ def test_grid_runs_then_reuses_every_cell(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_run, "run_cell", no_cell_may_run)  # a finished grid recomputes nothing
     assert bench.run_grid(grid).table == table
+
+
+def test_a_network_grid_reports_the_simulated_time_to_target(tmp_path, monkeypatch):
+    """`network:` adds a NetworkSimulator to every cell; the table gains the simulated seconds to the target."""
+    grid = write_grid(tmp_path, network={"links": "50mbps_50ms"}, target_accuracy=0.01)
+    monkeypatch.setattr(bench_run, "run_cell", in_this_process)
+    outcome = bench.run_grid(grid)
+    (result,) = [json.loads(p.read_text()) for p in outcome.report_dir.rglob("result.json")]
+    sim = result["history"]["sim_wall_s"]
+    assert len(sim) == 2
+    assert 0 < sim[0] < sim[1]
+    assert "sim. s to target" in outcome.table
+    assert f"| {sim[0]:.1f} |" in outcome.table  # target 0.01: reached after the first epoch
+    simulated = bench.load_grid(grid).cells()[0]
+    plain = bench.load_grid(write_grid(tmp_path)).cells()[0]  # the same grid without `network` (same file)
+    assert plain.fingerprint() != simulated.fingerprint()
+    assert "NetworkSimulator" not in " ".join(plain.args(str(tmp_path)))
 
 
 def test_changed_config_invalidates_the_cell(tmp_path):

@@ -25,6 +25,7 @@ GRID_KEYS = {
     "target_accuracy",
     "reference",
     "paper",
+    "network",
     "out",
     "report",
 }
@@ -53,6 +54,7 @@ class Cell:
     seed: int
     configs: tuple[str, ...]
     overrides: tuple[str, ...]
+    network: str = ""  # the grid's `network:` block as JSON (NetworkSimulator's arguments), or "" for none
 
     @property
     def key(self) -> str:
@@ -78,6 +80,9 @@ class Cell:
                 },
             },
         ]
+        if self.network:
+            init = {**json.loads(self.network), "print_summary": False}
+            callbacks.append({"class_path": "lvfl.callbacks.NetworkSimulator", "init_args": init})
         return run_args(
             self.configs,
             self.seed,
@@ -94,7 +99,8 @@ class Cell:
         from lvfl import __version__
 
         texts = [Path(c).read_text() for c in self.configs]
-        blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION])
+        network = [self.network] if self.network else []  # grids without one keep their cells' fingerprints
+        blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION, *network])
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -154,6 +160,7 @@ class Grid:
     parties: str | None = None
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     paper: Paper | None = None
+    network: str = ""
 
     def entry(self, dataset: str) -> DatasetEntry:
         """The `datasets` entry labelled `dataset` (a plain name is its own entry)."""
@@ -211,7 +218,7 @@ class Grid:
                 configs = self.configs(protocol, dataset)
                 own = self.entry(dataset).overrides
                 overrides = (*self.overrides, *own, *self.protocol_overrides.get(protocol, []))
-                cells += [Cell(protocol, dataset, s, configs, overrides) for s in self.seeds]
+                cells += [Cell(protocol, dataset, s, configs, overrides, self.network) for s in self.seeds]
         return cells
 
 
@@ -281,6 +288,16 @@ def load_grid(path: str | Path) -> Grid:
             raise GridError(f"{path}: `target_accuracy` names dataset {dataset!r}, which is not in `datasets`")
     overrides = raw.get("overrides") or []
     _check_overrides(path, overrides)
+    network = raw.get("network")
+    if network is not None:
+        from lvfl.callbacks.network import NetworkSimulator
+
+        if not isinstance(network, dict):
+            raise GridError(f"{path}: `network` holds NetworkSimulator's arguments (links, devices), got {network!r}")
+        try:
+            NetworkSimulator(**network)
+        except (TypeError, ValueError) as err:
+            raise GridError(f"{path}: `network`: {err}") from None
     return Grid(
         name=str(raw.get("name", Path(path).stem)),
         protocols=templates,
@@ -299,6 +316,7 @@ def load_grid(path: str | Path) -> Grid:
         report=None if raw.get("report") is None else resolve(base, raw["report"]),
         data=pieces["data"],
         parties=pieces["parties"],
+        network="" if network is None else json.dumps(network, sort_keys=True),
     )
 
 

@@ -29,6 +29,16 @@ def mb_to_target(history: dict[str, list[float]], target: float | None) -> float
     return None
 
 
+def sim_to_target(history: dict[str, Any], target: float | None) -> float | None:
+    """Simulated wall time (s, `NetworkSimulator`) at the end of the first epoch whose val accuracy reaches `target`."""
+    if target is None or "sim_wall_s" not in history:
+        return None
+    for acc, seconds in zip(history["val_acc"], history["sim_wall_s"], strict=True):
+        if acc >= target:
+            return float(seconds)
+    return None
+
+
 def failure_text(failed: Sequence[tuple[int, str]], seeds: int) -> str:
     """What a row with failed seeds shows instead of its figures: `failed: seed k of n: <reason>` in one line."""
     seed, reason = failed[0]
@@ -57,7 +67,8 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
                 row["lvfl_paper_metric"] = _mean_std(ours) if ours and not failed else None
             if failed or not mine:
                 row |= {"failed": failure_text(failed, len(mine)) if failed else "failed: no result", "parties": []}
-                row |= dict.fromkeys(("acc_mean", "acc_mean_last", "mb_total", "mb_to_target", "vs_reference"))
+                keys = ("acc_mean", "acc_mean_last", "mb_total", "mb_to_target", "vs_reference", "sim_to_target")
+                row |= dict.fromkeys(keys)
                 row |= {"reached": "", "s_per_epoch": None, "peak_rss_mib": None}
                 rows.append(row)
                 continue
@@ -76,6 +87,8 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             reached = [m for m in to_target if m is not None]
             row["mb_to_target"] = statistics.mean(reached) if reached and len(reached) == len(runs) else None
             row["reached"] = f"{len(reached)}/{len(runs)}"
+            sim = [sim_to_target(r["history"], row["target"]) for r in runs]
+            row["sim_to_target"] = statistics.mean(sim) if all(s is not None for s in sim) else None
             row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
             row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
             rows.append(row)
@@ -132,6 +145,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     head += ["MB total", "MB to target"]
     if grid.reference is not None:
         head.append(f"MB to target vs {grid.reference}")
+    head += ["sim. s to target"] if grid.network else []
     head += ["s/epoch", "peak RSS MiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     with (out / "results.csv").open("w", newline="") as f:
@@ -141,7 +155,9 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
         for p in [*party_cols, "mean"]:
             csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
         csv_head += ["acc_mean_last_mean", "acc_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
-        writer.writerow([*csv_head, "mb_to_target_vs_reference_pct", "s_per_epoch", "peak_rss_mib", "failed"])
+        writer.writerow(
+            [*csv_head, "mb_to_target_vs_reference_pct", "sim_s_to_target", "s_per_epoch", "peak_rss_mib", "failed"]
+        )
         for r in rows:
             paper_csv = [] if grid.paper is None else [r["paper_metric"], _num(r["paper"], ".2f")]
             if grid.paper is not None:
@@ -151,7 +167,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
                 paper = [] if grid.paper is None else _paper_cells(r)
                 row = [r["protocol"], r["dataset"], *paper, r["failed"]]
                 lines.append("| " + " | ".join([*row, *[""] * (len(head) - len(row))]) + " |")
-                blanks = [""] * (len(csv_head) - 3 - len(paper_csv) + 3)  # figures, the reference %, s/epoch, RSS
+                blanks = [""] * (len(csv_head) - 3 - len(paper_csv) + 4)  # figures, reference %, sim, s/epoch, RSS
                 writer.writerow([r["protocol"], r["dataset"], r["seeds"], *paper_csv, *blanks, r["failed"]])
                 continue
             to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
@@ -161,6 +177,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
             versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
             cells += [_fmt(r["acc_mean"]), _fmt(r["acc_mean_last"]), f"{r['mb_total']:.2f}", target]
             cells += [versus] if grid.reference is not None else []
+            cells += [_num(r.get("sim_to_target"), ".1f") or "–"] if grid.network else []
             cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
             values = [r["protocol"], r["dataset"], r["seeds"], *paper_csv]
@@ -170,7 +187,8 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
             stat = r["acc_mean_last"]
             values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
             values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"]]
-            values += [_num(r.get("vs_reference"), ".4f"), f"{r['s_per_epoch']:.6f}"]
+            values += [_num(r.get("vs_reference"), ".4f"), _num(r.get("sim_to_target"), ".3f")]
+            values += [f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}", ""])
     table = "\n".join(lines) + "\n" + ("" if grid.paper is None else "\n" + paper_note(grid) + "\n")
     (out / "table.md").write_text(table)

@@ -104,10 +104,14 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def read_history(metrics_csv: Path) -> dict[str, list[float]]:
-    """Per-epoch validation accuracy (mean of party models), training bytes and the set-up bytes from a CSV log."""
+def read_history(metrics_csv: Path) -> dict[str, Any]:
+    """Per-epoch validation accuracy (mean of party models), training bytes and the set-up bytes from a CSV log.
+
+    With a `NetworkSimulator` in the run, also the simulated wall time at each epoch's end (`sim_wall_s`).
+    """
     val: dict[int, float] = {}
     train_bytes: dict[int, float] = {}
+    sim_wall: dict[int, float] = {}  # NetworkSimulator's cumulative simulated time at each epoch's end
     setup_bytes = 0.0
     with metrics_csv.open() as f:
         for row in csv.DictReader(f):
@@ -120,13 +124,18 @@ def read_history(metrics_csv: Path) -> dict[str, list[float]]:
                 val[int(float(epoch))] = float(row["val/acc/mean"])
             if row.get("train/comm/epoch_bytes"):
                 train_bytes[int(float(epoch))] = float(row["train/comm/epoch_bytes"])
+            if row.get("sim/epoch_time") and row.get("sim/wall_time"):
+                sim_wall[int(float(epoch))] = float(row["sim/wall_time"])
     epochs = sorted(set(val) & set(train_bytes))
-    return {
+    history: dict[str, Any] = {
         "epoch": [e + 1 for e in epochs],
         "val_acc": [val[e] for e in epochs],
         "train_bytes": [train_bytes[e] for e in epochs],
         "setup_bytes": setup_bytes,
     }
+    if sim_wall and all(e in sim_wall for e in epochs):
+        history["sim_wall_s"] = [sim_wall[e] for e in epochs]
+    return history
 
 
 def run_cell(cell: Cell, out: Path) -> dict[str, Any]:

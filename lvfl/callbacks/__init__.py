@@ -3,6 +3,7 @@
 from lvfl.callbacks.checkpoint import ExactResume, ExperimentCheckpoint
 from lvfl.callbacks.communication import CommunicationMeter
 from lvfl.callbacks.label_audit import LabelLeakageAudit
+from lvfl.callbacks.network import NetworkSimulator
 from lvfl.callbacks.predictions import PredictionWriter
 from lvfl.callbacks.student import StudentDistillation
 
@@ -11,6 +12,7 @@ __all__ = [
     "ExactResume",
     "ExperimentCheckpoint",
     "LabelLeakageAudit",
+    "NetworkSimulator",
     "PredictionWriter",
     "StudentDistillation",
 ]
