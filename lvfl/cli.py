@@ -27,6 +27,12 @@ DEBUG_HELP = "A refused input prints one line, 'lvfl: error: ...'; add --debug (
 class VFLCLI(LightningCLI):
     """LightningCLI with lvfl's defaults (CSV logs under runs/, a communication meter, last checkpoints)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # the command line as given: `lvfl fit --twin` runs it again with the Plain backend (`lvfl.twin`)
+        given = kwargs.get("args")
+        self._argv = [str(a) for a in given] if isinstance(given, list | tuple) else sys.argv[1:]
+        super().__init__(*args, **kwargs)
+
     def before_instantiate_classes(self) -> None:
         """Check every party's optimizer before instantiation, so that a refused setting names the party."""
         check_party_optimizers(self.config.get(str(self.subcommand), self.config))
@@ -47,7 +53,7 @@ class VFLCLI(LightningCLI):
             help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
             "each unless the config lists one of its kind; false: only the config's own callbacks.",
         )
-        for option, (kind, text) in PREDICT_OPTIONS.items():
+        for option, (kind, text) in {**PREDICT_OPTIONS, **FIT_OPTIONS}.items():
             # Optional[...], not `... | None`: jsonargparse reads the annotation object
             parser.add_argument(f"--{option}", type=Optional[kind], default=None, help=text)  # noqa: UP045
 
@@ -60,8 +66,55 @@ class VFLCLI(LightningCLI):
         for option in PREDICT_OPTIONS:
             if config.get(option) is not None:
                 raise ValueError(f"--{option} is an option of lvfl predict; lvfl {self.subcommand} refuses it")
+        for option in FIT_OPTIONS:
+            if self.subcommand != "fit" and config.get(option) is not None:
+                raise ValueError(f"--{option} is an option of lvfl fit; lvfl {self.subcommand} refuses it")
 
-    before_fit = before_validate = before_test = _refuse_output
+    before_validate = before_test = _refuse_output
+
+    def before_fit(self) -> None:
+        """Refuse other subcommands' options; with `--twin`, start the clock the twin's is compared with."""
+        import time
+
+        self._refuse_output()
+        config = self.config.get("fit", self.config)
+        if config.get("twin"):
+            if config.get("ckpt_path") is not None:
+                raise ValueError("--twin compares a whole fit with its Plain twin; it does not resume (--ckpt_path)")
+            if self.trainer.world_size > 1:
+                raise ValueError("--twin runs the Plain twin in this process: use it without DDP (one device)")
+        self._fit_started = time.perf_counter()
+        if config.get("twin"):
+            from lvfl.twin import StepTimer
+
+            self._step_timer = StepTimer()
+            self.trainer.callbacks.append(self._step_timer)
+
+    def after_fit(self) -> None:
+        """With `--twin`: fit the Plain twin and print what the run's privacy mechanisms cost (`lvfl.twin`)."""
+        import time
+
+        from lvfl.twin import PLAIN, Measured, StepTimer, cost_rows, format_table, twin_args
+
+        config = self.config.get("fit", self.config)
+        if not config.get("twin"):
+            return
+        run = Measured.of(time.perf_counter() - self._fit_started, self._step_timer, self.model.wire.bytes_by_tag())
+        backend = type(self.model.aggregation).__name__
+        psi = getattr(self.datamodule, "psi_seconds", None)
+        twin, note = None, ""
+        if f"lvfl.privacy.{backend}" == PLAIN:
+            note = "The run's aggregation is Plain already: it is its own twin."
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                twin_cli = build_cli(twin_args(self._argv, tmp), run=False)
+                timer = StepTimer()
+                twin_cli.trainer.callbacks.append(timer)
+                started = time.perf_counter()
+                twin_cli.trainer.fit(twin_cli.model, datamodule=twin_cli.datamodule)
+                twin = Measured.of(time.perf_counter() - started, timer, twin_cli.model.wire.bytes_by_tag())
+        if self.trainer.is_global_zero:
+            print(format_table(cost_rows(backend, run, twin, psi), note))
 
     def before_predict(self) -> None:
         """`lvfl predict` writes its predictions to a file (`lvfl.callbacks.PredictionWriter`)."""
@@ -161,6 +214,15 @@ class VFLCLI(LightningCLI):
             )
         return super().instantiate_trainer(**kwargs)
 
+
+#: the options of `lvfl fit` alone (the other subcommands refuse them), with their help
+FIT_OPTIONS: dict[str, tuple[type, str]] = {
+    "twin": (
+        bool,
+        "lvfl fit: after the fit, fit the same config and seed again with the Plain backend and print the time and "
+        "bytes the run's privacy mechanisms cost beside it (lvfl.twin); the other subcommands refuse it.",
+    ),
+}
 
 #: the options of `lvfl predict` alone (the other subcommands refuse them), with their help
 PREDICT_OPTIONS: dict[str, tuple[type, str]] = {

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import csv
 import math
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -416,6 +417,8 @@ class PartyTables(VerticalDataModule):
         self._categories: list[int] | None = None
         self.encoders: dict[str, list[ColumnEncoder]] = {}
         self.label_names: list[str] = []
+        #: the wall time of the training rows' PSI (both sides, in this process), once loaded
+        self.psi_seconds: float | None = None
         super().__init__(**kwargs)
 
     def default_partitioner(self) -> Partitioner:
@@ -428,6 +431,7 @@ class PartyTables(VerticalDataModule):
         names = [party_name(k) for k in range(len(tables))]
         active = self.active_party
         wire = Wire()
+        started = time.perf_counter()
         with wire.recording() as held:  # sent for real by the protocol, on its wire (`setup_messages`)
             alignment = private_intersection(
                 {name: table.ids for name, table in zip(names, tables, strict=True)},
@@ -436,6 +440,7 @@ class PartyTables(VerticalDataModule):
                 seed=self.seed,
             )
         self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
+        self.psi_seconds = time.perf_counter() - started  # `lvfl fit --twin` reports it
         if not alignment.ids:
             raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
         if self.regression:
