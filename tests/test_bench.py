@@ -12,6 +12,7 @@ from helpers import REPO
 
 from lvfl import bench
 from lvfl.bench import run as bench_run
+from lvfl.cli import run_experiment
 
 EASTER = str(REPO / "configs/easter/{dataset}.yaml")  # a whole config per dataset (no pieces)
 
@@ -82,6 +83,7 @@ RESULT = {
         ({"reference": "SplitNN"}, r"`reference` 'SplitNN' is not one of the protocols \['EASTER'\]"),
         ({"network": {"links": "wifi"}}, r"`network`: NetworkSimulator links: unknown link preset 'wifi'"),
         ({"network": "lan"}, r"`network` holds NetworkSimulator's arguments"),
+        ({"twin": "yes"}, r"`twin` is true or false"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
@@ -154,6 +156,27 @@ def test_a_network_grid_reports_the_simulated_time_to_target(tmp_path, monkeypat
     plain = bench.load_grid(write_grid(tmp_path)).cells()[0]  # the same grid without `network` (same file)
     assert plain.fingerprint() != simulated.fingerprint()
     assert "NetworkSimulator" not in " ".join(plain.args(str(tmp_path)))
+
+
+def test_a_twin_grid_fits_a_plain_twin_of_each_protected_cell(tmp_path, monkeypatch):
+    """`twin: true`: the wine config masks (DHMasking); its Plain twin is fitted in the cell and tabulated."""
+    grid = write_grid(tmp_path, twin=True, overrides=["--trainer.max_epochs=1"])
+    monkeypatch.setattr(bench_run, "run_cell", in_this_process)
+    outcome = bench.run_grid(grid)
+    (result,) = [json.loads(p.read_text()) for p in outcome.report_dir.rglob("result.json")]
+    twin = result["twin"]
+    assert twin["backend"] == "DHMasking"
+    # independently: the same fits run by run_experiment, masked as configured and with the Plain backend
+    config, one = str(REPO / "configs/easter/wine.yaml"), ["--trainer.max_epochs=1"]
+    masked, _ = run_experiment(config, 0, one, test=False)
+    plain, _ = run_experiment(config, 0, [*one, "--model.init_args.aggregation=lvfl.privacy.Plain"], test=False)
+    assert twin["bytes"] == masked["wire_bytes"]
+    assert twin["twin_bytes"] == plain["wire_bytes"]
+    assert twin["bytes"] > twin["twin_bytes"]  # at least the key exchange
+    assert twin["step_s"] > 0
+    assert twin["twin_step_s"] > 0
+    assert "Privacy cost beside a Plain twin" in outcome.table
+    assert "| EASTER | wine | DHMasking |" in outcome.table
 
 
 def test_changed_config_invalidates_the_cell(tmp_path):

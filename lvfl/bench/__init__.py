@@ -28,6 +28,8 @@ runs the same from any working directory; absolute paths stay as they are::
     report: ../../docs/results    # where table.md, results.csv and the plots go (default: `out`)
     network: {links: 50mbps_50ms, devices: {party3: low}}   # optional: a NetworkSimulator in every cell; the
                                   # table gains "sim. s to target", the simulated wall time to target_accuracy
+    twin: true                    # optional: each cell whose backend is not Plain also fits a Plain twin (same
+                                  # configs and seed); a second table gives step time and MB beside the twin's
     paper:                        # optional: published numbers printed beside lvfl's (two columns, a note)
       source: "EASTER Table II: test accuracy (%), Avg of the party models"
       metric: acc                 # or auroc; or per dataset: {criteo: auroc} (acc for the others)

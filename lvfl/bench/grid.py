@@ -26,6 +26,7 @@ GRID_KEYS = {
     "reference",
     "paper",
     "network",
+    "twin",
     "out",
     "report",
 }
@@ -55,6 +56,7 @@ class Cell:
     configs: tuple[str, ...]
     overrides: tuple[str, ...]
     network: str = ""  # the grid's `network:` block as JSON (NetworkSimulator's arguments), or "" for none
+    twin: bool = False  # the grid's `twin: true`: also fit a Plain twin of the cell (when its backend is not Plain)
 
     @property
     def key(self) -> str:
@@ -99,8 +101,9 @@ class Cell:
         from lvfl import __version__
 
         texts = [Path(c).read_text() for c in self.configs]
-        network = [self.network] if self.network else []  # grids without one keep their cells' fingerprints
-        blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION, *network])
+        extra = [self.network] if self.network else []  # grids without these keep their cells' fingerprints
+        extra += ["twin"] if self.twin else []
+        blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION, *extra])
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -161,6 +164,7 @@ class Grid:
     entries: dict[str, DatasetEntry] = field(default_factory=dict)
     paper: Paper | None = None
     network: str = ""
+    twin: bool = False
 
     def entry(self, dataset: str) -> DatasetEntry:
         """The `datasets` entry labelled `dataset` (a plain name is its own entry)."""
@@ -218,7 +222,7 @@ class Grid:
                 configs = self.configs(protocol, dataset)
                 own = self.entry(dataset).overrides
                 overrides = (*self.overrides, *own, *self.protocol_overrides.get(protocol, []))
-                cells += [Cell(protocol, dataset, s, configs, overrides, self.network) for s in self.seeds]
+                cells += [Cell(protocol, dataset, s, configs, overrides, self.network, self.twin) for s in self.seeds]
         return cells
 
 
@@ -298,6 +302,9 @@ def load_grid(path: str | Path) -> Grid:
             NetworkSimulator(**network)
         except (TypeError, ValueError) as err:
             raise GridError(f"{path}: `network`: {err}") from None
+    twin = raw.get("twin", False)
+    if not isinstance(twin, bool):
+        raise GridError(f"{path}: `twin` is true or false (fit a Plain twin of every protected cell), got {twin!r}")
     return Grid(
         name=str(raw.get("name", Path(path).stem)),
         protocols=templates,
@@ -317,6 +324,7 @@ def load_grid(path: str | Path) -> Grid:
         data=pieces["data"],
         parties=pieces["parties"],
         network="" if network is None else json.dumps(network, sort_keys=True),
+        twin=twin,
     )
 
 

@@ -39,6 +39,45 @@ def sim_to_target(history: dict[str, Any], target: float | None) -> float | None
     return None
 
 
+def twin_summary(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The mean over seeds of a protected cell's cost beside its Plain twin (`twin: true` grids), or None."""
+    twins = [r.get("twin") for r in runs]
+    if not twins or not all(twins):
+        return None
+
+    def mean(key: str) -> float:
+        return statistics.mean(t[key] for t in twins)
+
+    return {
+        "backend": twins[0]["backend"],
+        "step_ms": 1e3 * mean("step_s"),
+        "twin_step_ms": 1e3 * mean("twin_step_s"),
+        "mb": mean("bytes") / MB,
+        "twin_mb": mean("twin_bytes") / MB,
+    }
+
+
+def twin_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: each protected (protocol, dataset) beside its Plain twin, median step time and MB of the fits."""
+    lines = [
+        "Privacy cost beside a Plain twin (same configs and seed; median training step, bytes of the fit):",
+        "",
+        "| protocol | dataset | backend | ms/step | Plain twin ms/step | time | MB | Plain twin MB | bytes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        t = r.get("twin")
+        if not t:
+            continue
+        time_pct = 100 * (t["step_ms"] - t["twin_step_ms"]) / t["twin_step_ms"]
+        bytes_pct = 100 * (t["mb"] - t["twin_mb"]) / t["twin_mb"]
+        lines.append(
+            f"| {r['protocol']} | {r['dataset']} | {t['backend']} | {t['step_ms']:.2f} | {t['twin_step_ms']:.2f} | "
+            f"{time_pct:+.1f}% | {t['mb']:.3f} | {t['twin_mb']:.3f} | {bytes_pct:+.1f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def failure_text(failed: Sequence[tuple[int, str]], seeds: int) -> str:
     """What a row with failed seeds shows instead of its figures: `failed: seed k of n: <reason>` in one line."""
     seed, reason = failed[0]
@@ -89,6 +128,7 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             row["reached"] = f"{len(reached)}/{len(runs)}"
             sim = [sim_to_target(r["history"], row["target"]) for r in runs]
             row["sim_to_target"] = statistics.mean(sim) if all(s is not None for s in sim) else None
+            row["twin"] = twin_summary(runs)
             row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
             row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
             rows.append(row)
@@ -191,6 +231,8 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
             values += [f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}", ""])
     table = "\n".join(lines) + "\n" + ("" if grid.paper is None else "\n" + paper_note(grid) + "\n")
+    if any(r.get("twin") for r in rows):
+        table += "\n" + twin_table(rows)
     (out / "table.md").write_text(table)
     return table
 

@@ -55,10 +55,14 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             self.times.append(time.perf_counter() - self._t0)
 
+    from lvfl.twin import StepTimer
+
     cli = build_cli(cell.args(str(cell_dir)), run=False)
-    timer = EpochTimer()
-    cli.trainer.callbacks.append(timer)
+    timer, steps = EpochTimer(), StepTimer()
+    cli.trainer.callbacks += [timer, steps]
+    started = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    fit_s, fit_bytes = time.perf_counter() - started, cli.model.wire.bytes_by_tag()
     (last,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     wire_bytes = int(cli.model.wire.total_bytes())  # fit + one test pass (loading a checkpoint merges its ledger)
     (keeper,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == MONITOR]
@@ -69,6 +73,12 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+    backend = type(cli.model.aggregation).__name__
+    twin = None
+    if cell.twin and backend != "Plain":  # after the peak memory is read: the twin's is not the cell's
+        from lvfl.twin import Measured
+
+        twin = {"backend": backend, **plain_twin(cell, Measured.of(fit_s, steps, fit_bytes), cell_dir)}
     return {
         "fingerprint": cell.fingerprint(),
         "cell": cell.key,
@@ -80,6 +90,30 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "history": history,
         "peak_rss_mib": peak,
         "peak_gpu_mib": peak_gpu,
+        "twin": twin,
+    }
+
+
+def plain_twin(cell: Cell, run: Any, cell_dir: Path) -> dict[str, Any]:
+    """Fit `cell` again with the Plain backend (same configs, overrides and seed); both fits' costs (`lvfl.twin`)."""
+    from lvfl.cli import build_cli, run_args
+    from lvfl.twin import PLAIN, Measured, StepTimer
+
+    overrides = (*cell.overrides, f"--model.init_args.aggregation={PLAIN}")
+    meter = [{"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": False}}]
+    cli = build_cli(run_args(cell.configs, cell.seed, str(cell_dir / "twin"), overrides, callbacks=meter), run=False)
+    steps = StepTimer()
+    cli.trainer.callbacks.append(steps)
+    started = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    twin = Measured.of(time.perf_counter() - started, steps, cli.model.wire.bytes_by_tag())
+    return {
+        "step_s": run.step_seconds,
+        "twin_step_s": twin.step_seconds,
+        "fit_s": run.seconds,
+        "twin_fit_s": twin.seconds,
+        "bytes": run.total_bytes,
+        "twin_bytes": twin.total_bytes,
     }
 
 
