@@ -23,13 +23,17 @@ Rows:
   (`packing="row"`), the layout that wastes the slots.
 
 The ratios printed under the table are the issue's targets: packed + parallel Paillier vs naive serial per value
-(>= 50x), CKKS protect + combine for the batch (<= 60 ms), CKKS one-ciphertext-per-row vs packed (time and bytes).
+(>= 50x), CKKS protect + combine for the batch (<= 60 ms), CKKS one-ciphertext-per-row vs packed (time and bytes),
+DHMasking's wire bytes vs Plain's (1.0x).
 
-Last, the CKKS coordinator's distinguishing advantage per batch at the defaults (the mask hides statistically):
+Then the CKKS coordinator's distinguishing advantage per batch at the defaults (the mask hides statistically):
 `--distinguisher-trials` combines of the batch whose passive values sum to 0, as many summing to 1, and two
 coordinators guessing which from what they decrypt (empirical mean above 0.5; any value above the mask bound, the
 optimal test for a uniform mask); printed beside the stated bound `CKKS.advantage_bound` (sums 0 vs 1 and the worst
 case over sums in range).
+
+Last, Paillier encryptions per second per core at 2048 bits: lvfl's fixed-base encryption, its textbook one and
+`phe`'s, interleaved in the same run (`benchmarks/paillier_speed.py`; goal >= 1,500).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, quiet  # noqa: E402
+from paillier_speed import measure as measure_paillier  # noqa: E402
+from paillier_speed import report as report_paillier  # noqa: E402
 
 from lvfl.parties import PartySpec  # noqa: E402
 from lvfl.privacy import CKKS, AggregationBackend, DHMasking, Paillier, Plain  # noqa: E402
@@ -221,8 +227,15 @@ def main() -> None:
         f"- CKKS one ciphertext per row vs packed: {totals[row] / totals[ckks]:.1f}x the time, "
         f"{bytes_of[row] / bytes_of[ckks]:.1f}x the bytes"
     )
+    dh = setups[1].label
+    print(
+        f"- DHMasking wire bytes per batch vs Plain: {bytes_of[dh] / plain_bytes:.2f}x (goal 1.0x; the secure "
+        "aggregation of Bonawitz et al. costs 1.73x); its step time beside Plain's: benchmarks/overhead.py"
+    )
     if args.distinguisher_trials > 0:
         print(ckks_distinguisher(setups[4], args.rows, args.dim, args.distinguisher_trials))
+    print("\nPaillier encryptions per second per core (benchmarks/paillier_speed.py, in this run):")
+    report_paillier(measure_paillier(args.repeats))
 
 
 def ckks_distinguisher(s: Setup, rows: int, dim: int, trials: int) -> str:

@@ -8,9 +8,10 @@ prints one table per figure with a column per C, and how each cost grows with C:
 
 - bytes per training step (set-up excluded) and the set-up bytes (the DH key exchange: K public keys up and
   K (K - 1) relayed down, 32 bytes each, for K = C - 1 passive parties);
-- the least-squares fit of bytes per step and of seconds per epoch to a + b C + c C^2, with the share of the
-  quadratic term at C = 10, which says whether a cost is linear in C (models, embeddings) or quadratic (pairwise
-  masks: every passive party draws K - 1 masks per step).
+- how each cost grows with the number of passive parties K = C - 1: the exponent e of the least-squares fit
+  value ~ K^e (1: linear, 2: quadratic), for bytes per step, set-up bytes and seconds per epoch, and for the
+  pairwise masks alone (DHMasking's protect and combine for one step, timed here for K = 2..9: every passive party
+  draws K - 1 masks, K (K - 1) mask streams a step).
 
 DHMasking needs two passive parties, so its C = 2 cells fail by design (the table says so); C-VFL concatenates and
 has no masked variant.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,12 +45,34 @@ def steps_per_epoch(num_parties: int) -> int:
     return len(dm.train_dataloader())
 
 
-def quadratic_share(cs: list[int], values: list[float]) -> tuple[np.ndarray, float]:
-    """Coefficients (a, b, c) of the least-squares fit a + b C + c C^2, and c C^2 / fit at the largest C."""
-    coeffs = np.polyfit(np.asarray(cs, dtype=float), np.asarray(values, dtype=float), 2)[::-1]
-    top = max(cs)
-    fitted = coeffs[0] + coeffs[1] * top + coeffs[2] * top**2
-    return coeffs, float(coeffs[2] * top**2 / fitted) if fitted else float("nan")
+def exponent(ks: list[int], values: list[float]) -> float:
+    """The least-squares slope of log(value) against log(K): about 1 for a cost linear in K, 2 for a quadratic one."""
+    pairs = [(k, v) for k, v in zip(ks, values, strict=True) if v and v > 0]
+    if len(pairs) < 2:
+        return float("nan")
+    return float(np.polyfit(np.log([k for k, _ in pairs]), np.log([v for _, v in pairs]), 1)[0])
+
+
+def mask_seconds(passive: int, rows: int = 128, dim: int = 128, reps: int = 21) -> float:
+    """Median seconds of one step of DHMasking (every passive party's protect, the active party's combine)."""
+    import time
+
+    import torch
+
+    from lvfl.parties import PartySpec
+    from lvfl.privacy import DHMasking
+    from lvfl.wire import Wire
+
+    parties = [PartySpec("a", "active", (1,))] + [PartySpec(f"p{i}", "passive", (1,), i) for i in range(1, passive + 1)]
+    backend = DHMasking()
+    backend.setup(parties, "a", Wire())
+    x, zero = torch.randn(rows, dim), torch.zeros(rows, dim)
+    times = []
+    for step in range(reps):
+        started = time.perf_counter()
+        backend.combine(zero, {p.name: backend.protect(p.name, x, step=step) for p in parties[1:]})
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -101,19 +125,29 @@ def main() -> None:
                 value = row.get(key, {}).get(c)
                 cells.append("failed" if (protocol, c) in errors else format(value, spec) if value is not None else "")
             print(f"| {protocol} | " + " | ".join(cells) + " |")
-    print("\nGrowth with C: least-squares a + b C + c C^2, and the quadratic term's share of the fit at C = 10\n")
-    print("| protocol | figure | a | b | c | c C^2 share at C = 10 |")
-    print("|---|---|---|---|---|---|")
+    print("\nGrowth with the number of passive parties K = C - 1: the exponent of the least-squares fit")
+    print("value ~ K^e over the Cs each row has (1: linear in K, 2: quadratic)\n")
+    print("| protocol | kB per step | set-up kB | s per epoch |")
+    print("|---|---|---|---|")
     for protocol, row in figures.items():
-        for key in ("kb_step", "s_epoch"):
+        cells = []
+        for key in ("kb_step", "setup_kb", "s_epoch"):
             points = sorted(row.get(key, {}).items())
-            if len(points) < 3:
-                continue
-            coeffs, share = quadratic_share([c for c, _ in points], [v for _, v in points])
-            cells = " | ".join(f"{x:.4g}" for x in coeffs)
-            print(f"| {protocol} | {titles[key][0].split(' (')[0]} | {cells} | {100 * share:.1f}% |")
+            e = exponent([c - 1 for c, _ in points], [v for _, v in points])
+            cells.append("–" if e != e else f"{e:.2f}")
+        print(f"| {protocol} | " + " | ".join(cells) + " |")
+    ks = [1, 2, 3, 5, 7, 9]
+    masks = [mask_seconds(k) for k in ks if k >= 2]
+    ks = [k for k in ks if k >= 2]
+    print("\nDHMasking alone, one step (every passive party protects a 128 x 128 embedding, the active party")
+    timings = ", ".join(f"K = {k}: {1e3 * t:.2f} ms" for k, t in zip(ks, masks, strict=True))
+    print(f"combines), median of 21: {timings};")
+    print(f"exponent {exponent(ks, masks):.2f} (each of the K parties draws K - 1 masks: K (K - 1) streams a step)")
+    reasons: dict[str, list[str]] = {}
     for (protocol, c), reason in sorted(errors.items()):
-        print(f"\n{protocol} at C = {c}: {reason}")
+        reasons.setdefault(reason, []).append(f"{protocol} at C = {c}")
+    for reason, where in reasons.items():
+        print(f"\nfailed, {', '.join(where)}: {reason}")
 
 
 if __name__ == "__main__":

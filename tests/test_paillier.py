@@ -7,6 +7,7 @@ import gc
 import math
 import pickle
 
+import gmpy2
 import numpy as np
 import phe.util
 import pytest
@@ -15,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lvfl.crypto import packing
+from lvfl.crypto import paillier as crypto
 from lvfl.crypto.paillier import encrypt
 from lvfl.parties import PartySpec
-from lvfl.privacy.paillier import Paillier, PaillierShare
+from lvfl.privacy.paillier import MIN_PARALLEL_CIPHERTEXTS, TABLE_AFTER, Paillier, PaillierShare
 from lvfl.wire import Wire
 
 KEY_BITS = 2048
@@ -149,7 +151,7 @@ def test_parallel_and_serial_decode_identically(backends):
     parallel = Paillier(workers=2)
     parallel.setup(make_parties(2), "a", Wire())
     gen = torch.Generator().manual_seed(7)
-    n = 6 * parallel.layout()[1] + 5  # enough ciphertexts for the pool
+    n = (MIN_PARALLEL_CIPHERTEXTS + 2) * parallel.layout()[1] + 5  # enough ciphertexts for the pool
     xs = {p: torch.randn(n, generator=gen, dtype=torch.float64) * 50 for p in passive(2)}
     try:
         out_parallel, shares = round_trip(parallel, parallel.wire, xs, torch.zeros(n, dtype=torch.float64))
@@ -165,7 +167,7 @@ def test_parallel_and_serial_decode_identically(backends):
 def test_pool_is_shut_down_when_the_backend_is_collected():
     backend = Paillier(workers=2)
     backend.setup(make_parties(1), "a", Wire())
-    backend.protect("p1", torch.zeros(4 * backend.layout()[1]), step=0)
+    backend.protect("p1", torch.zeros(MIN_PARALLEL_CIPHERTEXTS * backend.layout()[1]), step=0)
     pool = backend._pool
     assert pool is not None
     del backend
@@ -207,7 +209,7 @@ def test_pool_workers_never_hold_the_secret_key():
     assert keys_here >= 1
     assert primes <= set(digests_here)
     try:
-        x = torch.randn(6 * backend.layout()[1], dtype=torch.float64)
+        x = torch.randn(MIN_PARALLEL_CIPHERTEXTS * backend.layout()[1], dtype=torch.float64)
         backend.protect("p1", x, step=0)  # the pool encrypts, as in training
         assert backend._pool is not None
         reports = [future.result() for future in [backend._pool.submit(worker_view) for _ in range(8)]]
@@ -305,7 +307,7 @@ def test_ledger_matches_the_analytic_formula():
     num_passive, shape = 3, (4, 50)
     backend, wire = Paillier(workers=1), Wire()
     backend.setup(make_parties(num_passive), "a", wire)
-    assert wire.bytes_by_tag() == {"keys": (num_passive + 1) * KEY_BYTES}
+    assert wire.bytes_by_tag() == {"keys": (num_passive + 1) * KEY_BYTES}  # n only: each passive party makes its h_s
     cts = -(-math.prod(shape) // expected_slots(num_passive))
     xs = {p: torch.randn(shape) for p in passive(num_passive)}
     round_trip(backend, wire, xs, torch.zeros(shape))
@@ -352,7 +354,7 @@ def secret_encodings(backend: Paillier) -> list[bytes]:
 def test_secret_key_is_not_in_state_dict_pickles_or_copies():
     backend = Paillier(workers=2)
     backend.setup(make_parties(2), "a", Wire())
-    backend.protect("p1", torch.zeros(5 * backend.layout()[1]), step=0)  # starts the pool
+    backend.protect("p1", torch.zeros(MIN_PARALLEL_CIPHERTEXTS * backend.layout()[1]), step=0)  # starts the pool
     try:
         secrets_ = secret_encodings(backend)
         state = backend.state_dict()
@@ -364,6 +366,7 @@ def test_secret_key_is_not_in_state_dict_pickles_or_copies():
         for restored in (restored_from_pickle, copy.copy(backend), copy.deepcopy(backend)):
             assert restored._secret_key is None
             assert restored._pool is None
+            assert restored._fixed_base == {}
             with pytest.raises(RuntimeError, match="setup"):
                 restored.protect("p1", torch.zeros(2), step=0)
         fresh = Paillier()
@@ -394,3 +397,76 @@ def test_cuda_tensors_round_trip(backends):
     out, _ = round_trip(backend, wire, xs, torch.zeros(2, device="cuda"))
     assert out.device.type == "cuda"
     torch.testing.assert_close(out.cpu(), torch.tensor([3.0, -4.0]))
+
+
+# -- fixed-base encryption ------------------------------------------------------------------------------------------
+def test_each_passive_party_derives_its_own_fixed_base_and_none_is_sent():
+    """h_s comes from n alone at each passive party: the keys message is n (256 bytes) per party, nothing more."""
+    backend, wire = Paillier(workers=1), Wire()
+    payloads = []
+    wire.subscribe(lambda src, dst, tag, payload: payloads.append((src, dst, tag, payload)))
+    backend.setup(make_parties(3), "a", wire)
+    assert wire.bytes_by_tag() == {"keys": 4 * KEY_BYTES}
+    assert [(dst, len(payload)) for _, dst, _, payload in payloads] == [(p, KEY_BYTES) for p in ["a", *passive(3)]]
+    n = backend.public_key.n
+    bases = [backend.fixed_base(p) for p in passive(3)]
+    assert len({b.h_s for b in bases}) == 3  # one fresh h_s per party
+    for base in bases:
+        assert base.n == n
+        assert base.exponent_bits == 448
+        assert crypto.check_fixed_base(n, base.h_s) == base.h_s
+        assert base.h_s.to_bytes(CT_BYTES, "big") not in b"".join(payload for *_, payload in payloads)
+    with pytest.raises(ValueError, match="not a passive party"):
+        backend.fixed_base("a")
+
+
+def test_table_is_built_once_a_party_has_encrypted_enough():
+    backend, wire = Paillier(workers=1), Wire()
+    backend.setup(make_parties(2), "a", wire)
+    slots = backend.layout()[1]
+    secret = backend._secret_key
+    few = torch.linspace(-3, 3, (TABLE_AFTER // 2) * slots, dtype=torch.float64)
+    share = backend.protect("p1", few, step=0)
+    assert len(share.ciphertexts) == TABLE_AFTER // 2
+    assert not backend.fixed_base("p1").rows  # a plain powmod of h_s below TABLE_AFTER ciphertexts
+    share = backend.protect("p1", few, step=1)  # reaches TABLE_AFTER: this call builds and uses the table
+    table = backend.fixed_base("p1")
+    assert (len(table.rows), table.window) == (56, 8)
+    assert not backend.fixed_base("p2").rows  # per party
+    # both kinds of ciphertext decode to the same slots
+    plain = [crypto.decrypt(secret, c) for c in share.ciphertexts]
+    width, _ = backend.layout()
+    decoded = packing.unpack(plain, width, slots)[: few.numel()].astype(np.int64) - (1 << (backend.value_bits - 1))
+    np.testing.assert_array_equal(decoded, np.round(few.numpy() * 2**16).astype(np.int64))
+    out, _ = round_trip(backend, wire, {p: few for p in passive(2)}, torch.zeros_like(few), step=3)
+    assert (out - 2 * few).abs().max() <= 2 * 2.0**-17
+
+
+def test_pool_and_in_process_ciphertexts_use_the_fixed_base(monkeypatch):
+    """Every ciphertext, from the pool or not, is (1 + m n) h_s**r with the party's own h_s and a fresh 448-bit r."""
+    drawn: list[int] = []
+    real = crypto.short_exponents
+
+    def recording(bits: int, count: int) -> list[int]:
+        assert bits == 448
+        out = real(bits, count)
+        drawn.extend(out)
+        return out
+
+    monkeypatch.setattr(crypto, "short_exponents", recording)
+    backend = Paillier(workers=2)
+    backend.setup(make_parties(2), "a", Wire())
+    try:
+        n, secret = backend.public_key.n, backend._secret_key
+        h_s = backend.fixed_base("p1").h_s
+        for count in (3, MIN_PARALLEL_CIPHERTEXTS + 1):  # in-process, then in the pool
+            drawn.clear()
+            plaintexts = list(range(1, count + 1))
+            cts = backend._encrypt("p1", plaintexts)
+            assert [crypto.decrypt(secret, c) for c in cts] == plaintexts
+            assert len(drawn) == count
+            for m, r, c in zip(plaintexts, drawn, cts, strict=True):
+                assert c == (1 + m * n) * gmpy2.powmod(h_s, r, n * n) % (n * n)
+        assert backend._pool is not None
+    finally:
+        backend.close()

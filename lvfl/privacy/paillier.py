@@ -5,13 +5,18 @@ Parties: K passive parties hold embeddings E_k, the active party holds its own e
 
 Protocol:
 
-1. Setup. The coordinator generates a Paillier key pair (n = p * q of `key_size` bits, g = n + 1) and sends the
-   public key, n as big-endian bytes of its real length, to the active party and every passive party
-   (`tag="keys"`, `(K + 1) * key_bytes` in all). The secret key never leaves the coordinator.
+1. Setup. The coordinator generates a Paillier key pair (a Blum modulus n = p * q of `key_size` bits, g = n + 1)
+   and sends the public key, n as big-endian bytes of its real length, to the active party and every passive party
+   (`tag="keys"`, `(K + 1) * key_bytes` in all). The secret key never leaves the coordinator. Each passive party
+   then derives its own fixed base from n alone, `h_s = (-x**2)**n mod n**2` with a random x in Z_n^* (Damgard,
+   Jurik, Nielsen; `lvfl.crypto.paillier.fixed_base`): public key material that needs no message, since any holder
+   of n can make one, and that no other party needs (h_s only randomizes this party's encryptions).
 2. Protect (passive party k, public key only). Encode each value to fixed point, `q = round(x * 2**frac_bits)`,
    shift it to a non-negative slot value `u = q + 2**(v - 1)` with `v = int_bits + frac_bits + 1` value bits,
-   pack `S` slot values into one plaintext and encrypt it: `c = (1 + m * n) * rho**n mod n**2` with a fresh
-   uniform `rho` in Z_n^*. The share is the list of ciphertexts; the protocol sends it to the active party.
+   pack `S` slot values into one plaintext and encrypt it: `c = (1 + m * n) * h_s**r mod n**2` with a fresh
+   uniform short exponent `r` in [0, 2**448) at 2048 bits (`short_exponent_bits`). This is a Paillier ciphertext
+   of m under the same public key (h_s**r is an n-th residue, as rho**n is), so steps 3-5 are unchanged. The share
+   is the list of ciphertexts; the protocol sends it to the active party.
 3. Combine (active party). Multiply the K parties' ciphertexts slot-group by slot-group (a product of ciphertexts
    mod n**2 encrypts the sum of the plaintexts, so every slot holds the sum of K slot values), then add a fresh
    uniform mask `r` in Z_n to each aggregate, homomorphically: `c * g**r = c * (1 + r * n) mod n**2`. Send the
@@ -41,8 +46,10 @@ What each party learns (semi-honest parties; the coordinator does not collude wi
 see the passive-to-active messages):
 
 - Passive parties: the public key only.
-- The active party: K ciphertexts per value group, semantically secure under the decisional composite residuosity
-  assumption since it has no secret key, and the sum it must learn. It never sees a decryption of anything but the
+- The active party: K ciphertexts per value group, semantically secure since it has no secret key, under the
+  decisional composite residuosity assumption and the short-exponent assumption of the fixed-base encryption (that
+  h_s**r with a 448-bit r cannot be told from h_s**r with a full-length r: see `lvfl.crypto.paillier`; 112-bit
+  security at 2048 bits, as for the key), and the sum it must learn. It never sees a decryption of anything but the
   masked sum, so it learns no individual E_k (with K = 1 the sum *is* E_1, as for every aggregation backend).
 - The coordinator: masked plaintexts `m + r mod n`. For uniform `r` in Z_n and any fixed m in Z_n, `m + r mod n` is
   uniform in Z_n, so the coordinator's view is independent of every embedding and of their sum; it never receives a
@@ -53,26 +60,34 @@ see the passive-to-active messages):
 If the coordinator colluded with the active party they could decrypt each passive party's ciphertexts; that is the
 trust assumption of coordinator-based HE in vertical FL and it is stated, not defended.
 
-Cost: an encryption is one exponentiation `rho**n mod n**2` (like phe's `encrypt`), whatever the plaintext, so
-packing S values divides the passive parties' work, the ciphertext bytes and the coordinator's (CRT) decryptions
-by S; the unit costs are measured by `benchmarks/costs.py` (docs/results.md section 6). The exponentiations run
-in a `ProcessPoolExecutor` of `workers` processes (reused across calls, work split into a few chunks per worker;
-fewer than `MIN_PARALLEL_CIPHERTEXTS` ciphertexts stay in-process). Decryption stays in the coordinator's own process.
+Cost: an encryption is one fixed-base exponentiation `h_s**r mod n**2` whatever the plaintext: 56 multiplications
+mod n**2 with a table of h_s's powers (one row of 256 per byte of r, 7.3 MB per passive party at 2048 bits, built
+once, about 0.1 s) instead of the 2048-bit exponent of textbook `rho**n` (phe's `encrypt`): about 30 times faster,
+over 3,000 encryptions a second per core (`benchmarks/paillier_speed.py`). A party builds its table once it has
+encrypted `TABLE_AFTER` ciphertexts; before that each `h_s**r` is one plain exponentiation by the 448-bit r (the
+same ciphertexts, no set-up cost for a party that encrypts little). Packing S values divides the passive parties'
+work, the ciphertext bytes and the coordinator's (CRT) decryptions by S; the unit costs are measured by
+`benchmarks/costs.py` (docs/results.md section 6). Calls of at least `MIN_PARALLEL_CIPHERTEXTS` ciphertexts run
+the exponentiations in a `ProcessPoolExecutor` of `workers` processes (reused across calls, work split into a few
+chunks per worker, each worker building and keeping its own table of each party's h_s). Decryption stays in the
+coordinator's own process.
 
-Worker processes never hold the secret key. A worker receives only the public modulus n and fresh random rho values
-(drawn in the calling process from the OS CSPRNG) and returns `rho**n mod n**2`; the calling process multiplies in
-`1 + m * n`, so a worker sees neither the secret key nor a plaintext. The workers are started with the
-"forkserver" method ("spawn" where the platform has no forkserver): they are forked from a server process that
-was itself started by `exec` of a fresh interpreter, never forked from this process, so they inherit none of its
-memory (the coordinator's key object and primes, which live in the same process in this one-process simulation,
-included). `fork` would copy the whole address space, key included. The price: starting the pool costs a fresh
-interpreter once per backend (measured by `benchmarks/costs.py`), plus whatever the main script imports, since
+Worker processes never hold the secret key. A worker receives only public values, n and the party's h_s, and fresh
+random exponents r (drawn in the calling process from the OS CSPRNG) and returns `h_s**r mod n**2`; the calling
+process multiplies in `1 + m * n`, so a worker sees neither the secret key nor a plaintext. The workers are started
+with the "forkserver" method ("spawn" where the platform has no forkserver): they are forked from a server process
+that was itself started by `exec` of a fresh interpreter, never forked from this process, so they inherit none of
+its memory (the coordinator's key object and primes, which live in the same process in this one-process
+simulation, included). `fork` would copy the whole address space, key included. The price: starting the pool costs
+a fresh interpreter once per backend (measured by `benchmarks/costs.py`), its first task an import of
+`lvfl.crypto` (torch included, a second or two once per worker), plus whatever the main script imports, since
 multiprocessing re-imports the main module in every worker (scripts must keep their work under
 `if __name__ == "__main__":`; the `lvfl` console script re-imports its entry module once per run, `python -m lvfl`
 and pytest nothing).
 
 Secure defaults: `key_size` >= 2048 bits (112-bit security) with no override; fresh randomness from `secrets` (the
-OS CSPRNG) for every ciphertext and every mask; the secret key never enters `state_dict`, pickles or copies.
+OS CSPRNG) for every fixed base, every ciphertext and every mask; the secret key never enters `state_dict`, pickles
+or copies (nor do the fixed bases and tables, which go with the key).
 """
 
 from __future__ import annotations
@@ -99,9 +114,14 @@ from lvfl.wire import Wire
 
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
 MAX_VALUE_BITS = 53
-#: fewer ciphertexts than this are encrypted in-process: a warm pool's round trip costs about a tenth of one
-#: 2048-bit encryption (docs/results.md section 6), so the pool wins from a handful of ciphertexts on
-MIN_PARALLEL_CIPHERTEXTS = 4
+#: fewer ciphertexts than this are encrypted in-process: at about 0.35 ms a fixed-base encryption (2048 bits), two
+#: warm workers beat one process from about 32 ciphertexts a call on, and a worker builds its own table (0.1 s) the
+#: first time it meets a party
+MIN_PARALLEL_CIPHERTEXTS = 32
+#: a party raises its fixed base by each r directly until it has encrypted this many ciphertexts, then builds the
+#: table, which costs about as much as this many direct exponentiations (14,000 multiplications): a party that
+#: encrypts little pays no set-up, and one that encrypts much at most about twice what the table alone would cost
+TABLE_AFTER = 64
 #: aim for this many chunks per worker, so that a slow worker does not hold up the rest
 CHUNKS_PER_WORKER = 4
 
@@ -172,8 +192,7 @@ class Paillier(AggregationBackend):
 
     Example:
         >>> import torch
-        >>> from lvfl.crypto import paillier
-    from lvfl.parties import PartySpec
+        >>> from lvfl.parties import PartySpec
         >>> from lvfl.wire import Wire
         >>> parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1),
         ...            PartySpec("p2", "passive", (2,), 2)]
@@ -235,6 +254,8 @@ class Paillier(AggregationBackend):
     def _forget_keys(self) -> None:
         self._secret_key: phe_paillier.PaillierPrivateKey | None = None  # the coordinator's; never serialized
         self._public: dict[str, phe_paillier.PaillierPublicKey] = {}  # each party's copy, as received on the wire
+        self._fixed_base: dict[str, paillier.FixedBase] = {}  # each passive party's own h_s (and table, once built)
+        self._encrypted: dict[str, int] = {}  # ciphertexts each passive party has encrypted (for TABLE_AFTER)
         self._passive: tuple[str, ...] = ()
 
     def error_bound(self, num_parties: int | None = None) -> float:
@@ -242,9 +263,11 @@ class Paillier(AggregationBackend):
         k = len(self._passive) if num_parties is None else int(num_parties)
         return k * 2.0 ** -(self.frac_bits + 1)
 
-    # -- 1. setup: the coordinator's key pair, the public key on the wire ---------------------------------------------
+    # -- 1. setup: the coordinator's key pair, the public key on the wire, each passive party's fixed base -----------
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:
         """Generate a fresh key pair at the coordinator and send the public key to every other party.
+
+        Each passive party then derives its own fixed base h_s from the n it received (no message).
 
         Raises:
             ValueError: on duplicate party names, an `active` that is not the active party, no passive party, or a
@@ -263,6 +286,11 @@ class Paillier(AggregationBackend):
         for party in (active, *passive):  # coordinator -> every other party: n; g = n + 1 is implied
             received = wire.send(self.coordinator, party, n_bytes, tag="keys")
             self._public[party] = phe_paillier.PaillierPublicKey(int.from_bytes(received, "big"))
+        for party in passive:  # at each passive party, from the n it received: h_s = (-x**2)**n mod n**2
+            n_here = self._public[party].n
+            h_s = paillier.fixed_base(n_here)
+            self._fixed_base[party] = paillier.fixed_base_table(n_here, h_s, window=0)  # the table comes later
+            self._encrypted[party] = 0
         self._secret_key = secret
         self._passive = passive
 
@@ -313,11 +341,10 @@ class Paillier(AggregationBackend):
             raise ValueError(f"party {party!r} is not a passive party of this backend; passive: {list(self._passive)}")
         step = prg.check_uint(step, "step", prg.MAX_STEP)
         index = prg.check_uint(index, "index", prg.MAX_INDEX)
-        public = self._public[party]
         width, slots = self.layout()
         encoded = self._encode(tensor, who=f"party {party!r}")
         plaintexts = packing.pack(encoded, width, slots)
-        ciphertexts = self._encrypt(public.n, plaintexts)
+        ciphertexts = self._encrypt(party, plaintexts)
         return PaillierShare(
             ciphertexts=tuple(ciphertexts),
             shape=tuple(tensor.shape),
@@ -351,23 +378,34 @@ class Paillier(AggregationBackend):
         q = x.mul(2.0**self.frac_bits).round_().to(torch.int64).numpy()  # not in place: x may be the caller's tensor
         return (q + offset).astype(np.uint64)
 
-    # -- parallel encryption ------------------------------------------------------------------------------------------
-    def _encrypt(self, n: int, plaintexts: list[int]) -> list[int]:
+    # -- fixed-base encryption, in-process or in the pool ------------------------------------------------------------
+    def fixed_base(self, party: str) -> paillier.FixedBase:
+        """Passive `party`'s fixed base h_s (public), with its table once the party has encrypted `TABLE_AFTER`."""
+        self._require_setup()
+        if party not in self._fixed_base:
+            raise ValueError(f"party {party!r} is not a passive party of this backend; passive: {list(self._passive)}")
+        return self._fixed_base[party]
+
+    def _encrypt(self, party: str, plaintexts: list[int]) -> list[int]:
+        base = self._fixed_base[party]
+        self._encrypted[party] += len(plaintexts)
         if self.workers == 1 or len(plaintexts) < MIN_PARALLEL_CIPHERTEXTS:
-            return paillier.encrypt(n, plaintexts)
-        n = int(n)
-        rhos = paillier.random_units(n, len(plaintexts))  # drawn here: the workers get only n and these
+            if not base.rows and self._encrypted[party] >= TABLE_AFTER:
+                base = self._fixed_base[party] = paillier.fixed_base_table(base.n, base.h_s, base.exponent_bits)
+            return paillier.encrypt_fixed_base(base, plaintexts)
+        exponents = paillier.short_exponents(base.exponent_bits, len(plaintexts))  # drawn here, from the OS CSPRNG
         pool = self._get_pool()
-        chunks = _chunks(rhos, self.workers * CHUNKS_PER_WORKER)
-        task, modulus, squared = paillier.obfuscator_task(n)  # public values only; gmpy2's function, no lvfl import
+        chunks = _chunks(exponents, self.workers * CHUNKS_PER_WORKER)
+        # public values only (n, h_s) and the exponents; each worker keeps its own table of this h_s
+        task, *public = paillier.fixed_base_task(base.n, base.h_s, base.exponent_bits)
         obfuscators: list[int] = []
         try:
-            for part in pool.map(task, chunks, [modulus] * len(chunks), [squared] * len(chunks)):
+            for part in pool.map(task, *([value] * len(chunks) for value in public), chunks):
                 obfuscators.extend(part)
         except BrokenProcessPool:
             self.close()  # a worker died (e.g. killed for memory): the next call starts a fresh pool
             raise
-        return paillier.finish_encryption(n, plaintexts, obfuscators)
+        return paillier.finish_encryption(base.n, plaintexts, obfuscators)
 
     def _get_pool(self) -> Executor:
         if self._pool is None:
@@ -490,9 +528,11 @@ class Paillier(AggregationBackend):
         return {"key_size": self.key_size, "frac_bits": self.frac_bits, "int_bits": self.int_bits, "pack": self.pack}
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle (and copy) without the secret key, the public keys that go with it, or the process pool."""
+        """Pickle (and copy) without the secret key, the public keys and fixed bases that go with it, or the pool."""
         state = self.__dict__.copy()
-        state.update(_secret_key=None, _public={}, _passive=(), _pool=None, _pool_finalizer=None)
+        state.update(
+            _secret_key=None, _public={}, _fixed_base={}, _encrypted={}, _passive=(), _pool=None, _pool_finalizer=None
+        )
         return state
 
     def __repr__(self) -> str:
