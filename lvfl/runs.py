@@ -51,6 +51,10 @@ RESUME_TAG_PREFIX = "resume/"
 #: tests the same run).
 RUNTIME_ONLY_SETTINGS = frozenset({"batch_size", "num_workers", "workers", "n_threads"})
 
+#: Settings added after checkpoints were written without them, with the value those runs had: a checkpoint that
+#: lacks one is compared as having that value (DHMasking's ring was Z_2^64 before `ring_bits` existed).
+ADDED_SETTINGS = {"ring_bits": 64}
+
 _PURPOSES = {"shuffle": 0x5F0FF1E, "global_rng": 0x61DB41, "loader": 0x10AD}
 _MAX_DIFFERENCES = 8  # differences listed in an error message
 _DEPTH = 4  # nesting followed when describing settings that are objects
@@ -231,7 +235,8 @@ def fingerprint_differences(saved: Mapping[str, Any], current: Mapping[str, Any]
                 continue
             if any(key.startswith(prefix) and not key.endswith(".class") for prefix in other_class):
                 continue
-            va, vb = left.get(key, _NOT_SET), right.get(key, _NOT_SET)
+            va = left.get(key, ADDED_SETTINGS.get(key.rsplit(".", 1)[-1], _NOT_SET))
+            vb = right.get(key, _NOT_SET)
             if va != vb:
                 out.append((key, va, vb))
     return out

@@ -45,7 +45,12 @@ def test_the_checkpoint_records_its_run(dh_checkpoint):
     run = torch.load(dh_checkpoint, weights_only=False)["lvfl"]["run"]
     assert run["protocol"]["class"] == "lvfl.protocols.easter.EASTER"
     assert run["protocol"]["embedding_dim"] == 4
-    assert run["aggregation"] == {"class": "lvfl.privacy.masking.DHMasking", "frac_bits": 16, "allow_insecure": False}
+    assert run["aggregation"] == {
+        "class": "lvfl.privacy.masking.DHMasking",
+        "frac_bits": 16,
+        "allow_insecure": False,
+        "ring_bits": 32,
+    }
     assert run["label_mechanism"] is None
     assert run["parties"]["party0"]["role"] == "active"
     assert run["parties"]["party1"]["model"]["class"] == "lvfl.models.mlp.MLP"
@@ -168,3 +173,15 @@ def test_reloading_its_own_checkpoint_adds_nothing_to_the_ledger(tmp_path):
     own, again = split_resume_traffic(model.wire.bytes)
     assert again == {}
     assert {k: n for k, n in own.items() if k[2] == "keys"} == {k: n for k, n in after_fit.items() if k[2] == "keys"}
+
+
+def test_a_checkpoint_from_before_ring_bits_reads_as_the_64_bit_ring():
+    """Checkpoints written before DHMasking had `ring_bits` ran in Z_2^64: they resume with ring_bits=64 only."""
+    from lvfl.runs import fingerprint_differences
+
+    old = {"aggregation": {"class": "lvfl.privacy.masking.DHMasking", "frac_bits": 16, "allow_insecure": False}}
+    now = {"aggregation": {**old["aggregation"], "ring_bits": 64}}
+    assert fingerprint_differences(old, now) == []
+    assert fingerprint_differences(old, {"aggregation": {**now["aggregation"], "ring_bits": 32}}) == [
+        ("aggregation.ring_bits", 64, 32)
+    ]

@@ -127,7 +127,7 @@ def expected_epoch_ledger(model: EASTER, dm: VerticalDataModule, share_bytes: in
     return out
 
 
-@pytest.mark.parametrize(("aggregation", "share_bytes"), [(Plain, 4), (DHMasking, 8)])
+@pytest.mark.parametrize(("aggregation", "share_bytes"), [(Plain, 4), (DHMasking, 4)])
 def test_ledger_equals_analytic_epoch_count(tmp_path, aggregation, share_bytes):
     dm = Digits(num_parties=4, batch_size=100)  # 100 does not divide the train set: the last batch is short
     model = easter(4, aggregation=aggregation(), embedding_dim=16)
@@ -248,7 +248,7 @@ def test_meter_epoch_bytes_count_training_only(tmp_path):
     dm = Digits(num_parties=4, batch_size=128)
     model = easter(4, aggregation=DHMasking(), embedding_dim=16)
     make_trainer(tmp_path, max_epochs=2, num_sanity_val_steps=2).fit(model, datamodule=dm)
-    expected = expected_epoch_ledger(model, dm, share_bytes=8)
+    expected = expected_epoch_ledger(model, dm, share_bytes=4)
     (path,) = list(tmp_path.rglob("metrics.csv"))
     rows = [r for r in csv.DictReader(path.open()) if r.get("train/comm/epoch_bytes")]
     assert len(rows) == 2

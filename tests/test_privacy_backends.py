@@ -24,6 +24,7 @@ from lvfl.privacy import AggregationBackend, DHMasking, Plain
 from lvfl.wire import Wire
 
 RING = 2**64
+RINGS = [32, 64]  # DHMasking's ring_bits; 32 is the default
 
 
 def make_parties(num_passive: int, active_at: int = 0) -> list[PartySpec]:
@@ -43,9 +44,9 @@ def set_up(backend: AggregationBackend, num_passive: int, rank: int = 0, active_
     return parties, wire
 
 
-def signed(v: int) -> int:
-    v %= RING
-    return v - RING if v >= 2**63 else v
+def signed(v: int, ring_bits: int = 64) -> int:
+    v %= 2**ring_bits
+    return v - 2**ring_bits if v >= 2 ** (ring_bits - 1) else v
 
 
 # -- DHMasking: exact cancellation ------------------------------------------------------------------------------------
@@ -58,10 +59,11 @@ def signed(v: int) -> int:
     index=st.integers(0, 2**16 - 1),
     active_at=st.integers(0, 10),
     seed=st.integers(0, 2**32 - 1),
+    ring_bits=st.sampled_from(RINGS),
 )
-def test_masks_cancel_exactly(num_passive, shape, step, rank, index, active_at, seed):
+def test_masks_cancel_exactly(num_passive, shape, step, rank, index, active_at, seed, ring_bits):
     rng = np.random.default_rng(seed)
-    backend = DHMasking()
+    backend = DHMasking(ring_bits=ring_bits)
     parties, _ = set_up(backend, num_passive, rank=rank, active_at=min(active_at, num_passive))
     names = passive_names(parties)
     xs = {p: torch.from_numpy(rng.uniform(-1000, 1000, size=shape).astype(np.float32)) for p in names}
@@ -72,6 +74,7 @@ def test_masks_cancel_exactly(num_passive, shape, step, rank, index, active_at, 
     ints = {p: np.rint(x.numpy().astype(np.float64) * 2**16).astype(np.int64) for p, x in xs.items()}
     exact = sum(ints[p].astype(object) for p in names)
     ring = fixedpoint.ring_sum(shares.values()).numpy()
+    assert ring.dtype == (np.int32 if ring_bits == 32 else np.int64)
     assert ring.tolist() == np.asarray(exact, dtype=np.int64).tolist()
 
     # combine == active + decoded sum of the rounded values, bit for bit
@@ -87,23 +90,24 @@ def test_masks_cancel_exactly(num_passive, shape, step, rank, index, active_at, 
     assert (backend.combine(active.double(), shares) - plain_out).abs().max() <= c * 2.0**-16
 
 
+@pytest.mark.parametrize("ring_bits", RINGS)
 @pytest.mark.parametrize("active_at", [0, 2])
-def test_shares_follow_eq5_sign_convention(active_at):
+def test_shares_follow_eq5_sign_convention(active_at, ring_bits):
     """share_k = encode(x_k) + sum_{j after k} PRG(k_kj) - sum_{j before k} PRG(k_kj), with the rank in the nonce."""
-    backend = DHMasking()
+    backend = DHMasking(ring_bits=ring_bits)
     parties, _ = set_up(backend, 3, rank=7, active_at=active_at)
     names = passive_names(parties)
     x = torch.linspace(-2, 2, 10).reshape(2, 5)
     for pos, k in enumerate(names):
         share = backend.protect(k, x, step=11, index=2).flatten().tolist()
-        expected = fixedpoint.encode(x, 16).flatten().tolist()
+        expected = fixedpoint.encode(x, 16, ring_bits=ring_bits).flatten().tolist()
         for pos_j, j in enumerate(names):
             if j == k:
                 continue
             key = dict(zip([n for n in names if n != k], [pk for pk, _ in backend._peers[k]], strict=True))[j]
-            stream = prg.mask_stream(key, 11, 7, 2, 10).tolist()
+            stream = prg.mask_stream(key, 11, 7, 2, 10, ring_bits=ring_bits).tolist()
             sign = 1 if pos < pos_j else -1
-            expected = [signed(e + sign * s) for e, s in zip(expected, stream, strict=True)]
+            expected = [signed(e + sign * s, ring_bits) for e, s in zip(expected, stream, strict=True)]
         assert share == expected
 
 
@@ -149,30 +153,33 @@ def test_setup_puts_exact_key_bytes_on_the_wire(num_passive):
 
 
 # -- fresh masks: per step, per index, per rank -------------------------------------------------------------------
-def test_share_changes_every_step_for_identical_input():
-    backend = DHMasking()
+@pytest.mark.parametrize("ring_bits", RINGS)
+def test_share_changes_every_step_for_identical_input(ring_bits):
+    backend = DHMasking(ring_bits=ring_bits)
     set_up(backend, 3)
     x = torch.full((8, 8), 0.25)
     shares = [backend.protect("p2", x, step=s) for s in range(5)]
-    encoded = fixedpoint.encode(x, 16)
+    encoded = fixedpoint.encode(x, 16, ring_bits=ring_bits)
     for i, s in enumerate(shares):
-        assert s.dtype == torch.int64
+        assert s.dtype == fixedpoint.RING_DTYPES[ring_bits]
         assert not torch.any(s == encoded)  # the share hides the value ...
         for t in shares[i + 1 :]:
             assert not torch.any(s == t)  # ... and differs elementwise from every other step's share
     assert not torch.any(backend.protect("p2", x, step=4, index=1) == shares[4])  # a new index, a new mask
 
 
-def test_different_rank_gives_different_masks():
+@pytest.mark.parametrize("ring_bits", RINGS)
+def test_different_rank_gives_different_masks(ring_bits):
     key = bytes(range(32))
-    assert not torch.any(prg.mask_stream(key, 1, 0, 0, 256) == prg.mask_stream(key, 1, 1, 0, 256))
-    backend = DHMasking()
+    assert not torch.any(prg.mask_stream(key, 1, 0, 0, 256, ring_bits) == prg.mask_stream(key, 1, 1, 0, 256, ring_bits))
+    backend = DHMasking(ring_bits=ring_bits)
     set_up(backend, 2, rank=1)
     x = torch.zeros(16)
     pair_key, add = backend._peers["p1"][0]
     share = backend.protect("p1", x, step=0)
-    assert torch.equal(share, prg.mask_stream(pair_key, 0, 1, 0, 16) * (1 if add else -1))
-    assert not torch.any(share == prg.mask_stream(pair_key, 0, 0, 0, 16))
+    mask = prg.mask_stream(pair_key, 0, 1, 0, 16, ring_bits)
+    assert share.tolist() == [signed(m if add else -m, ring_bits) for m in mask.tolist()]
+    assert not torch.any(share == prg.mask_stream(pair_key, 0, 0, 0, 16, ring_bits))
 
 
 def test_reusing_a_mask_stream_is_refused():
@@ -194,7 +201,8 @@ def test_reusing_a_mask_stream_is_refused():
 # -- refusals ----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("num_passive", "frac_bits"), [(2, 16), (5, 16), (3, 30)])
 def test_out_of_range_values_raise_naming_the_party_and_bound(num_passive, frac_bits):
-    backend = DHMasking(frac_bits=frac_bits)
+    """Z_2^64 (the 32-bit ring's bound is tested in test_masking_ring32.py)."""
+    backend = DHMasking(frac_bits=frac_bits, ring_bits=64)
     set_up(backend, num_passive)
     c = num_passive + 1
     bound = 2.0 ** (63 - frac_bits) / c
@@ -223,7 +231,7 @@ def test_one_passive_party_runs_only_when_allowed_and_warns():
     assert wire.bytes_by_tag() == {"keys": 32}  # its public key still goes to the active party; nothing comes back
     x = torch.tensor([0.5, -0.25])
     share = backend.protect("p1", x, step=0)
-    assert torch.equal(share, fixedpoint.encode(x, 16))  # no peer, no mask: exactly what the refusal warns about
+    assert torch.equal(share, fixedpoint.encode(x, 16, ring_bits=32))  # no peer, no mask: what the refusal warns of
     assert torch.equal(backend.combine(torch.ones(2), {"p1": share}), torch.tensor([1.5, 0.75]))
 
 
@@ -265,8 +273,10 @@ def test_protect_and_combine_refuse_misuse():
         backend.combine(torch.zeros(2), {p: s for p, s in shares.items() if p != "p2"})
     with pytest.raises(ValueError, match=r"unknown \['p9'\]"):
         backend.combine(torch.zeros(2), shares | {"p9": shares["p1"]})
-    with pytest.raises(TypeError, match="party 'p3'.*int64"):
+    with pytest.raises(TypeError, match="party 'p3'.*int32"):
         backend.combine(torch.zeros(2), shares | {"p3": shares["p3"].float()})
+    with pytest.raises(TypeError, match=r"party 'p3'.*int32.*ring_bits=32.*got torch.int64"):  # another ring's share
+        backend.combine(torch.zeros(2), shares | {"p3": shares["p3"].long()})
     with pytest.raises(ValueError, match="party 'p1'.*shape"):
         backend.combine(torch.zeros(3), shares)
     assert torch.equal(backend.combine(torch.zeros(2), shares), torch.full((2,), 3.0))
@@ -291,11 +301,11 @@ def test_cuda_shares_stay_on_device_and_cancel():
     set_up(backend, 3)
     xs = {p: torch.randn(128, 128, device="cuda") for p in ("p1", "p2", "p3")}
     shares = {p: backend.protect(p, x, step=0) for p, x in xs.items()}
-    assert all(s.device.type == "cuda" and s.dtype == torch.int64 for s in shares.values())
+    assert all(s.device.type == "cuda" and s.dtype == torch.int32 for s in shares.values())
     active = torch.randn(128, 128, device="cuda")
     out = backend.combine(active, shares)
     assert out.device.type == "cuda"
-    cpu = {p: fixedpoint.encode(x.cpu(), 16) for p, x in xs.items()}
+    cpu = {p: fixedpoint.encode(x.cpu(), 16, ring_bits=32) for p, x in xs.items()}
     assert torch.equal(out.cpu(), active.cpu() + fixedpoint.decode(fixedpoint.ring_sum(cpu.values()), 16))
 
 
@@ -324,7 +334,7 @@ def test_pickles_and_checkpoints_hold_no_key_material(monkeypatch):
         for secret in [*private_raw, *pair_keys]:
             assert secret not in blob
 
-    assert backend.state_dict() == {"frac_bits": 20}
+    assert backend.state_dict() == {"frac_bits": 20, "ring_bits": 32}
     restored = pickle.loads(pickle.dumps(backend))  # noqa: S301 - our own bytes
     assert restored.frac_bits == 20
     assert backend._peers is not None  # pickling does not strip the live object

@@ -5,7 +5,10 @@ Backends in `lvfl.privacy` (the recipes) hold keys and counters and call these; 
 
 from lvfl.crypto.fixedpoint import (
     DEFAULT_FRAC_BITS,
+    RING_BITS,
+    add_decoded,
     check_range,
+    check_ring_bits,
     decode,
     encode,
     max_abs_value,
@@ -27,8 +30,11 @@ from lvfl.crypto.prg import add_masks_, counter_block, mask_stream
 
 __all__ = [
     "DEFAULT_FRAC_BITS",
+    "RING_BITS",
+    "add_decoded",
     "add_masks_",
     "check_range",
+    "check_ring_bits",
     "counter_block",
     "decode",
     "encode",
