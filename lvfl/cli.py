@@ -190,7 +190,7 @@ class VFLCLI(LightningCLI):
     def after_predict(self) -> None:
         """Say where the predictions went."""
         writer = self.prediction_writer
-        if getattr(self, "_routed", None) is not None:
+        if self._routed is not None:
             from lvfl.wire import Wire
 
             keys, student = self._routed

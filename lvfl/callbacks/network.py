@@ -240,7 +240,7 @@ class NetworkSimulator(Callback):
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Back to the phase validation interrupted."""
-        self._phase = getattr(self, "_resume", "between")
+        self._phase = self._resume
         self._last = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
