@@ -11,6 +11,7 @@ import yaml
 from helpers import REPO
 
 from lvfl import bench
+from lvfl.bench import report as bench_report
 from lvfl.bench import run as bench_run
 from lvfl.cli import run_experiment
 
@@ -84,6 +85,8 @@ RESULT = {
         ({"network": {"links": "wifi"}}, r"`network`: NetworkSimulator links: unknown link preset 'wifi'"),
         ({"network": "lan"}, r"`network` holds NetworkSimulator's arguments"),
         ({"twin": "yes"}, r"`twin` is true or false"),
+        ({"metric": "f1"}, r"`metric` 'f1' is not one of \['acc', 'auroc', 'mae', 'r2', 'rmse'\]"),
+        ({"metric": "r2", "target_accuracy": 40}, r"`target_accuracy` must be in \(0, 1\], got 40"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
@@ -177,6 +180,32 @@ def test_a_twin_grid_fits_a_plain_twin_of_each_protected_cell(tmp_path, monkeypa
     assert twin["twin_step_s"] > 0
     assert "Privacy cost beside a Plain twin" in outcome.table
     assert "| EASTER | wine | DHMasking |" in outcome.table
+
+
+def test_a_regression_grid_selects_by_validation_r2_and_reports_it(tmp_path, monkeypatch):
+    """`metric: r2`: the best checkpoint is the best validation R^2, the table reports R^2, targets count in R^2;
+    for MAE (lower is better) a target is reached at or below it."""
+    grid = write_grid(
+        tmp_path,
+        protocols={"EASTER": str(REPO / "configs/protocols/easter/{dataset}.yaml")},
+        data=str(REPO / "configs/data/{dataset}.yaml"),
+        parties=str(REPO / "configs/parties/{dataset}.yaml"),
+        datasets=["diabetes_regression"],
+        metric="r2",
+        target_accuracy=0.05,
+        overrides=["--trainer.max_epochs=3"],
+    )
+    monkeypatch.setattr(bench_run, "run_cell", in_this_process)
+    outcome = bench.run_grid(grid)
+    (result,) = [json.loads(p.read_text()) for p in outcome.report_dir.rglob("result.json")]
+    val = result["history"]["val_acc"]  # the grid's metric, here validation R^2
+    assert result["best_epoch"] == val.index(max(val)) + 1
+    assert "test/r2/mean" in result["test"]
+    assert "| r2 mean | r2 mean (last epoch) |" in outcome.table
+    assert f"{result['test']['test/r2/mean']:.4f}" in outcome.table
+    assert bench_report.reaches(40.0, 45.0, "mae")
+    assert not bench_report.reaches(50.0, 45.0, "mae")
+    assert bench_report.reaches(0.5, 0.4, "r2")
 
 
 def test_changed_config_invalidates_the_cell(tmp_path):

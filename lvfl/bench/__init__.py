@@ -30,6 +30,8 @@ runs the same from any working directory; absolute paths stay as they are::
                                   # table gains "sim. s to target", the simulated wall time to target_accuracy
     twin: true                    # optional: each cell whose backend is not Plain also fits a Plain twin (same
                                   # configs and seed); a second table gives step time and MB beside the twin's
+    metric: acc                   # optional: what checkpoints are selected by and targets count in,
+                                  # val/<metric>/mean: acc (default), auroc, r2 (higher is better), mae, rmse (lower)
     paper:                        # optional: published numbers printed beside lvfl's (two columns, a note)
       source: "EASTER Table II: test accuracy (%), Avg of the party models"
       metric: acc                 # or auroc; or per dataset: {criteo: auroc} (acc for the others)
@@ -63,8 +65,9 @@ with an error naming it; with `--keep-going` it is recorded instead (its row of 
 "failed: seed k (i/n): <reason>", no figures), the other cells run, and `lvfl bench` exits with status 1 at the end.
 
 Evaluation rule, the same for every protocol: each cell keeps the checkpoint of its best validation accuracy
-(`val/acc/mean`, the first epoch reaching the maximum) and reports the test accuracy of that checkpoint; the test
-accuracy after the last epoch is reported beside it. Model selection on validation data is what a practitioner
+(`val/acc/mean`, the first epoch reaching the maximum; the grid's `metric` instead where it sets one, e.g. R^2 for
+a regression) and reports the test accuracy of that checkpoint; the test accuracy after the last epoch is reported
+beside it. Model selection on validation data is what a practitioner
 does, and it keeps the comparison from rewarding whichever protocol happens to be at a good point at epoch T on
 small test splits (diabetes: 89 test samples).
 

@@ -27,6 +27,7 @@ GRID_KEYS = {
     "paper",
     "network",
     "twin",
+    "metric",
     "out",
     "report",
 }
@@ -39,7 +40,9 @@ PAPER_METRICS = ("acc", "auroc")
 DEFAULT_PROTOCOL = "default"
 #: The bench's evaluation rule; part of every cell's fingerprint, so changing it reruns finished cells.
 EVALUATION = "test at the best val/acc/mean checkpoint and after the last epoch; set-up bytes counted to target"
-MONITOR = "val/acc/mean"
+#: what a grid may select checkpoints by and count "to target" in (`metric:`): the validation metric
+#: `val/<metric>/mean`; accuracy, AUROC and R^2 are better higher, MAE and RMSE lower
+SELECTION_METRICS = {"acc": "max", "auroc": "max", "r2": "max", "mae": "min", "rmse": "min"}
 
 
 class GridError(ValueError):
@@ -57,6 +60,12 @@ class Cell:
     overrides: tuple[str, ...]
     network: str = ""  # the grid's `network:` block as JSON (NetworkSimulator's arguments), or "" for none
     twin: bool = False  # the grid's `twin: true`: also fit a Plain twin of the cell (when its backend is not Plain)
+    metric: str = "acc"  # the grid's `metric:`: checkpoints are selected by `val/<metric>/mean`
+
+    @property
+    def monitor(self) -> str:
+        """The validation metric the cell's best checkpoint is selected by."""
+        return f"val/{self.metric}/mean"
 
     @property
     def key(self) -> str:
@@ -74,8 +83,8 @@ class Cell:
                 "init_args": {
                     "dirpath": str(Path(save_dir) / "best"),
                     "filename": "best",
-                    "monitor": MONITOR,
-                    "mode": "max",
+                    "monitor": self.monitor,
+                    "mode": SELECTION_METRICS[self.metric],
                     "save_top_k": 1,
                     "save_last": False,
                     "enable_version_counter": False,
@@ -103,6 +112,7 @@ class Cell:
         texts = [Path(c).read_text() for c in self.configs]
         extra = [self.network] if self.network else []  # grids without these keep their cells' fingerprints
         extra += ["twin"] if self.twin else []
+        extra += [f"metric={self.metric}"] if self.metric != "acc" else []
         blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION, *extra])
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -165,6 +175,7 @@ class Grid:
     paper: Paper | None = None
     network: str = ""
     twin: bool = False
+    metric: str = "acc"
 
     def entry(self, dataset: str) -> DatasetEntry:
         """The `datasets` entry labelled `dataset` (a plain name is its own entry)."""
@@ -222,7 +233,10 @@ class Grid:
                 configs = self.configs(protocol, dataset)
                 own = self.entry(dataset).overrides
                 overrides = (*self.overrides, *own, *self.protocol_overrides.get(protocol, []))
-                cells += [Cell(protocol, dataset, s, configs, overrides, self.network, self.twin) for s in self.seeds]
+                cells += [
+                    Cell(protocol, dataset, s, configs, overrides, self.network, self.twin, self.metric)
+                    for s in self.seeds
+                ]
         return cells
 
 
@@ -282,12 +296,18 @@ def load_grid(path: str | Path) -> Grid:
     seeds = raw["seeds"]
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
         raise GridError(f"{path}: `seeds` must be integers, got {seeds}")
+    metric = raw.get("metric", "acc")
+    if metric not in SELECTION_METRICS:
+        raise GridError(f"{path}: `metric` {metric!r} is not one of {sorted(SELECTION_METRICS)}")
     target = raw.get("target_accuracy")
     targets = target.items() if isinstance(target, dict) else [("", target)] if target is not None else []
+    bounded = metric in ("acc", "auroc", "r2")  # at most 1; MAE and RMSE are in the target's units
     for dataset, value in targets:
-        if not (isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= 1):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and value > 0 and (value <= 1 or not bounded)):
             where = f"[{dataset!r}]" if dataset else ""
-            raise GridError(f"{path}: `target_accuracy`{where} must be in (0, 1], got {value!r}")
+            limits = "in (0, 1]" if bounded else "> 0"
+            raise GridError(f"{path}: `target_accuracy`{where} must be {limits}, got {value!r}")
         if dataset and dataset not in labels:
             raise GridError(f"{path}: `target_accuracy` names dataset {dataset!r}, which is not in `datasets`")
     overrides = raw.get("overrides") or []
@@ -325,6 +345,7 @@ def load_grid(path: str | Path) -> Grid:
         parties=pieces["parties"],
         network="" if network is None else json.dumps(network, sort_keys=True),
         twin=twin,
+        metric=metric,
     )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lvfl.bench.grid import Cell, Grid
+from lvfl.bench.grid import SELECTION_METRICS, Cell, Grid
 
 MB = 1e6
 
@@ -17,24 +17,29 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def mb_to_target(history: dict[str, list[float]], target: float | None) -> float | None:
-    """Cumulative MB (set-up, then training) at the first epoch whose validation accuracy reaches `target`."""
+def reaches(value: float, target: float, metric: str = "acc") -> bool:
+    """Whether a validation figure of `metric` reaches `target` (at least it; at most it for MAE and RMSE)."""
+    return value >= target if SELECTION_METRICS[metric] == "max" else value <= target
+
+
+def mb_to_target(history: dict[str, list[float]], target: float | None, metric: str = "acc") -> float | None:
+    """Cumulative MB (set-up, then training) at the first epoch whose validation `metric` reaches `target`."""
     if target is None:
         return None
     total = float(history.get("setup_bytes", 0.0))
-    for acc, nbytes in zip(history["val_acc"], history["train_bytes"], strict=True):
+    for value, nbytes in zip(history["val_acc"], history["train_bytes"], strict=True):
         total += nbytes
-        if acc >= target:
+        if reaches(value, target, metric):
             return total / MB
     return None
 
 
-def sim_to_target(history: dict[str, Any], target: float | None) -> float | None:
-    """Simulated wall time (s, `NetworkSimulator`) at the end of the first epoch whose val accuracy reaches `target`."""
+def sim_to_target(history: dict[str, Any], target: float | None, metric: str = "acc") -> float | None:
+    """Simulated wall time (s, `NetworkSimulator`) at the end of the first epoch whose val `metric` reaches `target`."""
     if target is None or "sim_wall_s" not in history:
         return None
-    for acc, seconds in zip(history["val_acc"], history["sim_wall_s"], strict=True):
-        if acc >= target:
+    for value, seconds in zip(history["val_acc"], history["sim_wall_s"], strict=True):
+        if reaches(value, target, metric):
             return float(seconds)
     return None
 
@@ -112,21 +117,20 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
                 rows.append(row)
                 continue
             runs = list(mine.values())
-            parties = sorted(
-                {k.split("/")[-1] for r in runs for k in r["test"] if k.startswith("test/acc/")} - {"mean"}
-            )
+            prefix = f"test/{grid.metric}/"  # the grid's metric (accuracy by default); kept under acc_* keys
+            parties = sorted({k.split("/")[-1] for r in runs for k in r["test"] if k.startswith(prefix)} - {"mean"})
             for party in [*parties, "mean"]:
-                values = [r["test"][f"test/acc/{party}"] for r in runs if f"test/acc/{party}" in r["test"]]
+                values = [r["test"][f"{prefix}{party}"] for r in runs if f"{prefix}{party}" in r["test"]]
                 row[f"acc_{party}"] = _mean_std(values) if values else None
             row["parties"] = parties
-            last = [r["test_last"]["test/acc/mean"] for r in runs if "test/acc/mean" in r.get("test_last", {})]
+            last = [r["test_last"][f"{prefix}mean"] for r in runs if f"{prefix}mean" in r.get("test_last", {})]
             row["acc_mean_last"] = _mean_std(last) if last else None
             row["mb_total"] = statistics.mean(r["wire_bytes"] for r in runs) / MB
-            to_target = [mb_to_target(r["history"], row["target"]) for r in runs]
+            to_target = [mb_to_target(r["history"], row["target"], grid.metric) for r in runs]
             reached = [m for m in to_target if m is not None]
             row["mb_to_target"] = statistics.mean(reached) if reached and len(reached) == len(runs) else None
             row["reached"] = f"{len(reached)}/{len(runs)}"
-            sim = [sim_to_target(r["history"], row["target"]) for r in runs]
+            sim = [sim_to_target(r["history"], row["target"], grid.metric) for r in runs]
             row["sim_to_target"] = statistics.mean(sim) if all(s is not None for s in sim) else None
             row["twin"] = twin_summary(runs)
             row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
@@ -181,7 +185,9 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     """
     party_cols = sorted({p for r in rows for p in r["parties"]})
     paper_head = [] if grid.paper is None else ["paper %", "lvfl %"]
-    head = ["protocol", "dataset", *paper_head, *[f"acc {p}" for p in party_cols], "acc mean", "acc mean (last epoch)"]
+    m = grid.metric
+    head = ["protocol", "dataset", *paper_head, *[f"{m} {p}" for p in party_cols]]
+    head += [f"{m} mean", f"{m} mean (last epoch)"]
     head += ["MB total", "MB to target"]
     if grid.reference is not None:
         head.append(f"MB to target vs {grid.reference}")
@@ -193,8 +199,8 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
         csv_head = ["protocol", "dataset", "seeds"]
         csv_head += [] if grid.paper is None else ["paper_metric", "paper_pct", "lvfl_pct_mean", "lvfl_pct_std"]
         for p in [*party_cols, "mean"]:
-            csv_head += [f"acc_{p}_mean", f"acc_{p}_std"]
-        csv_head += ["acc_mean_last_mean", "acc_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
+            csv_head += [f"{m}_{p}_mean", f"{m}_{p}_std"]
+        csv_head += [f"{m}_mean_last_mean", f"{m}_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
         writer.writerow(
             [*csv_head, "mb_to_target_vs_reference_pct", "sim_s_to_target", "s_per_epoch", "peak_rss_mib", "failed"]
         )
@@ -211,7 +217,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
                 writer.writerow([r["protocol"], r["dataset"], r["seeds"], *paper_csv, *blanks, r["failed"]])
                 continue
             to_target = "" if r["mb_to_target"] is None else f"{r['mb_to_target']:.2f}"
-            target = "–" if r["target"] is None else f"{to_target} (acc {r['target']:g}: {r['reached']} seeds)"
+            target = "–" if r["target"] is None else f"{to_target} ({m} {r['target']:g}: {r['reached']} seeds)"
             paper = [] if grid.paper is None else _paper_cells(r)
             cells = [r["protocol"], r["dataset"], *paper, *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
             versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
@@ -273,8 +279,9 @@ def write_plots(grid: Grid, results: dict[Cell, dict[str, Any]], out: Path) -> l
             ax_epoch.fill_between(epochs, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
             ax_mb.plot(mb, mean, color=line.get_color())
             ax_mb.fill_between(mb, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        ax_epoch.set(xlabel="epoch", ylabel="validation accuracy (mean of party models)", title=dataset)
-        ax_mb.set(xlabel="cumulative MB, set-up + training (10^6 bytes)", ylabel="validation accuracy", title=dataset)
+        what = "validation accuracy" if grid.metric == "acc" else f"validation {grid.metric}"
+        ax_epoch.set(xlabel="epoch", ylabel=f"{what} (mean of party models)", title=dataset)
+        ax_mb.set(xlabel="cumulative MB, set-up + training (10^6 bytes)", ylabel=what, title=dataset)
         if any(ax_mb.get_lines()):
             ax_mb.set_xscale("symlog", linthresh=0.1)
         for ax in (ax_epoch, ax_mb):

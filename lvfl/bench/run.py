@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lvfl.bench.grid import MONITOR, Cell, Grid, check_cells, load_grid
+from lvfl.bench.grid import Cell, Grid, check_cells, load_grid
 from lvfl.bench.quick import with_stand_ins
 from lvfl.bench.report import summarize, write_plots, write_table
 
@@ -65,12 +65,12 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     fit_s, fit_bytes = time.perf_counter() - started, cli.model.wire.bytes_by_tag()
     (last,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
     wire_bytes = int(cli.model.wire.total_bytes())  # fit + one test pass (loading a checkpoint merges its ledger)
-    (keeper,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == MONITOR]
+    (keeper,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == cell.monitor]
     best_path = Path(keeper.best_model_path)
     best_epoch = int(torch.load(best_path, map_location="cpu", weights_only=False)["epoch"])
     (best,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False, ckpt_path=str(best_path))
     best_path.unlink()  # the cell's figures are in result.json; its checkpoints would only fill the disk
-    history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv")
+    history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv", cell.metric)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     backend = type(cli.model.aggregation).__name__
@@ -138,8 +138,10 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def read_history(metrics_csv: Path) -> dict[str, Any]:
-    """Per-epoch validation accuracy (mean of party models), training bytes and the set-up bytes from a CSV log.
+def read_history(metrics_csv: Path, metric: str = "acc") -> dict[str, Any]:
+    """Per-epoch validation `metric` (mean of party models), training bytes and the set-up bytes from a CSV log.
+
+    The validation figure is kept under `val_acc` whatever the metric (the grid's `metric:`, accuracy by default).
 
     With a `NetworkSimulator` in the run, also the simulated wall time at each epoch's end (`sim_wall_s`).
     """
@@ -154,8 +156,8 @@ def read_history(metrics_csv: Path) -> dict[str, Any]:
                 continue
             if row.get("train/comm/setup_bytes"):
                 setup_bytes = float(row["train/comm/setup_bytes"])
-            if row.get("val/acc/mean"):
-                val[int(float(epoch))] = float(row["val/acc/mean"])
+            if row.get(f"val/{metric}/mean"):
+                val[int(float(epoch))] = float(row[f"val/{metric}/mean"])
             if row.get("train/comm/epoch_bytes"):
                 train_bytes[int(float(epoch))] = float(row["train/comm/epoch_bytes"])
             if row.get("sim/epoch_time") and row.get("sim/wall_time"):
