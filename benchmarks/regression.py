@@ -9,7 +9,7 @@ scikit-learn `Ridge` fitted on the same training rows is printed as an independe
 allows. The check the issue sets: EASTER and SplitNN within 0.05 R^2 of Central at the best validation epoch (mean
 over seeds; EASTER's figure is the mean over its party models, `test/r2/mean`, like its accuracy elsewhere).
 
-.venv/bin/python benchmarks/regression.py [--seeds 0 1 2] [--protocols easter splitnn central ...]
+.venv/bin/python benchmarks/regression.py [--seeds 0 1 2] [--protocols easter splitnn central ...] [--parties P]
 """
 
 from __future__ import annotations
@@ -74,13 +74,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--protocols", nargs="+", default=PROTOCOLS)
+    parser.add_argument("--parties", default=PARTIES, help="the parties piece (models, optimizers) of every protocol")
     args = parser.parse_args()
     quiet()
     results: dict[str, list[dict[str, float]]] = {}
     last: dict[str, list[dict[str, float]]] = {}
     for protocol in args.protocols:
         t0 = time.perf_counter()
-        configs = [DATA, f"configs/protocols/{protocol}/default.yaml", PARTIES]
+        configs = [DATA, f"configs/protocols/{protocol}/default.yaml", args.parties]
         runs = [run(configs, seed) for seed in args.seeds]
         results[protocol], last[protocol] = [r[0] for r in runs], [r[1] for r in runs]
         r2 = [r["test/r2/mean"] for r in results[protocol]]
