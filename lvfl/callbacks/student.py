@@ -29,7 +29,6 @@ view that depends on the true labels; with `cross_fit`, the fold teachers train 
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -39,6 +38,7 @@ from lvfl.checks import OptionError, check_int, check_positive
 from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_label_parts, untrained_copy
 from lvfl.inference.evaluation import student_metrics
 from lvfl.inference.student import build_student, fit_student
+from lvfl.inference.student_file import save_student
 from lvfl.inference.teacher import default_producer, student_data
 from lvfl.loggers import log_to_loggers
 from lvfl.models.base import PartyModelFactory
@@ -46,9 +46,6 @@ from lvfl.models.logistic import LogisticRegression
 from lvfl.privacy.soft_labels import PlainSoftLabels, SoftLabelChannel, check_lam
 
 PREFIX = "student"
-
-
-STUDENT_FILE = "student.pt"  #: the saved student, in the run's checkpoint folder
 
 
 class StudentDistillation(Callback):
@@ -198,8 +195,7 @@ class StudentDistillation(Callback):
         log_to_loggers(trainer, self.metrics)
         folder = getattr(trainer.checkpoint_callback, "dirpath", None)
         if trainer.is_global_zero and folder:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-            torch.save(fit.model, Path(folder) / STUDENT_FILE)
+            save_student(fit.model, folder)
         if trainer.is_global_zero:
             for logger in trainer.loggers:  # loggers were finalized before on_fit_end: write these rows out
                 logger.save()

@@ -1,0 +1,180 @@
+"""How a party's raw columns become model input: encoders fitted on the party's training rows only.
+
+See `lvfl.datamodules.tables` for the policy (numeric vs categorical columns, `<unseen>` and `<missing>` levels,
+missing-value policies); `ColumnEncoder` is kept after fitting, for prediction on new rows and for `lvfl export`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lvfl.datamodules.table_files import MISSING, PartyTable, Table
+
+__all__ = ["MISSING_LEVEL", "UNSEEN", "ColumnEncoder", "fit_encoders", "numeric_labels"]
+
+MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
+UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
+
+
+def _number(text: str) -> float | None:
+    """The finite number a field holds, None if it holds no number."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+@dataclass
+class ColumnEncoder:
+    """How one raw column becomes model input, fitted on the training rows (kept for prediction and export).
+
+    `kind` "numeric": the value, missing ones replaced by `fill` (plus an indicator column when `indicator`);
+    "categorical": a level index into `levels` (its last entry the reserved `<unseen>`), one-hot or as a code.
+    """
+
+    name: str
+    kind: str
+    fill: float | None = None
+    indicator: bool = False
+    levels: list[str] = field(default_factory=list)
+    onehot: bool = True
+    fill_level: str | None = None  # categorical, missing: mode: the level a missing value takes
+
+    @property
+    def output_names(self) -> list[str]:
+        """The encoded columns' names."""
+        flag = [f"{self.name} missing"] if self.indicator else []
+        if self.kind == "numeric":
+            return [self.name, *flag]
+        return [*([f"{self.name}={level}" for level in self.levels] if self.onehot else [self.name]), *flag]
+
+    @property
+    def cardinalities(self) -> list[int]:
+        """Per output column: the number of levels of a code column (`onehot` False), else 0 (numeric)."""
+        codes = self.kind == "categorical" and not self.onehot
+        return [len(self.levels) if codes and j == 0 else 0 for j in range(len(self.output_names))]
+
+    def encode(self, texts: list[str], origins: list[str]) -> np.ndarray:
+        """(rows, len(output_names)) float32 for the column's texts (`origins`: where each is, for messages)."""
+        if self.kind == "numeric":
+            out = np.zeros((len(texts), 2 if self.indicator else 1), dtype=np.float32)
+            for i, text in enumerate(texts):
+                if text.lower() in MISSING:
+                    if self.fill is None:
+                        raise ValueError(
+                            f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; "
+                            "set the table's `missing` to mean or median to impute it)"
+                        )
+                    out[i, 0] = self.fill
+                    if self.indicator:
+                        out[i, 1] = 1.0
+                    continue
+                value = _number(text)
+                if value is None:
+                    raise ValueError(
+                        f"{origins[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
+                        "numeric in the training rows; list it in `categorical` to encode it as categories)"
+                    )
+                out[i, 0] = value
+            return out
+        index = {level: j for j, level in enumerate(self.levels)}
+        codes = np.empty(len(texts), dtype=np.int64)
+        gaps = np.zeros((len(texts), 1), dtype=np.float32)
+        for i, text in enumerate(texts):
+            absent = text.lower() in MISSING
+            gaps[i] = absent
+            level = (self.fill_level or MISSING_LEVEL) if absent else text
+            if level == MISSING_LEVEL and level not in index:
+                raise ValueError(
+                    f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
+                    "table's `missing` to mean or median to give missing values a level of their own)"
+                )
+            codes[i] = index.get(level, len(self.levels) - 1)  # unseen in training: the reserved last level
+        if not self.onehot:
+            out = codes[:, None].astype(np.float32)
+        else:
+            out = np.zeros((len(texts), len(self.levels)), dtype=np.float32)
+            out[np.arange(len(texts)), codes] = 1.0
+        return np.concatenate([out, gaps], axis=1) if self.indicator else out
+
+
+def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bool) -> list[ColumnEncoder]:
+    """Each column's encoder from the table's training rows `train` only (see the module docstring)."""
+    encoders = []
+    for j, name in enumerate(table.columns):
+        texts = [table.values[r][j] for r in train]
+        present = [t for t in texts if t.lower() not in MISSING]
+        parsed = [_number(t) is not None for t in present]
+        if name not in source.categorical and any(parsed) and not all(parsed):  # a typo must not turn it categorical
+            odd_is_text = sum(parsed) >= len(parsed) / 2  # name the value of the minority kind
+            i = next(
+                r
+                for r, t in zip(train, texts, strict=True)
+                if t.lower() not in MISSING and (_number(t) is None) == odd_is_text
+            )
+            kind = "not a number, while its other values are numbers" if odd_is_text else "a number among text values"
+            raise ValueError(
+                f"{table.origins[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
+                "value, or list the column in `categorical` (levels may look like numbers)"
+            )
+        policy = source.missing_columns.get(name, source.missing)
+        explicit = name in source.missing_columns
+        gaps = len(present) < len(texts)  # the training rows miss a value: an indicator column says where
+        if policy != "refuse" and not present:
+            raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
+        if name not in source.categorical and all(parsed):
+            if policy == "level" and explicit:
+                raise ValueError(
+                    f"{table.path}: column {name!r} is numeric; missing 'level' is for categorical columns"
+                )
+            values = np.asarray([_number(t) for t in present], dtype=np.float64)
+            fill = None
+            if policy in ("mean", "median", "level"):  # a table-wide `level` leaves numeric columns to the mean
+                fill = float(np.median(values) if policy == "median" else np.mean(values))
+            elif policy == "mode":
+                numbers, counts = np.unique(values, return_counts=True)
+                fill = float(numbers[np.argmax(counts)])  # the smallest of the most frequent values
+            encoders.append(ColumnEncoder(name, "numeric", fill=fill, indicator=fill is not None and gaps))
+        else:
+            if policy in ("mean", "median") and explicit:
+                raise ValueError(
+                    f"{table.path}: column {name!r} is categorical; its missing policy can be mode or level"
+                )
+            levels = sorted(set(present))
+            fill_level = None
+            if policy == "mode":
+                counts = {level: present.count(level) for level in levels}
+                fill_level = max(levels, key=counts.__getitem__)  # ties: the first in sorted order
+            elif policy != "refuse":
+                levels.append(MISSING_LEVEL)
+            encoders.append(
+                ColumnEncoder(
+                    name,
+                    "categorical",
+                    levels=[*levels, UNSEEN],
+                    onehot=onehot,
+                    fill_level=fill_level,
+                    indicator=fill_level is not None and gaps,
+                )
+            )
+    return encoders
+
+
+def numeric_labels(table: Table, column: str) -> np.ndarray:
+    """A regression table's label texts as float64, refusing a text that is no finite number by file and line."""
+    values = np.empty(len(table.ids), dtype=np.float64)
+    for r, text in enumerate(table.labels or []):
+        try:
+            values[r] = float(text)
+        except ValueError:
+            values[r] = math.nan
+        if not math.isfinite(values[r]):
+            raise ValueError(
+                f"{table.origins[r]}: the label column {column!r} holds {text!r}, not a finite number "
+                "(task: regression)"
+            )
+    return values
