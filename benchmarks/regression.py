@@ -59,7 +59,9 @@ def run(configs: list[str], seed: int) -> tuple[dict[str, float], dict[str, floa
         cli = build_cli(run_args(configs, seed, tmp, callbacks=callbacks, checkpointing=True), run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
         (last,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
-        (at_best,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False)
+        (at_best,) = cli.trainer.test(
+            cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False, weights_only=True
+        )
         wire = {"wire_bytes": float(cli.model.wire.total_bytes())}
         return {k: float(v) for k, v in at_best.items()} | wire, {k: float(v) for k, v in last.items()}
 

@@ -3,28 +3,48 @@
 Protocols (`model:`) and datamodules (`data:`) are chosen by `class_path`; aggregation backends swap with
 `--model.aggregation=lvfl.privacy.DHMasking` (or `Plain`). Several `--config` files compose, later ones overriding
 earlier ones (configs/README.md: the data, protocol and parties pieces). By default runs log to `runs/` with a
-CSVLogger, meter the wire with `CommunicationMeter`, and keep a `last.ckpt` so `--ckpt_path last` resumes.
+CSVLogger, meter the wire with `CommunicationMeter`, and keep a `last.ckpt` (so `--ckpt_path last` resumes) and the
+best epoch by the task's main validation metric, `best.ckpt` (`--ckpt_path best` in test, predict or export).
+
+Every checkpoint is loaded with ``weights_only=True`` (`lvfl.checkpoints`): tensors and plain data, never pickled
+objects, which could run code; `--weights_only=false` is refused. A checkpoint that cannot be loaded is a one-line
+error naming the file. A fit stopped by SIGINT or SIGTERM exits with 130 or 143 and one line naming the checkpoint to
+resume from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
 from typing import Any, Optional
 
 from lightning.pytorch.cli import LightningCLI
 
+from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
 from lvfl.datamodules import VerticalDataModule
-from lvfl.errors import check_party_optimizers, debug_requested, quiet_third_party, user_error_message
+from lvfl.errors import check_party_optimizers, debug_requested, reported_errors
 from lvfl.protocols import VFLModule
 
 DEBUG_HELP = "A refused input prints one line, 'lvfl: error: ...'; add --debug (or set LVFL_DEBUG=1) for tracebacks."
 
 
 class VFLCLI(LightningCLI):
-    """LightningCLI with lvfl's defaults (CSV logs under runs/, a communication meter, last checkpoints)."""
+    """LightningCLI with lvfl's defaults (CSV logs under runs/, a communication meter, last and best checkpoints).
+
+    Checkpoints: `--ckpt_path last` and `best` are resolved from disk (`lvfl.checkpoints.resolve_ckpt_path`), so they
+    work in a new process; the file is checked and loaded with ``weights_only=True`` before Lightning reads it, and
+    Lightning is passed ``weights_only=True``. `ckpt_file` is the checkpoint the subcommand loads (None: none).
+    """
+
+    ckpt_file: Path | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # the command line as given: `lvfl fit --twin` runs it again with the Plain backend (`lvfl.twin`)
@@ -33,8 +53,101 @@ class VFLCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def before_instantiate_classes(self) -> None:
-        """Check every party's optimizer before instantiation, so that a refused setting names the party."""
-        check_party_optimizers(self.config.get(str(self.subcommand), self.config))
+        """Refuse `--weights_only=false`; check every party's optimizer, so that a refused setting names the party."""
+        config = self.config.get(str(self.subcommand), self.config)
+        if config.get("weights_only") is False:
+            raise ValueError(
+                "--weights_only=false: lvfl loads checkpoints with weights_only=True only (tensors and plain data), "
+                "because unpickling other objects can run arbitrary code, and lvfl's own checkpoints need nothing "
+                "else; leave --weights_only out"
+            )
+        check_party_optimizers(config)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
+        """The subcommand's parser, with lvfl's help for `--ckpt_path` and `--weights_only` (default True)."""
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        helps = {"ckpt_path": CKPT_PATH_HELP.get(subcommand), "weights_only": WEIGHTS_ONLY_HELP}
+        for action in parser._actions:
+            if helps.get(action.dest):
+                action.help = helps[action.dest]
+        if any(action.dest == "weights_only" for action in parser._actions):
+            parser.set_defaults({"weights_only": True})
+        return parser
+
+    def _parse_ckpt_path(self) -> None:
+        """Check a `--ckpt_path` file (`lvfl.checkpoints.load_checkpoint`) before LightningCLI reads it.
+
+        LightningCLI loads the file here for its hyperparameters (with weights_only=True), and a file that is not a
+        checkpoint would end in a traceback; `last` and `best` are resolved and checked once the trainer exists.
+        """
+        subcommand = self.config.get("subcommand")
+        given = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if given is None or str(given) in SPECIAL_CKPT_PATHS:
+            return
+        load_checkpoint(given, what=f"--ckpt_path {given}")
+        super()._parse_ckpt_path()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Check the options, resolve and check the checkpoint, run the subcommand; name where to resume if stopped."""
+        self._check_options(subcommand)  # an option conflict is named before any checkpoint is looked for
+        self.ckpt_file = self._checkpoint_file(subcommand)
+        try:
+            super()._run_subcommand(subcommand)
+        except (KeyboardInterrupt, SystemExit) as stop:
+            signum = _SIGNALS.received
+            if signum is None:
+                raise
+            raise Interrupted(signum, self._interrupted_message(subcommand, signum)) from stop
+
+    def _checkpoint_file(self, subcommand: str) -> Path | None:
+        """The file `--ckpt_path` names (`last` and `best` found on disk), loaded once to check it; says which."""
+        given = self.config[subcommand].get("ckpt_path")
+        path = resolve_ckpt_path(self.trainer, given)
+        if path is None:
+            return None
+        special = str(given) in SPECIAL_CKPT_PATHS
+        checkpoint = load_checkpoint(path, what=f"--ckpt_path {given} ({path})" if special else f"--ckpt_path {path}")
+        if special and self.trainer.is_global_zero:
+            about = describe_checkpoint(path, checkpoint)
+            print(f"lvfl {subcommand}: --ckpt_path {given}: loading {path}" + (f" ({about})" if about else ""))
+        return path
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """Lightning's arguments, with the resolved checkpoint file and ``weights_only=True``."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "ckpt_path" in kwargs:
+            kwargs["ckpt_path"] = None if self.ckpt_file is None else str(self.ckpt_file)
+        if "weights_only" in self._subcommand_method_arguments[subcommand]:  # Lightning >= 2.6
+            kwargs["weights_only"] = True
+        return kwargs
+
+    def _interrupted_message(self, subcommand: str, signum: int) -> str:
+        """What `main` prints for a subcommand stopped by `signum`: for fit, the checkpoint to resume from."""
+        name = signal.Signals(signum).name
+        if subcommand != "fit":
+            return f"lvfl {subcommand}: stopped by {name}"
+        path = self._resume_file()
+        if path is None:
+            written = (
+                "checkpointing is off in this run"
+                if not self.trainer.checkpoint_callbacks
+                else "no checkpoint was written yet (the first is written when the first epoch ends)"
+            )
+            return f"lvfl fit: stopped by {name}; {written}, so there is nothing to resume from: fit again"
+        try:
+            epochs = f" (written after epoch {load_checkpoint(path)['epoch'] + 1}, the last completed)"
+        except (OSError, ValueError, KeyError, TypeError):
+            epochs = ""
+        return f"lvfl fit: stopped by {name}; resume with --ckpt_path {path}{epochs}"
+
+    def _resume_file(self) -> Path | None:
+        """The last checkpoint this fit wrote (or restored from), else the one it started from, if any."""
+        for keeper in self.trainer.checkpoint_callbacks:
+            last = getattr(keeper, "last_model_path", "")
+            if last and os.path.isfile(last):
+                return Path(last).resolve()
+        started = self.trainer.ckpt_path
+        return Path(started).resolve() if started and os.path.isfile(started) else None
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         """Lvfl's defaults: seeded runs, CSV logs under runs/, and the `default_callbacks` switch.
@@ -65,19 +178,22 @@ class VFLCLI(LightningCLI):
             if self.subcommand != "fit" and config.get(option) is not None:
                 raise ValueError(f"--{option} is an option of lvfl fit; lvfl {self.subcommand} refuses it")
 
-    before_validate = before_test = _refuse_output
-
-    def before_fit(self) -> None:
-        """Refuse other subcommands' options; with `--twin`, start the clock the twin's is compared with."""
-        import time
-
-        self._refuse_output()
-        config = self.config.get("fit", self.config)
-        if config.get("twin"):
+    def _check_options(self, subcommand: str) -> None:
+        """Refuse another subcommand's options, and `--twin` where it cannot run."""
+        if subcommand != "predict":
+            self._refuse_output()
+        config = self.config.get(subcommand, self.config)
+        if subcommand == "fit" and config.get("twin"):
             if config.get("ckpt_path") is not None:
                 raise ValueError("--twin compares a whole fit with its Plain twin; it does not resume (--ckpt_path)")
             if self.trainer.world_size > 1:
                 raise ValueError("--twin runs the Plain twin in this process: use it without DDP (one device)")
+
+    def before_fit(self) -> None:
+        """With `--twin`, start the clock the twin's is compared with."""
+        import time
+
+        config = self.config.get("fit", self.config)
         self._fit_started = time.perf_counter()
         if config.get("twin"):
             from lvfl.twin import StepTimer
@@ -134,6 +250,29 @@ class VFLCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs)
 
 
+_CKPT_FILES = (
+    "'last': the experiment's last.ckpt (<save_dir>/<name>/checkpoints, written after every epoch); 'best': its "
+    "best.ckpt, the epoch with the best value of the task's main validation metric (val/acc/mean for multiclass, "
+    "val/auroc/mean for binary, val/r2/mean for regression; refused, saying why, for a run that validated no "
+    "epoch). Both are found from disk, in a new process too, and the file loaded is printed. Loaded with "
+    "weights_only=True: a file holding pickled objects is refused"
+)
+
+#: `--ckpt_path` help per subcommand (Lightning's says nothing of lvfl's last/best files)
+CKPT_PATH_HELP: dict[str, str] = {
+    "fit": f"The checkpoint to resume the fit from: a path, or {_CKPT_FILES}.",
+    **{
+        subcommand: f"The checkpoint whose weights to {verb}: a path, or {_CKPT_FILES}. Without it the model is "
+        "untrained."
+        for subcommand, verb in (("validate", "validate"), ("test", "test"), ("predict", "predict with"))
+    },
+}
+
+WEIGHTS_ONLY_HELP = (
+    "lvfl loads every checkpoint with weights_only=True (tensors and plain data only: unpickling other objects can "
+    "run arbitrary code) and refuses false."
+)
+
 #: the options of `lvfl fit` alone (the other subcommands refuse them), with their help
 FIT_OPTIONS: dict[str, tuple[type, str]] = {
     "twin": (
@@ -178,11 +317,12 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     """The default callbacks of lvfl, followed by the configured `callbacks` (a list, one callback, or None).
 
     The defaults are `CommunicationMeter` (the wire's figures), `ExactResume` (a resumed fit continues the run it
-    resumes) and `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads). Each is added unless the
-    configured list already holds a callback of its kind, which then takes its place: a configured
-    `CommunicationMeter(print_summary=false)` replaces the default one, and any configured `ModelCheckpoint` takes
-    checkpointing over (`lvfl bench` keeps only its best-epoch checkpoint). No checkpoint callback is added when
-    `checkpointing` is False (`trainer.enable_checkpointing: false`).
+    resumes) and `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads, and the best epoch's
+    `best.ckpt` that `--ckpt_path best` loads). Each is added unless the configured list already holds a callback of
+    its kind, which then takes its place: a configured `CommunicationMeter(print_summary=false)` replaces the
+    default one, and any configured `ModelCheckpoint` takes checkpointing over (`lvfl bench` keeps only its
+    best-epoch checkpoint). No checkpoint callback is added when `checkpointing` is False
+    (`trainer.enable_checkpointing: false`).
     """
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -284,24 +424,17 @@ def run_experiment(
 def main(args: list[str] | None = None) -> None:
     """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.entry.main`).
 
-    A refused input (bad option or value, class path that does not import, refused backend, bad data) prints one
-    line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything else (a bug) keeps its traceback.
-    ``--debug`` anywhere on the command line, or ``LVFL_DEBUG=1``, shows every traceback and every warning. Known
-    third-party noise (Lightning's tips, jsonargparse deprecations) is silenced; see `lvfl.errors` for both lists.
+    A refused input (bad option or value, class path that does not import, refused backend, bad data, a file that
+    is not a checkpoint) prints one line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything
+    else (a bug) keeps its traceback. ``--debug`` anywhere on the command line, or ``LVFL_DEBUG=1``, shows every
+    traceback and every warning. Known third-party noise (Lightning's tips, jsonargparse deprecations) is silenced;
+    see `lvfl.errors` for both lists. A run stopped by SIGINT or SIGTERM exits with 130 or 143 (128 + the signal's
+    number, as a shell reports it) after one line on stderr; for `lvfl fit` it names the checkpoint to resume from.
     """
     debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
-    if debug:
+    subcommand = argv[0] if argv and argv[0] in VFLCLI.subcommands() else ""
+    with _reporting_interrupts(subcommand), reported_errors(debug):
         _run(argv)
-        return
-    try:
-        with quiet_third_party():
-            _run(argv)
-    except Exception as err:
-        message = user_error_message(err)
-        if message is None:
-            raise
-        print(f"lvfl: error: {message}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def _run(argv: list[str]) -> None:
@@ -309,6 +442,76 @@ def _run(argv: list[str]) -> None:
         build_cli(argv, exit_on_error=False)
     finally:
         _close_process_group()
+
+
+class Interrupted(BaseException):
+    """A subcommand stopped by SIGINT or SIGTERM: `main` prints `message` (one line) and exits with 128 + `signum`.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way out takes it for an error.
+    """
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.signum, self.message = signum, message
+
+
+class _SignalLog:
+    """The first SIGINT or SIGTERM the running command received (None: none)."""
+
+    received: int | None = None
+
+
+_SIGNALS = _SignalLog()
+
+
+@contextlib.contextmanager
+def _reporting_interrupts(subcommand: str) -> Iterator[None]:
+    """Turn SIGINT and SIGTERM into exit status 130 and 143 with one line on stderr (for fit: where to resume).
+
+    Left to Lightning (2.6), a fit stopped by SIGTERM ends with status 0 (its `SIGTERMException` is a bare
+    SystemExit) and one stopped by SIGINT with 1, both silently; before the fit starts, SIGTERM kills the process.
+    The handler installed here records the signal. SIGINT raises KeyboardInterrupt as Python's own handler does;
+    so does SIGTERM where it is the process's handler. Inside a fit Lightning installs its SIGTERM handler, which
+    calls this one and stops the fit at the next batch: the last completed epoch's `last.ckpt` stays the file to
+    resume from (checkpoints are written atomically). A signal ignored when lvfl starts stays ignored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def record(signum: int, frame: FrameType | None) -> None:
+        if _SIGNALS.received is None:
+            _SIGNALS.received = signum
+        if signum == signal.SIGINT or signal.getsignal(signum) is record:
+            raise KeyboardInterrupt  # outside a fit's own SIGTERM handling: stop here
+
+    _SIGNALS.received = None
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    installed = [signum for signum, handler in previous.items() if handler is not signal.SIG_IGN]
+    for signum in installed:
+        signal.signal(signum, record)
+    try:
+        yield
+    except Interrupted as stop:
+        _exit_interrupted(stop.signum, stop.message)
+    except (KeyboardInterrupt, SystemExit):
+        if _SIGNALS.received is None:
+            raise
+        name = signal.Signals(_SIGNALS.received).name
+        who = f"lvfl {subcommand}" if subcommand else "lvfl"
+        _exit_interrupted(_SIGNALS.received, f"{who}: stopped by {name} before it started running")
+    finally:
+        for signum in installed:
+            signal.signal(signum, previous[signum])
+        _SIGNALS.received = None
+
+
+def _exit_interrupted(signum: int, message: str) -> None:
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) == 0:
+        print(message, file=sys.stderr)
+    raise SystemExit(128 + signum) from None
 
 
 def _close_process_group() -> None:

@@ -10,12 +10,12 @@ import sys
 
 #: every subcommand, with the one line `lvfl --help` prints for it
 SUBCOMMANDS = {
-    "fit": "train a protocol on a datamodule (resume with --ckpt_path last)",
+    "fit": "train a protocol on a datamodule; keeps last.ckpt and best.ckpt (resume with --ckpt_path last)",
     "validate": "one evaluation epoch over the validation split",
-    "test": "every party's model on the test split, and their mean (--ckpt_path last for the fitted weights)",
+    "test": "every party's model on the test split, and their mean (--ckpt_path last or best: the fitted weights)",
     "predict": "predictions for the test split to a file keyed by sample ID (--output: .csv or .parquet)",
     "bench": "a grid of protocols x datasets x seeds, each a fit + test in its own process, with tables and plots",
-    "export": "one folder per party with only its part of a fitted run (--ckpt_path, --out)",
+    "export": "one folder per party with only its part of a fitted run (--ckpt_path PATH|last|best, --out)",
 }
 
 HELP = "\n".join(

@@ -13,7 +13,8 @@ The boundary between a user error and a bug:
       Lightning's `MisconfigurationException`, and an `ImportError` raised on purpose for an optional package that
       a chosen option needs (``pip install ...``);
     - a missing or unreadable file (`FileNotFoundError`, `IsADirectoryError`, `NotADirectoryError`,
-      `PermissionError`).
+      `PermissionError`), and a checkpoint lvfl cannot load safely (`lvfl.checkpoints.CheckpointError`, a
+      `ValueError`: empty, truncated, not a checkpoint, or holding pickled objects), each naming the file.
 - **Everything else is a bug** and keeps its full traceback: an `AttributeError`, a `RuntimeError`, or a
   `TypeError` / `KeyError` that no ``raise`` statement in lvfl or Lightning produced (``None[0]``, ``{}["x"]``).
 
@@ -21,8 +22,10 @@ The boundary between a user error and a bug:
 is silenced.
 
 This module holds the policy (which errors are the user's, how a jsonargparse refusal reads, which third-party
-warnings are noise); `lvfl.cli.main` applies it. Warnings that lvfl itself emits are never silenced here: they are
-fixed where they arise, or kept on purpose (``allow_insecure=True``, a repeated label release).
+warnings are noise) and the boundary that applies it, `reported_errors`, which `lvfl.cli.main` and `lvfl export`
+run inside. A signal is not an error: `lvfl.cli.main` reports SIGINT and SIGTERM itself (exit status 130, 143).
+Warnings that lvfl itself emits are never silenced here: they are fixed where they arise, or kept on purpose
+(``allow_insecure=True``, a repeated label release).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import linecache
 import logging
 import os
 import re
+import sys
 import warnings
 from argparse import ArgumentError
 from collections.abc import Iterator, Sequence
@@ -48,6 +52,7 @@ __all__ = [
     "check_party_optimizers",
     "debug_requested",
     "quiet_third_party",
+    "reported_errors",
     "summarize_argument_error",
     "user_error_message",
 ]
@@ -89,6 +94,30 @@ def debug_requested(argv: Sequence[str], environ: dict[str, str] | None = None) 
     rest = [a for a in argv if a != "--debug"]
     from_env = environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
     return from_env or len(rest) != len(argv), rest
+
+
+# ------------------------------------------------------------------------------------------------- the boundary
+@contextlib.contextmanager
+def reported_errors(debug: bool = False) -> Iterator[None]:
+    """The command line's error boundary: a user error prints one line and exits with status 2; bugs propagate.
+
+    Inside, third-party noise is silenced (`quiet_third_party`). An exception that `user_error_message` calls the
+    user's prints ``lvfl: error: <message>`` to stderr and becomes ``SystemExit(2)``; any other keeps its
+    traceback. With `debug` (``--debug``, ``LVFL_DEBUG=1``) nothing is caught or silenced. `lvfl.cli.main` (fit,
+    validate, test, predict) and `lvfl export` run inside it.
+    """
+    if debug:
+        yield
+        return
+    try:
+        with quiet_third_party():
+            yield
+    except Exception as err:
+        message = user_error_message(err)
+        if message is None:
+            raise
+        print(f"lvfl: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 # ------------------------------------------------------------------------------------------------- quiet runs

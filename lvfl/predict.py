@@ -1,105 +1,108 @@
-"""What `lvfl predict` does around Lightning's predict loop: which IDs are asked for, which model answers each.
+"""What `lvfl predict` does around Lightning's predict loop: which rows are asked for, which model answers each.
 
-The VFL model answers, in the predict loop, the samples every party holds; the student that `StudentDistillation`
-saved beside the checkpoints answers the active party's others; with `--oblivious` every ID goes through the `Router`
-(oblivious lookups into each passive party's table of contributions). `PredictionWriter` writes them all, one row per
-requested ID, in the order asked for. `lvfl.cli.VFLCLI`'s predict hooks call `before_predict` and `after_predict`.
+Every requested row gets an answer or a reason, in the order asked for; none is dropped and no row makes the others
+fail. The rows asked for are `--ids`, or the datamodule's `new_rows`, or by default every test sample of the active
+party (those every party holds and those it holds alone). Each is answered by
+
+- `vfl`: the federation's model, in Lightning's predict loop, where every party holds the row;
+- `student`: the student that `StudentDistillation` saved beside the checkpoints, where only the active party holds
+  it (class probabilities, or a regression's value);
+- nobody (`path` empty, `prediction` empty, a `reason`): a row only the active party holds when the run saved no
+  student, or an ID that is not the active party's.
+
+With `--oblivious` the same rows go through the `Router` instead (oblivious lookups into each passive party's table of
+contributions): the same answers, paths and reasons as the plain path. The console says how many rows each path
+answered. `lvfl.cli.VFLCLI`'s predict hooks call `before_predict` and `after_predict`; `PredictionWriter` writes.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "NO_STUDENT",
+    "UNKNOWN_ID",
     "after_predict",
     "before_predict",
     "checkpoint_folder",
     "load_student",
     "read_ids",
-    "requested_samples",
+    "requested_rows",
     "routed_answers",
     "student_answers",
 ]
 
+#: the reason written for a row only the active party holds when the run saved no student
+NO_STUDENT = (
+    "held by the active party only, and the run saved no student to answer it (fit with "
+    "lvfl.callbacks.StudentDistillation)"
+)
+#: the reason written for an ID that is not the active party's
+UNKNOWN_ID = "not an ID of the active party"
+
+Answer = tuple[Any, str, str]  # (probabilities or value, or None; path; reason)
+
 
 def before_predict(cli: Any) -> None:
-    """`lvfl predict` writes its predictions to a file (`lvfl.callbacks.PredictionWriter`)."""
+    """Decide the rows and answer those outside the loop; the loop's batches are the rows every party holds."""
     from lvfl.callbacks.predictions import PredictionWriter
 
     config = cli.config.get(str(cli.subcommand), cli.config)
     path = config.get("output") or str(Path(cli.trainer.log_dir or ".") / "predictions.csv")
-    cli.prediction_writer = PredictionWriter(path)
-    folder = checkpoint_folder(cli, config.get("ckpt_path"))
-    cli._routed = None  # (IDs, student) that `after_predict` answers through the Router (`--oblivious`)
+    cli.prediction_writer = writer = PredictionWriter(path)
+    datamodule = cli.datamodule
+    cli.model.prepare_datamodule(datamodule)  # set up here, before the trainer attaches it
+    datamodule.setup("predict")
+    student = load_student(checkpoint_folder(cli, config.get("ckpt_path")), datamodule.task)
+    new_rows = getattr(datamodule, "new_rows_active_only", None)
+    new = new_rows() if new_rows is not None else None
+    if new is not None and config.get("ids") is not None:
+        raise ValueError("--ids and the datamodule's new_rows both say what to predict: give one")
+    cli._routed = None  # (IDs, samples, student) that `after_predict` answers through the Router (`--oblivious`)
     if config.get("oblivious"):
-        _route(cli, config, folder)
-        return
-    new_rows = getattr(cli.datamodule, "new_rows_active_only", None)
-    if new_rows is not None:
-        cli.datamodule.setup("predict")
-        new = new_rows()
-        if new is not None and config.get("ids") is not None:
-            raise ValueError("--ids and the datamodule's new_rows both say what to predict: give one")
         if new is not None:
-            keys, features = new
-            answered = student_answers(load_student(folder) if keys else None, keys, features, "new rows")
-            answered = {k: (v, "student") for k, v in answered.items()}
-            cli.prediction_writer.request(cli.datamodule.new_row_ids(), answered)
-    if config.get("ids") is not None:
-        keys = read_ids(config["ids"])
-        vfl, answered = requested_samples(cli.datamodule, keys, load_student(folder))
-        cli.datamodule.predict_ids = vfl
-        cli.prediction_writer.request(keys, {k: (v, "student") for k, v in answered.items()})
-    cli.trainer.callbacks.append(cli.prediction_writer)
-    _quiet_if_no_batch(cli)
-
-
-def _quiet_if_no_batch(cli: Any) -> None:
-    """No predict batch is wanted (every ID is answered outside the loop): Lightning's warning is no news."""
-    if cli.datamodule.predict_ids == []:
-        import warnings
+            raise ValueError(
+                "--oblivious answers IDs the parties held at training time (--ids, or the test split); the "
+                "datamodule's new_rows are predicted without it: leave one of them out"
+            )
+        keys = read_ids(config["ids"]) if config.get("ids") is not None else default_keys(datamodule)
+        cli._routed = (keys, student)
+        datamodule.predict_ids = []  # no batch: the trainer still builds the model and loads the checkpoint
+    elif new is not None:
+        keys, features = new
+        answered = student_answers(student, keys, features, cli.model.task)
+        writer.request(datamodule.new_row_ids(), answered)
+    else:
+        keys = read_ids(config["ids"]) if config.get("ids") is not None else default_keys(datamodule)
+        vfl, answered = requested_rows(datamodule, keys, student, cli.model.task)
+        datamodule.predict_ids = vfl
+        writer.request(keys, answered)
+    cli.trainer.callbacks.append(writer)
+    in_loop = len(datamodule.new_row_ids()) - len(new[0]) if new is not None else len(datamodule.predict_ids or [])
+    if not in_loop:
+        import warnings  # no batch is wanted (every row is answered outside the loop): Lightning's warning is no news
 
         warnings.filterwarnings("ignore", message=r"Total length of `DataLoader` across ranks is zero")
 
 
-def _route(cli: Any, config: Any, folder: Path | None) -> None:
-    """`--oblivious`: no predict batch runs; `after_predict` answers the IDs through the `Router`."""
-    cli.datamodule.setup("predict")
-    new_rows = getattr(cli.datamodule, "new_rows_active_only", None)
-    if new_rows is not None and new_rows() is not None:
-        raise ValueError(
-            "--oblivious answers IDs the parties held at training time (--ids, or the test split); the "
-            "datamodule's new_rows are predicted without it: leave one of them out"
-        )
-    if config.get("ids") is not None:
-        keys = read_ids(config["ids"])
-    else:
-        test = cli.datamodule.active_set("test").ids
-        keys = cli.datamodule.business_ids(test) if hasattr(cli.datamodule, "business_ids") else test.tolist()
-    cli._routed = ([str(k) for k in keys], load_student(folder))
-    cli.datamodule.predict_ids = []  # the trainer still builds the model and loads the checkpoint
-    cli.trainer.callbacks.append(cli.prediction_writer)
-    _quiet_if_no_batch(cli)
+def default_keys(datamodule: Any) -> list[str]:
+    """Every test sample of the active party (every party's and its own alone), as the file keys them."""
+    test = datamodule.active_set("test").ids
+    return datamodule.business_ids(test) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in test]
 
 
 def checkpoint_folder(cli: Any, ckpt_path: str | None) -> Path | None:
-    """The folder of the checkpoint `lvfl predict` loads (where a student is saved beside it)."""
-    if ckpt_path is None:
-        return None
-    if ckpt_path != "last":
-        return Path(ckpt_path).parent
-    from lvfl.callbacks import ExperimentCheckpoint
+    """The folder of the checkpoint `lvfl predict` loads (`last`, `best` or a path): where its student is saved."""
+    from lvfl.checkpoints import resolve_ckpt_path
 
-    keepers = [cb for cb in cli.trainer.callbacks if isinstance(cb, ExperimentCheckpoint)]
-    if not keepers:
-        return None
-    keepers[0]._use_experiment_dir(cli.trainer)
-    return Path(keepers[0].dirpath) if keepers[0].dirpath else None
+    path = resolve_ckpt_path(cli.trainer, ckpt_path)
+    return None if path is None else path.parent
 
 
 def after_predict(cli: Any) -> None:
-    """Say where the predictions went."""
+    """Answer the `--oblivious` rows through the Router, write what is pending, say how many rows each path answered."""
     writer = cli.prediction_writer
     if cli._routed is not None:
         from lvfl.wire import Wire
@@ -113,7 +116,14 @@ def after_predict(cli: Any) -> None:
     if not writer.rows and writer.pending_answers:  # every ID was answered outside the loop: no batch ran
         writer.write_on_epoch_end(cli.trainer, cli.model, [], [])
     if cli.trainer.is_global_zero:
-        print(f"lvfl predict: {len(writer.rows)} predictions written to {writer.path}")
+        print(f"lvfl predict: {len(writer.rows)} rows written to {writer.path}: {summary(writer.rows)}")
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """How many rows each path answered, and how many got a reason instead."""
+    paths = Counter(row["path"] or "" for row in rows)
+    parts = [f"{paths.get('vfl', 0)} by the VFL model", f"{paths.get('student', 0)} by the student"]
+    return ", ".join(parts) + f", {paths.get('', 0)} unanswered (see their reason)"
 
 
 def read_ids(path: str) -> list[str]:
@@ -131,72 +141,77 @@ def read_ids(path: str) -> list[str]:
     return ids
 
 
-def load_student(folder: Path | None) -> Any:
-    """The student `StudentDistillation` saved beside the checkpoints, or None where there is none."""
+def load_student(folder: Path | None, task: Any = None) -> Any:
+    """The student `StudentDistillation` saved beside the checkpoints, or None where there is none.
+
+    With `task` (the run's), a student of another task kind or width is refused by name rather than answering wrongly.
+    """
     from lvfl.inference.student_file import load_student as load
 
-    return None if folder is None else load(folder)
+    return None if folder is None else load(folder, task)
 
 
-def requested_samples(datamodule: Any, keys: list[str], student: Any = None) -> tuple[list[int], dict[str, Any]]:
-    """What `lvfl predict --ids` answers: the VFL model's samples, and the student's answers for the other IDs.
+def requested_rows(datamodule: Any, keys: list[str], student: Any, task: Any) -> tuple[list[int], dict[str, Answer]]:
+    """Which of `keys` the VFL model answers (their samples, in order) and the answers for all the others.
 
-    Returns (the samples every party holds, for the VFL model; {ID: probabilities} of the IDs only the active party
-    holds, answered by the `student` on its features). Without a student such IDs are refused by name rather than
-    answered by a model that does not see them; an ID that is no sample of the active party is always refused.
+    Returns (the samples every party holds, for the predict loop; {ID: answer} for the rest: the `student`'s on the
+    active party's features where only it holds the row, else a reason).
     """
-    datamodule.setup("predict")
-    try:
-        samples = datamodule.sample_ids_for(keys)
-    except KeyError as err:
-        raise ValueError(f"--ids: {err.args[0]}") from None
-    held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
-    vfl = [s for s in samples if s in held]
-    only = [(k, s) for k, s in zip(keys, samples, strict=True) if s not in held]
-    features = datamodule.active_rows([s for _, s in only]).features[datamodule.active_party_name]
-    return vfl, student_answers(student if only else None, [k for k, _ in only], features, "--ids")
+    samples = datamodule.sample_ids_for(keys, missing="none")
+    held = holders(datamodule, samples)
+    vfl = [s for s in samples if s is not None and s in held]
+    answers: dict[str, Answer] = {k: (None, "", UNKNOWN_ID) for k, s in zip(keys, samples, strict=True) if s is None}
+    only = [(k, s) for k, s in zip(keys, samples, strict=True) if s is not None and s not in held]
+    if only:
+        features = datamodule.active_rows([s for _, s in only]).features[datamodule.active_party_name]
+        answers |= student_answers(student, [k for k, _ in only], features, task)
+    return vfl, answers
+
+
+def holders(datamodule: Any, samples: list[int | None]) -> set[int]:
+    """The samples of `samples` every participating party holds (all of them when the active party is alone)."""
+    if len(datamodule.participants) == 1:
+        return {s for s in samples if s is not None}
+    return set(datamodule.overlap_ids().tolist())
 
 
 def routed_answers(
     model: Any, datamodule: Any, keys: list[str], student: Any, wire: Any, bucket_size: int = 64
-) -> dict[str, tuple[Any, str]]:
-    """{ID: (probabilities or value, path)} of `keys` answered by a `Router` rebuilt from the loaded run.
+) -> dict[str, Answer]:
+    """{ID: answer} of `keys` answered by a `Router` rebuilt from the loaded run (the same rows as the plain path).
 
-    The passive parties' tables come from the checkpoint's models on their own features, the student from
-    `student.pt`; the lookups' messages go on `wire`. IDs that only the active party holds need the student and are
-    refused by name without one, as is an ID that is no sample of the active party.
+    The passive parties' tables come from the checkpoint's models on their own features, the student from the saved
+    student; the lookups' messages go on `wire`. An ID that is not the active party's gets a reason, as does an ID
+    only the active party holds when there is no student.
     """
     from lvfl.inference.router import Router
 
-    try:
-        samples = datamodule.sample_ids_for(keys)
-    except KeyError as err:
-        raise ValueError(f"--oblivious: {err.args[0]}") from None
-    if student is None:
-        held = set(datamodule.overlap_ids().tolist()) if len(datamodule.participants) > 1 else set(samples)
-        student_answers(None, [k for k, s in zip(keys, samples, strict=True) if s not in held], None, "--oblivious")
-    routed = Router(model, datamodule, student, bucket_size=bucket_size, wire=wire).predict(samples)
-    task = model.task
-    outputs = task.to_target(routed.logits.reshape(-1)) if task.is_regression else routed.logits.softmax(-1)
-    return {k: (o, p) for k, o, p in zip(keys, outputs, routed.path, strict=True)}
+    samples = datamodule.sample_ids_for(keys, missing="none")
+    answers: dict[str, Answer] = {k: (None, "", UNKNOWN_ID) for k, s in zip(keys, samples, strict=True) if s is None}
+    asked = [(k, s) for k, s in zip(keys, samples, strict=True) if s is not None]
+    if asked:
+        routed = Router(model, datamodule, student, bucket_size=bucket_size, wire=wire).predict([s for _, s in asked])
+        task = model.task
+        outputs = task.to_target(routed.logits.reshape(-1)) if task.is_regression else routed.logits.softmax(-1)
+        for (key, _), output, path in zip(asked, outputs, routed.path, strict=True):
+            answers[key] = (output, path, "") if path != "none" else (None, "", NO_STUDENT)
+    return answers
 
 
-def student_answers(student: Any, keys: list[str], features: Any, what: str) -> dict[str, Any]:
-    """{ID: class probabilities} of the student on the active party's `features` of `keys` (none: {}).
+def student_answers(student: Any, keys: list[str], features: Any, task: Any) -> dict[str, Answer]:
+    """{ID: answer} of the student on the active party's `features` of `keys`.
 
-    Raises:
-        ValueError: there are such IDs but no student (named): a model that does not see them must not answer.
+    Class probabilities, or a regression's value in the target's units; without a student, every one of them gets the
+    reason `NO_STUDENT`.
     """
     import torch
 
     if not keys:
         return {}
     if student is None:
-        raise ValueError(
-            f"{what}: {keys[:10]} are held by the active party only; answering them needs the student model that "
-            "StudentDistillation saves beside the checkpoints, and this run has none: leave them out"
-        )
+        return {k: (None, "", NO_STUDENT) for k in keys}
     student.eval()
     with torch.no_grad():
-        probs = student(features).softmax(-1)
-    return dict(zip(keys, probs, strict=True))
+        out = student(features)
+    outputs = task.to_target(out.reshape(-1)) if task is not None and task.is_regression else out.softmax(-1)
+    return {k: (o, "student", "") for k, o in zip(keys, outputs, strict=True)}

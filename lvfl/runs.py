@@ -29,12 +29,14 @@ import torch
 
 __all__ = [
     "RESUME_TAG_PREFIX",
+    "digest_json",
     "RUNTIME_ONLY_SETTINGS",
     "CheckpointMismatchError",
     "check_fingerprint",
     "class_path",
     "data_fingerprint",
     "derive_seed",
+    "digest_array",
     "describe_object",
     "fingerprint_differences",
     "resume_rows",
@@ -53,7 +55,7 @@ RUNTIME_ONLY_SETTINGS = frozenset({"batch_size", "num_workers", "workers", "n_th
 
 #: Settings added after checkpoints were written without them, with the value those runs had: a checkpoint that
 #: lacks one is compared as having that value (DHMasking's ring was Z_2^64 before `ring_bits` existed).
-ADDED_SETTINGS = {"ring_bits": 64}
+ADDED_SETTINGS = {"ring_bits": 64, "stratify": "auto"}
 
 _PURPOSES = {"shuffle": 0x5F0FF1E, "global_rng": 0x61DB41, "loader": 0x10AD}
 _MAX_DIFFERENCES = 8  # differences listed in an error message
@@ -149,6 +151,21 @@ def _digest(array: np.ndarray) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def digest_json(value: Any) -> str:
+    """A short SHA-256 digest of JSON-like `value` (keys sorted): the same in every process."""
+    import json
+
+    blob = json.dumps(_plain(value, _DEPTH), sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def digest_array(array: np.ndarray | torch.Tensor) -> str:
+    """A short SHA-256 digest of an array's dtype, shape and bytes."""
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu().numpy()
+    return _digest(np.asarray(array))
+
+
 def _ids(ids: torch.Tensor) -> dict[str, Any]:
     values = ids.detach().cpu().to(torch.int64).numpy()
     return {"samples": int(values.size), "ids_sha256": _digest(values)}
@@ -158,7 +175,9 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
     """A `VerticalDataModule`'s class, settings and, per split, the count and a digest of the sample IDs.
 
     Per split both all its samples and the overlap every party holds are digested: two runs with the same data
-    fingerprint train, validate and test on the same rows.
+    fingerprint train, validate and test on the same rows. Datamodules whose rows are files a user hands lvfl
+    (`PartyTables`) add `content`: per party, digests of its IDs, its columns, its fitted encoders and scaling and
+    its encoded features, so that another table under the same path is refused too.
     """
     out = describe_object(datamodule)
     out.pop("class", None)
@@ -166,7 +185,11 @@ def data_fingerprint(datamodule: Any) -> dict[str, Any]:
         split: {"all": _ids(datamodule.active_set(split).ids), "overlap": _ids(datamodule.overlap_ids(split))}
         for split in ("train", "val", "test")
     }
-    return {"class": class_path(datamodule), "settings": out, "splits": splits}
+    fingerprint = {"class": class_path(datamodule), "settings": out, "splits": splits}
+    content = datamodule.content_digest() if callable(getattr(datamodule, "content_digest", None)) else {}
+    if content:  # only where the datamodule has one, so that other datamodules' fingerprints stay as they were
+        fingerprint["content"] = content
+    return fingerprint
 
 
 def run_fingerprint(module: Any, datamodule: Any | None = None) -> dict[str, Any]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import csv
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 
 from lvfl.callbacks import CommunicationMeter
@@ -103,6 +106,17 @@ def spy_on(wire) -> list[tuple[str, str, str, object]]:
     return seen
 
 
+def split_ledger(dm) -> dict[tuple[str, str, str], int]:
+    """The split message where only the active party can compute the split: one byte per shared sample to each
+    passive participant (`lvfl.datamodules.split`); nothing where the split is public."""
+    dm.setup()
+    if dm.split_is_public:
+        return {}
+    shared = len(dm.overlap_ids())
+    active = dm.active_party_name
+    return {(active, f"party{k}", "split"): shared for k in dm.participants if f"party{k}" != active}
+
+
 def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
     """DHMasking's key exchange, once: each passive party's 32-byte public key up, the K - 1 others' keys down."""
     k_passive = len(model.passive)
@@ -152,27 +166,110 @@ def bad_labels_datamodule(num_parties: int = 4):
 
 
 def relabelled(base: type) -> type:
-    """`base` datamodule whose training samples get other true labels after the (label-stratified) split is made.
+    """`base` datamodule whose samples get other true labels *before* anything is derived from them.
 
-    `Relabelled(relabel, **kwargs)`: with `relabel`, sample i's label y becomes (y + 1 + i mod (M - 1)) mod M in every
-    view of the training split (the VFL view and the active party's own view), so each label changes and the split,
-    features and IDs stay as they were: the counterfactual of the label-DP tests.
+    `Relabelled(relabel, **kwargs)`: with `relabel`, sample i's label y becomes (y + 1 + i mod (M - 1)) mod M as
+    `load()` returns it, so every label changes and the split, the overlap draw, the scaling and everything else are
+    recomputed from the new labels, never held fixed: the counterfactual of the label-DP tests. Whatever a passive
+    party sees that depends on the true labels (a split stratified on them, say) changes with it.
     """
 
     class Relabelled(base):
         def __init__(self, relabel: bool, **kwargs) -> None:
             super().__init__(**kwargs)
             self.relabel = relabel
-            self._done = False
 
-        def setup(self, stage: str | None = None) -> None:
-            super().setup(stage)
-            if self.relabel and not self._done:
-                m = self.task.num_classes
-                views = {v.labels.data_ptr(): v for v in (self.train_set, self.active_set("train"))}
-                for view in views.values():
-                    view.labels.copy_((view.labels + 1 + view.ids.long() % max(m - 1, 1)) % m)
-                self._done = True
+        def load(self):
+            x, y = super().load()
+            if self.relabel:
+                y = np.asarray(y).copy()
+                m = int(self.num_classes or len(np.unique(y)))
+                y = (y + 1 + np.arange(len(y)) % max(m - 1, 1)) % m
+            return x, y
 
     Relabelled.__name__ = Relabelled.__qualname__ = f"Relabelled{base.__name__}"
     return Relabelled
+
+
+def write_tables(root: Path, relabel: bool) -> list[str]:
+    """A bank (active: income, age, status) and a retailer (spend): 300 and 260 IDs, 200 shared, in their own orders.
+
+    With `relabel` every status is flipped: the counterfactual's other true labels, in the file."""
+    rng = np.random.default_rng(0)
+    bank_ids = [f"C{i:04d}" for i in rng.permutation(300)]
+    retail_ids = [f"C{i:04d}" for i in rng.permutation(np.arange(100, 360))]
+    income = rng.normal(50, 10, size=300)
+    status = np.where(income + rng.normal(0, 5, size=300) < 50, "default", "ok")
+    if relabel:
+        status = np.where(status == "ok", "default", "ok")
+    folder = root / ("relabelled" if relabel else "true")
+    folder.mkdir(parents=True, exist_ok=True)
+    bank, retail = folder / "bank.csv", folder / "retailer.csv"
+    with bank.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["customer_id", "income", "age", "status"])
+        w.writerows(
+            [[i, round(x, 3), 20 + k % 50, s] for k, (i, x, s) in enumerate(zip(bank_ids, income, status, strict=True))]
+        )
+    with retail.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["client", "spend", "channel"])
+        w.writerows([[i, round(float(v), 3), ["web", "store"][k % 2]] for k, (i, v) in enumerate(
+            zip(retail_ids, rng.gamma(2.0, 3.0, size=260), strict=True)
+        )])  # fmt: skip
+    return [str(bank), str(retail)]
+
+
+def bank_retailer_tables(relabel: bool, root: Path, **kwargs: Any):
+    """`PartyTables` over `write_tables`' files (written under `root`): a bank (active) and a retailer."""
+    from lvfl.datamodules import PartyTable, PartyTables
+
+    bank, retail = write_tables(root, relabel)
+    parties = [
+        PartyTable(bank, id_column="customer_id", label_column="status"),
+        PartyTable(retail, id_column="client"),
+    ]
+    return PartyTables(parties, batch_size=32, seed=0, **kwargs)
+
+
+def tiny_wine_cli(tmp_path: Path, parties: int = 2, *extra: str) -> list[str]:
+    """CLI arguments of a small EASTER run on Wine (multiclass) logging under `tmp_path` as `tiny`: 2 training
+    batches an epoch, no sanity check; `extra` arguments last."""
+    mlp = "{class_path: lvfl.models.MLP, init_args: {hidden: [4]}}"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(
+        "model:\n  class_path: lvfl.protocols.EASTER\n  init_args:\n    embedding_dim: 4\n"
+        f"    parties:\n      - {{model: {mlp}}}\n"
+        f"data:\n  class_path: lvfl.datamodules.Wine\n  init_args: {{num_parties: {parties}, batch_size: 32}}\n"
+    )
+    return [
+        "--config",
+        str(config),
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+        "--trainer.logger.init_args.name=tiny",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.limit_train_batches=2",
+        "--trainer.num_sanity_val_steps=0",
+        *extra,
+    ]
+
+
+def spy_on_fold_teachers(monkeypatch, cross_fit_module) -> tuple[list[set[int]], list[set[int]]]:
+    """Record, per fold teacher of `lvfl.inference.cross_fit`, the samples it trained on and those it labelled."""
+    trained: list[set[int]] = []
+    labelled: list[set[int]] = []
+    real = cross_fit_module.teacher_soft_label_parts
+
+    class SpyTrainer(cross_fit_module.Trainer):
+        def fit(self, model, datamodule=None, **kwargs):
+            trained.append(set(datamodule.train_set.ids.tolist()))
+            labelled.append(set())
+            return super().fit(model, datamodule=datamodule, **kwargs)
+
+    def spy(teacher, batch, producer=None):
+        labelled[-1].update(batch.ids.tolist())
+        return real(teacher, batch, producer)
+
+    monkeypatch.setattr(cross_fit_module, "Trainer", SpyTrainer)
+    monkeypatch.setattr(cross_fit_module, "teacher_soft_label_parts", spy)
+    return trained, labelled

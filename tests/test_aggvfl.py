@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import dh_key_ledger, make_trainer, mlp_parties, recording
+from helpers import dh_key_ledger, make_trainer, mlp_parties, recording, split_ledger
 
 from lvfl.datamodules import Digits, VerticalDataModule
 from lvfl.privacy import DHMasking, Plain
@@ -85,6 +85,7 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, aggregate, aggregation, sh
     expected = expected_epoch_ledger(model, dm, share_bytes)
     if aggregation is DHMasking:
         expected.update(dh_key_ledger(model))
+    expected.update(split_ledger(dm))  # the active party's stratified split, set-up traffic
     assert dict(model.wire.bytes) == expected
     batches = len(dm.train_dataloader())
     for k in model.passive:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, dh_key_ledger, make_trainer
+from helpers import REPO, dh_key_ledger, make_trainer, split_ledger, write_tables
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lvfl.datamodules import Synthetic
@@ -66,11 +66,13 @@ def test_the_checkpoint_records_its_run(dh_checkpoint):
 def test_the_same_run_loads_and_its_set_up_is_named_resume_traffic(tmp_path, dh_checkpoint):
     model = tiny_easter(DHMasking())
     trainer = make_trainer(tmp_path)
-    trainer.test(model, datamodule=tiny_data(batch_size=7), ckpt_path=str(dh_checkpoint))  # loader settings may differ
+    dm = tiny_data(batch_size=7)
+    trainer.test(model, datamodule=dm, ckpt_path=str(dh_checkpoint))  # loader settings may differ
     saved = torch.load(dh_checkpoint, weights_only=False)["state_dict"]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items() if k.startswith("party_models"))
     own, again = split_resume_traffic(model.wire.bytes)
-    assert again == dh_key_ledger(model), "this process's key exchange, named as re-done set-up"
+    expected = dh_key_ledger(model) | split_ledger(dm)
+    assert again == expected, "this process's key exchange and split message, named as re-done set-up"
     assert own["party1", "party0", "keys"] == 32, "the written run's own key exchange, once"
 
 
@@ -185,3 +187,64 @@ def test_a_checkpoint_from_before_ring_bits_reads_as_the_64_bit_ring():
     assert fingerprint_differences(old, {"aggregation": {**now["aggregation"], "ring_bits": 32}}) == [
         ("aggregation.ring_bits", 64, 32)
     ]
+
+
+def test_party_tables_fingerprint_covers_the_tables_themselves(tmp_path):
+    """The review's finding: renaming every ID or changing every feature under the same paths left the fingerprint
+    unchanged. Each party's IDs, columns, fitted encoders and scaling, and encoded features are digested now, and
+    loading a checkpoint fitted on other tables is refused naming the party and what changed."""
+    import csv
+
+    from lvfl.datamodules import PartyTable, PartyTables
+    from lvfl.runs import fingerprint_differences
+
+    bank, retail = write_tables(tmp_path / "a", relabel=False)
+
+    def datamodule() -> PartyTables:
+        tables = [PartyTable(bank, "customer_id", label_column="status"), PartyTable(retail, "client")]
+        return PartyTables(tables, batch_size=64, seed=0)
+
+    def rewrite(path: str, change) -> None:
+        with open(path, newline="") as f:
+            header, *rows = list(csv.reader(f))
+        with open(path, "w", newline="") as f:
+            csv.writer(f).writerows([header, *(change(header, list(r)) for r in rows)])
+
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_last=True, save_top_k=0)
+    trainer = make_trainer(tmp_path, callbacks=[checkpoint], enable_checkpointing=True, limit_val_batches=0)
+    trainer.fit(tiny_easter(), datamodule=datamodule())
+    saved = run_fingerprint(trainer.lightning_module, trainer.datamodule)
+    assert run_fingerprint(tiny_easter(), datamodule())["data"] == saved["data"]  # the same tables: the same digest
+
+    def spend_doubled(header: list[str], row: list[str]) -> list[str]:
+        row[header.index("spend")] = str(2 * float(row[header.index("spend")]))
+        return row
+
+    def differences() -> list[str]:
+        return [key for key, _, _ in fingerprint_differences(saved, run_fingerprint(tiny_easter(), datamodule()))]
+
+    original = Path(retail).read_text()
+    rewrite(retail, spend_doubled)  # an affine change: the standardized features stay, the scaling does not
+    assert differences() == ["data.content.party1.scaling"]
+    Path(retail).write_text(original)
+    spends = [r.split(",")[1] for r in original.splitlines()[1:]]
+
+    def spend_reversed(header: list[str], row: list[str]) -> list[str]:  # the same values at other customers
+        row[header.index("spend")] = spends[
+            len(spends) - 1 - [r.split(",")[0] for r in original.splitlines()[1:]].index(row[0])
+        ]
+        return row
+
+    rewrite(retail, spend_reversed)
+    assert "data.content.party1.features" in differences()  # the same values at other customers
+    Path(retail).write_text(original)
+
+    def renamed(header: list[str], row: list[str]) -> list[str]:
+        row[0] = "X" + row[0]
+        return row
+
+    rewrite(bank, renamed)
+    rewrite(retail, renamed)  # every ID renamed at both parties: the same intersection, the same rows
+    assert {"data.content.party0.ids", "data.content.party1.ids"} <= set(differences())
+    with pytest.raises(CheckpointMismatchError, match=r"belongs to another run.*data\."):  # split too: keyed by ID
+        make_trainer(tmp_path).test(tiny_easter(), datamodule=datamodule(), ckpt_path=str(tmp_path / "ckpt/last.ckpt"))

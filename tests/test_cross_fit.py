@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 import torch
-from helpers import easter, make_trainer, mlp_parties, recording
+from helpers import easter, make_trainer, mlp_parties, recording, spy_on_fold_teachers
 from sklearn.metrics import roc_auc_score
 
 import lvfl.inference.cross_fit as cross_fit_module
@@ -78,22 +78,7 @@ def test_every_soft_label_comes_from_a_teacher_that_did_not_train_on_the_sample(
 
 def test_fold_teachers_train_only_on_their_kept_samples(monkeypatch):
     dm = BreastCancer(num_parties=2, overlap=0.5, batch_size=32)
-    trained: list[set[int]] = []
-    labelled: list[set[int]] = []
-    real = cross_fit_module.teacher_soft_label_parts
-
-    class SpyTrainer(cross_fit_module.Trainer):
-        def fit(self, model, datamodule=None, **kwargs):
-            trained.append(set(datamodule.train_set.ids.tolist()))
-            labelled.append(set())
-            return super().fit(model, datamodule=datamodule, **kwargs)
-
-    def spy(teacher, batch, producer=None):
-        labelled[-1].update(batch.ids.tolist())
-        return real(teacher, batch, producer)
-
-    monkeypatch.setattr(cross_fit_module, "Trainer", SpyTrainer)
-    monkeypatch.setattr(cross_fit_module, "teacher_soft_label_parts", spy)
+    trained, labelled = spy_on_fold_teachers(monkeypatch, cross_fit_module)
     torch.manual_seed(0)
     cross_fitted_soft_labels(untrained_copy(easter(2)), dm, folds=2, max_epochs=1, wire=Wire())
     assert len(trained) == 2

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import make_trainer, mlp_parties, recording
+from helpers import make_trainer, mlp_parties, recording, split_ledger
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -282,9 +282,11 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, bits, topk):
     model = cvfl(4, local_iterations=2, compressor=Compressor(bits=bits, topk=topk), embedding_dim=16)
     make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
     expected = expected_epoch_ledger(model, dm, bits, topk)
-    assert dict(model.wire.bytes) == expected
+    split = split_ledger(dm)  # the active party's stratified split, set-up traffic: one message each
+    assert dict(model.wire.bytes) == expected | split
     rounds = len(dm.train_dataloader())
     assert all(model.wire.messages[key] == rounds for key in expected)  # Q = 2 local iterations, one round each
+    assert all(model.wire.messages[key] == 1 for key in split)
 
 
 def test_top_model_parameters_are_counted_in_full():
@@ -305,6 +307,7 @@ def test_evaluation_sends_compressed_embeddings_only(tmp_path):
     expected = {
         (k, "party0", "embeddings"): sum(compressed_nbytes(s * 16, 5, 1.0) for s in sizes) for k in model.passive
     }
+    expected.update(split_ledger(dm))
     assert dict(model.wire.bytes) == expected
 
 

@@ -16,6 +16,7 @@ from helpers import (
     mlp_parties,
     recording,
     run_ddp,
+    split_ledger,
 )
 
 from lvfl.datamodules import Digits, VerticalDataModule
@@ -135,6 +136,7 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, aggregation, share_bytes):
     expected = expected_epoch_ledger(model, dm, share_bytes)
     if aggregation is DHMasking:
         expected.update(dh_key_ledger(model))
+    expected.update(split_ledger(dm))  # the active party's stratified split, set-up traffic
     assert dict(model.wire.bytes) == expected
     assert model.wire.total_bytes() == sum(expected.values())
     batches = len(dm.train_dataloader())
@@ -262,8 +264,10 @@ def test_meter_epoch_bytes_count_training_only(tmp_path):
         )
     assert model.wire.total_bytes() > 2 * sum(expected.values())  # validation and keys did cross the wire
     (setup,) = [r for r in csv.DictReader(path.open()) if r.get("train/comm/setup_bytes")]
-    assert float(setup["train/comm/setup_bytes"]) == sum(dh_key_ledger(model).values())  # sanity-val excluded
+    set_up = sum(dh_key_ledger(model).values()) + sum(split_ledger(dm).values())  # sanity-val excluded
+    assert float(setup["train/comm/setup_bytes"]) == set_up
     assert float(setup["train/comm/setup_bytes/keys"]) == sum(dh_key_ledger(model).values())
+    assert float(setup["train/comm/setup_bytes/split"]) == sum(split_ledger(dm).values())
 
 
 @pytest.mark.slow

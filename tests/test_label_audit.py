@@ -64,7 +64,8 @@ def test_observers_see_exactly_what_the_ledger_counts(tmp_path):
     make_trainer(tmp_path, limit_train_batches=3, limit_val_batches=2).fit(model, datamodule=Digits(batch_size=64))
     assert seen == model.wire.messages
     assert seen_bytes == model.wire.bytes
-    assert {tag for _, _, tag in seen} == {"keys", "embeddings", "global_embedding", "predictions", "gradients"}
+    expected = {"split", "keys", "embeddings", "global_embedding", "predictions", "gradients"}
+    assert {tag for _, _, tag in seen} == expected  # the split: the active party's, sent at set-up
 
     model.wire.unsubscribe(handle)
     before = sum(seen.values())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import make_trainer, mlp_parties, relabelled
+from helpers import bank_retailer_tables, make_trainer, mlp_parties, relabelled
 
 from lvfl.compression import CompressedTensor, Compressor
 from lvfl.datamodules import Digits
@@ -95,7 +95,7 @@ def passive_inbox(
     inbox: list[tuple] = []
 
     def observe(src: str, dst: str, tag: str, payload: Any) -> None:
-        if dst not in (model.active, "coordinator") and dst in model.passive:
+        if dst not in (dm.active_party_name, "coordinator"):  # a passive party (set-up messages come before build)
             # a key exchange is fresh randomness drawn before any label is read: compared by its size only
             inbox.append((src, dst, tag, len(payload) if tag == "keys" else canonical(payload)))
 
@@ -159,3 +159,45 @@ def test_private_head_is_the_only_true_label_path_and_reports_the_active_predict
     logits = model.party_logits(batch)[model.active]
     assert torch.allclose(logits, model.private_head(e), atol=1e-6)
     assert EASTER(parties=mlp_parties(PARTIES), embedding_dim=8).private_head is None  # none without a mechanism
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", ["easter", "splitnn_concat"])
+def test_own_tables_whole_passive_view_does_not_depend_on_true_labels(protocol, tmp_path):
+    """The own-data path, whole view: each party's CSV, the PSI and the split message on the wire, then training.
+    The true labels change in the bank's file (so the split, the encoders and the scaling are recomputed from it);
+    with the same release, every message the retailer receives is identical (the PSI's by size: fresh keys)."""
+
+    def inbox_of(relabel: bool, release: dict | None) -> tuple[list, VFLModule]:
+        torch.manual_seed(0)
+        dm = bank_retailer_tables(relabel, tmp_path)
+        model = {
+            "easter": lambda m: EASTER(parties=mlp_parties(2), embedding_dim=8, label_mechanism=m),
+            "splitnn_concat": lambda m: SplitNN(
+                parties=mlp_parties(2), top_model=partial(MLP, hidden=[8]), embedding_dim=8, label_mechanism=m
+            ),
+        }[protocol](RandomizedResponse(epsilon=1.0, seed=0))
+        if release is not None:
+            model.label_release.load_state_dict(release)
+        seen: list[tuple] = []
+        model.wire.subscribe(
+            lambda src, dst, tag, payload: (
+                seen.append((src, dst, tag, len(payload) if tag.startswith("psi/") else canonical(payload)))
+                if dst == "party1"
+                else None
+            )
+        )
+        make_trainer(tmp_path / str(relabel), max_epochs=2, limit_train_batches=3, limit_val_batches=1).fit(
+            model, datamodule=dm
+        )
+        return seen, model
+
+    first, model = inbox_of(False, None)
+    second, other = inbox_of(True, model.label_release.state_dict())
+    assert not torch.equal(model.trainer.datamodule.train_set.labels, other.trainer.datamodule.train_set.labels)
+    tags = [m[2] for m in first]
+    assert tags[:2] == ["psi/blinded", "psi/matches"]
+    assert "split" in tags
+    assert len(first) == len(second)
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert a == b, f"message {i} ({a[0]} -> {a[1]}, tag {a[2]!r}) changed with the true labels"

@@ -98,7 +98,8 @@ def test_the_simulator_replays_every_training_message_and_logs_its_times(tmp_pat
     assert len(steps) == trainer.global_step // 3  # manual optimization: one optimizer step per party
     assert sim.steps == len(steps)
     setup = [p for p in sim.trace if p.kind == "setup"]
-    assert sum(m.nbytes for p in setup for m in p.schedule) == model.wire.bytes_by_tag()["keys"]
+    tags = model.wire.bytes_by_tag()
+    assert sum(m.nbytes for p in setup for m in p.schedule) == tags["keys"] + tags["split"]  # the set-up messages
     with (tmp_path / "t" / "version_0" / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
     epoch_bytes = [float(r["train/comm/epoch_bytes"]) for r in rows if r.get("train/comm/epoch_bytes")]

@@ -93,12 +93,41 @@ def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retail
     trainer.fit(model, datamodule=dm)
     psi = {k: v for k, v in model.wire.bytes_by_tag().items() if k.startswith("psi/")}
     assert psi == {f"psi/{k}": v for k, v in message_bytes({"party0": 900, "party1": 900}, "party0", 604).items()}
-    assert seen[:4] == [
+    assert seen[:5] == [
         ("party0", "party1", "psi/blinded"),
         ("party1", "party0", "psi/reblinded"),
         ("party1", "party0", "psi/peer"),
         ("party0", "party1", "psi/matches"),
+        ("party0", "party1", "split"),  # then the retailer's rows of each split, one byte per shared customer
     ]
+    assert model.wire.bytes[("party0", "party1", "split")] == 604
+
+
+def test_fit_prints_and_logs_the_psis_counts(bank_retailer, tmp_path: Path, capsys) -> None:
+    """The intersection's size was printed nowhere: fit prints one line and logs `setup/psi/...` to every logger
+    (what the active party learns: each list's size, each pairwise overlap, the common intersection)."""
+    import csv as csv_module
+
+    model = EASTER([PartyConfig(partial(MLP, hidden=[8]))], embedding_dim=4)
+    logger = pl.loggers.CSVLogger(tmp_path, name="psi")
+    trainer = pl.Trainer(
+        max_epochs=1, limit_train_batches=1, limit_val_batches=0, logger=logger, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=tables(bank_retailer))
+    assert "lvfl: PSI: party0 900 IDs; party1 900 IDs (604 shared with the active party); every party holds 604" in (
+        capsys.readouterr().out
+    )
+    (path,) = tmp_path.rglob("metrics.csv")
+    with path.open(newline="") as f:
+        rows = list(csv_module.DictReader(f))
+    logged = {k: float(v) for row in rows for k, v in row.items() if k.startswith("setup/psi/") and v}
+    assert logged == {
+        "setup/psi/party0/ids": 900.0,
+        "setup/psi/party1/ids": 900.0,
+        "setup/psi/party1/shared_with_active": 604.0,
+        "setup/psi/intersection": 604.0,
+    }
 
 
 def corrupt(path: str, line: int, column: int, value: str) -> None:

@@ -146,6 +146,7 @@ def test_learns_on_digits_beyond_the_active_party_alone(tmp_path):
 def test_passive_models_change_only_in_pretraining(tmp_path):
     dm = Digits(num_parties=4, batch_size=128)
     model = pravfed()
+    model.prepare_datamodule(dm)  # before the data are read: PraVFed's label DP needs a label-free split
     model.build(dm.party_specs, dm.task)
     before = {k: copy.deepcopy(model.party_models[k].state_dict()) for k in model.party_names}
     make_trainer(tmp_path, max_epochs=2).fit(model, datamodule=dm)

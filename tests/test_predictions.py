@@ -12,6 +12,8 @@ from helpers import REPO
 
 from lvfl.callbacks import PredictionWriter
 from lvfl.cli import build_cli, main
+from lvfl.inference.student_file import load_student
+from lvfl.predict import NO_STUDENT, UNKNOWN_ID
 
 CONFIG = "examples/bank_retailer/config.yaml"
 
@@ -56,12 +58,19 @@ def read(path: Path) -> list[dict[str, str]]:
 
 
 def test_predict_writes_one_row_per_test_sample_equal_to_the_models_outputs(fitted, tmp_path, monkeypatch, capsys):
+    """Every test sample of the active party gets a row: the shared ones the VFL model's answer, the bank's own a
+    reason (this run saved no student); none is dropped."""
     monkeypatch.chdir(REPO)
     out = tmp_path / "preds.csv"
     main(["predict", *args(fitted, f"--output={out}")])
-    assert f"predictions written to {out}" in capsys.readouterr().out
-    rows = read(out)
-    assert list(rows[0]) == ["id", "prediction", "prob_default", "prob_ok", "path"]
+    said = capsys.readouterr().out
+    everything = read(out)
+    assert list(everything[0]) == ["id", "prediction", "prob_default", "prob_ok", "path", "reason"]
+    rows = [r for r in everything if r["path"] == "vfl"]
+    unanswered = [r for r in everything if r["path"] == ""]
+    assert len(rows) + len(unanswered) == len(everything)
+    counts = f"{len(rows)} by the VFL model, 0 by the student, {len(unanswered)} unanswered"
+    assert f"{len(everything)} rows written to {out}: {counts}" in said
 
     # the same checkpoint in this process: the active party's model on the test split
     cli = build_cli([*args(fitted)[:-2]], run=False)
@@ -76,11 +85,16 @@ def test_predict_writes_one_row_per_test_sample_equal_to_the_models_outputs(fitt
     with torch.no_grad():
         probs = cli.model.party_logits(batch)["party0"].softmax(-1)
     assert [r["id"] for r in rows] == cli.datamodule.business_ids(test.ids)
+    only = cli.datamodule.active_only_set("test").ids
+    assert len(only) > 0
+    assert [r["id"] for r in everything] == cli.datamodule.business_ids(cli.datamodule.active_set("test").ids)
+    assert {r["id"] for r in unanswered} == set(cli.datamodule.business_ids(only))
+    assert all(r["prediction"] == r["prob_ok"] == "" and r["reason"] == NO_STUDENT for r in unanswered)
     written = torch.tensor([[float(r["prob_default"]), float(r["prob_ok"])] for r in rows])
     torch.testing.assert_close(written, probs, rtol=1e-5, atol=1e-6)
     names = cli.datamodule.label_names
     assert [r["prediction"] for r in rows] == [names[c] for c in probs.argmax(1).tolist()]
-    assert {r["path"] for r in rows} == {"vfl"}
+    assert all(r["reason"] == "" for r in rows)
 
     # and their accuracy is lvfl test's
     (metrics,) = build_cli(args(fitted)[:-2], run=False).trainer.test(
@@ -96,7 +110,8 @@ def test_parquet_output_and_the_mean_of_the_parties(fitted, tmp_path, monkeypatc
     monkeypatch.chdir(REPO)
     main(["predict", *args(fitted, f"--output={tmp_path / 'p.parquet'}")])
     table = pq.read_table(tmp_path / "p.parquet").to_pydict()
-    assert list(table) == ["id", "prediction", "prob_default", "prob_ok", "path"]
+    assert list(table) == ["id", "prediction", "prob_default", "prob_ok", "path", "reason"]
+    assert None in table["prob_ok"]  # a row nobody answered: empty, not a made-up number
     writer = PredictionWriter(str(tmp_path / "m.csv"), party="mean")
     outputs = [{"ids": torch.tensor([0]), "probs": {"a": torch.tensor([[0.2, 0.8]]), "b": torch.tensor([[0.6, 0.4]])}}]
     torch.testing.assert_close(writer._answer(None, [o["probs"] for o in outputs]), torch.tensor([[0.4, 0.6]]))
@@ -136,16 +151,16 @@ def test_predict_answers_the_requested_ids_in_their_order_from_any_split(fitted,
     written = torch.tensor([[float(r["prob_default"]), float(r["prob_ok"])] for r in rows])
     torch.testing.assert_close(written, probs, rtol=1e-5, atol=1e-6)
 
-    # an ID only the bank holds, and one nobody holds, are refused by name
+    # an ID only the bank holds (no student) and one nobody holds get a reason; the others their answers
     only = dm.business_ids(dm.active_only_set("test").ids[:1])
-    (tmp_path / "bad.txt").write_text(f"{wanted[0]}\n{only[0]}\n")
-    with pytest.raises(SystemExit):
-        main(["predict", *args(fitted, f"--ids={tmp_path / 'bad.txt'}")])
-    assert f"--ids: ['{only[0]}'] are held by the active party only" in capsys.readouterr().err
-    (tmp_path / "unknown.txt").write_text("NOBODY-1\n")
-    with pytest.raises(SystemExit):
-        main(["predict", *args(fitted, f"--ids={tmp_path / 'unknown.txt'}")])
-    assert "--ids: IDs ['NOBODY-1'] are not in the active party's table" in capsys.readouterr().err
+    (tmp_path / "bad.txt").write_text(f"{wanted[0]}\nNOBODY-1\n{only[0]}\n")
+    main(["predict", *args(fitted, f"--output={tmp_path / 'bad.csv'}", f"--ids={tmp_path / 'bad.txt'}")])
+    assert [(r["id"], r["path"], r["reason"]) for r in read(tmp_path / "bad.csv")] == [
+        (wanted[0], "vfl", ""),
+        ("NOBODY-1", "", UNKNOWN_ID),
+        (only[0], "", NO_STUDENT),
+    ]
+    assert "3 rows written" in capsys.readouterr().out
 
 
 def test_without_business_ids_the_ids_are_sample_ids() -> None:
@@ -185,7 +200,7 @@ def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_
     main(["predict", *args(with_student, f"--output={tmp_path / 'p.csv'}", f"--ids={tmp_path / 'ids.txt'}")])
     rows = read(tmp_path / "p.csv")
     assert [(r["id"], r["path"]) for r in rows] == [(only[0], "student"), (shared[0], "vfl"), (only[1], "student")]
-    student = torch.load(saved, weights_only=False)
+    student = load_student(saved.parent)
     x = dm.active_rows(dm.sample_ids_for([only[0], only[1]])).features["party0"]
     with torch.no_grad():
         expected = student.eval()(x).softmax(-1)
@@ -224,13 +239,16 @@ def test_oblivious_predict_rebuilds_the_router_from_the_run_and_answers_like_the
     assert "5 IDs through oblivious lookups" in said
     assert all(tag in said for tag in ("ot_prepare", "ot_query", "ot_answer"))
 
-    # without a student, an ID only the active party holds is refused by name; other subcommands refuse the option
+    # without a student, an ID only the active party holds gets a reason, as on the plain path
     (tmp_path / "no_student").mkdir()
     bare = tmp_path / "no_student" / "last.ckpt"
     bare.write_bytes((with_student / "bank_retailer" / "checkpoints" / "last.ckpt").read_bytes())
-    with pytest.raises(SystemExit):
-        main(["predict", *args(with_student)[:-2], "--ckpt_path", str(bare), ids, "--oblivious=true"])
-    assert f"--oblivious: ['{only[0]}', '{only[1]}'] are held by the active party only" in capsys.readouterr().err
+    for name, extra in (("bare_ot.csv", ["--oblivious=true"]), ("bare_plain.csv", [])):
+        out = f"--output={tmp_path / name}"
+        main(["predict", *args(with_student)[:-2], "--ckpt_path", str(bare), ids, out, *extra])
+    bare_ot, bare_plain = read(tmp_path / "bare_ot.csv"), read(tmp_path / "bare_plain.csv")
+    assert [(r["path"], r["reason"]) for r in bare_ot] == [(r["path"], r["reason"]) for r in bare_plain]
+    assert [r["reason"] for r in bare_ot] == ["", NO_STUDENT, "", NO_STUDENT, ""]
     with pytest.raises(SystemExit):
         main(["test", *args(with_student, "--oblivious=true")])
     assert "--oblivious is an option of lvfl predict" in capsys.readouterr().err
@@ -283,14 +301,51 @@ def test_new_rows_are_aligned_encoded_and_answered_like_the_rows_they_copy(with_
         assert float(a["prob_ok"]) == pytest.approx(float(b["prob_ok"]), abs=1e-6), (a["id"], b["id"])
 
 
-def test_new_rows_only_the_bank_holds_need_a_student(fitted, tmp_path, monkeypatch, capsys):
+def test_new_rows_only_the_bank_holds_get_a_reason_without_a_student(fitted, tmp_path, monkeypatch, capsys):
+    """One new customer only the bank holds no longer fails the whole batch (leaving it out would need the bank to
+    learn the retailer's IDs): it is written with an empty prediction and the reason, the others answered."""
     monkeypatch.chdir(REPO)
     dm = build_cli([*args(fitted)[:-2]], run=False).datamodule
     only = dm.business_ids(dm.active_only_set("test").ids[:1])
     shared = dm.business_ids(dm.test_set.ids[:1])
     bank = tmp_path / "b.csv"
-    new_only = copy_rows(REPO / "examples/bank_retailer/bank.csv", bank, [shared[0], only[0]])[1]
+    new_shared, new_only = copy_rows(REPO / "examples/bank_retailer/bank.csv", bank, [shared[0], only[0]])
     copy_rows(REPO / "examples/bank_retailer/retailer.csv", tmp_path / "r.csv", shared)
-    with pytest.raises(SystemExit):
-        main(["predict", *args(fitted, "--config", new_rows_config(tmp_path, bank, tmp_path / "r.csv"))])
-    assert f"new rows: ['{new_only}'] are held by the active party only" in capsys.readouterr().err
+    config = new_rows_config(tmp_path, bank, tmp_path / "r.csv")
+    main(["predict", *args(fitted, "--config", config, f"--output={tmp_path / 'n.csv'}")])
+    rows = read(tmp_path / "n.csv")
+    assert [(r["id"], r["path"], r["reason"]) for r in rows] == [(new_shared, "vfl", ""), (new_only, "", NO_STUDENT)]
+    assert "1 by the VFL model, 0 by the student, 1 unanswered" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("student", [True, False], ids=["student", "no_student"])
+def test_plain_and_oblivious_files_are_the_same_rows_on_the_default_split(
+    student, with_student, tmp_path, monkeypatch, capsys
+):
+    """The acceptance check: on the example's test split, plain `lvfl predict` and `--oblivious=true` write the same
+    rows (the shared customers by the VFL model, the bank's own by the student, or with the reason without one), the
+    same predictions and probabilities; the console counts each path."""
+    monkeypatch.chdir(REPO)
+    ckpt = with_student / "bank_retailer" / "checkpoints" / "last.ckpt"
+    if not student:
+        (tmp_path / "bare").mkdir()
+        (tmp_path / "bare" / "last.ckpt").write_bytes(ckpt.read_bytes())
+        ckpt = tmp_path / "bare" / "last.ckpt"
+    base = [*args(with_student)[:-2], "--ckpt_path", str(ckpt)]
+    main(["predict", *base, f"--output={tmp_path / 'plain.csv'}"])
+    plain_said = capsys.readouterr().out
+    main(["predict", *base, f"--output={tmp_path / 'ot.csv'}", "--oblivious=true"])
+    ot_said = capsys.readouterr().out
+    plain, routed = read(tmp_path / "plain.csv"), read(tmp_path / "ot.csv")
+    dm = build_cli([*args(with_student)[:-2]], run=False).datamodule
+    assert [r["id"] for r in plain] == [r["id"] for r in routed] == dm.business_ids(dm.active_set("test").ids)
+    assert [(r["path"], r["reason"], r["prediction"]) for r in plain] == [
+        (r["path"], r["reason"], r["prediction"]) for r in routed
+    ]
+    shared, own = len(dm.test_set), len(dm.active_only_set("test"))
+    counts = f"{shared} by the VFL model, {own if student else 0} by the student, {0 if student else own} unanswered"
+    assert counts in plain_said
+    assert counts in ot_said
+    for a, b in zip(plain, routed, strict=True):
+        if a["path"]:
+            assert float(a["prob_ok"]) == pytest.approx(float(b["prob_ok"]), abs=1e-5)

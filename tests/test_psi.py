@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
-from lvfl.crypto.psi import DST, PSIKey, split_points
+from lvfl.crypto.psi import DST, PSIKey, secret_permutation, split_points
 from lvfl.privacy.psi import message_bytes, private_intersection
 from lvfl.wire import Wire
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
+SHUFFLE = {"retailer": bytes(range(100, 132)), "insurer": bytes(range(140, 172)), "shop": bytes(range(1, 33))}
 RFC_DST = b"QUUX-V01-CS02-with-curve25519_XMD:SHA-512_ELL2_RO_"
 RFC_VECTORS = [
     (
@@ -92,7 +93,7 @@ def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
 
     wire = Wire()
     seen = inbox(wire, "retailer")
-    private_intersection(ids, active="bank", wire=wire, keys=keys, seed=1)
+    private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE)
     assert [tag for tag, _ in seen] == ["psi/blinded", "psi/matches"]
     blob = b"".join(payload for _, payload in seen)
     for x in others:
@@ -102,7 +103,7 @@ def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
     changed = dict(ids, bank=[x if str(x) in shared else x + 100_000 for x in ids["bank"]])  # same count, new IDs
     wire2 = Wire()
     seen2 = inbox(wire2, "retailer")
-    private_intersection(changed, active="bank", wire=wire2, keys=keys, seed=1)
+    private_intersection(changed, active="bank", wire=wire2, keys=keys, shuffle_keys=SHUFFLE)
     assert seen2[1] == seen[1]  # the matches: positions in the retailer's own shuffled list only
     assert len(seen2[0][1]) == len(seen[0][1])  # the blinded points: their count is all that is fixed
     assert seen2[0][1] != seen[0][1]
@@ -128,7 +129,100 @@ def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     n = 30_000  # above PARALLEL_FROM: two spawned workers
     ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}
     keys = {"bank": bytes(range(32)), "shop": bytes(range(3, 35))}
-    one = private_intersection(ids, active="bank", wire=Wire(), keys=keys, seed=0, workers=1)
-    two = private_intersection(ids, active="bank", wire=Wire(), keys=keys, seed=0, workers=2)
+    one = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=1)
+    two = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=2)
     assert one.ids == two.ids == sorted(str(i) for i in range(n // 2, n))
     assert all(np.array_equal(one.rows[p], two.rows[p]) for p in ids)
+
+
+def test_the_secret_permutation_is_keyed_and_uniform() -> None:
+    """Reproducible with its key only; without one, fresh from the OS each time; every position equally likely."""
+    key = bytes(range(32))
+    assert np.array_equal(secret_permutation(50, key), secret_permutation(50, key))
+    assert sorted(secret_permutation(50, key).tolist()) == list(range(50))
+    assert not np.array_equal(secret_permutation(50, key), secret_permutation(50, bytes(range(1, 33))))
+    assert not np.array_equal(secret_permutation(50), secret_permutation(50))
+    # where element 0 lands over 4,000 keys: uniform over 8 positions (chi-square, 7 dof: 24.3 is its 0.1% tail)
+    landing = np.bincount([int(np.flatnonzero(secret_permutation(8) == 0)[0]) for _ in range(4000)], minlength=8)
+    chi2 = float(((landing - 500.0) ** 2 / 500.0).sum())
+    assert chi2 < 24.3, landing
+    with pytest.raises(ValueError, match="a shuffle key is 32 bytes"):
+        secret_permutation(3, b"short")
+
+
+def recovered_rows(
+    ids: dict, active_key: bytes, guess: np.ndarray, shuffle_keys: dict | None = None
+) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """The active party's attack on a passive party's row order (the review's): from its own inbox and key, which ID
+    sits at each position of the retailer's message 3, then `guess[position]` as that ID's row in the retailer's file.
+
+    Returns (correct guesses, shared IDs, the true rows, the guessed rows)."""
+    wire = Wire()
+    seen = inbox(wire, "bank")
+    private_intersection(ids, active="bank", wire=wire, keys={"bank": active_key}, shuffle_keys=shuffle_keys)
+    reblinded = dict(seen)["psi/reblinded"]  # b·a·H(x) for the bank's IDs, in the bank's order
+    peer = dict(seen)["psi/peer"]  # b·H(y) for the retailer's IDs, in its secret order
+    mine = PSIKey(active_key)
+    id_of = {point: str(x) for point, x in zip(split_points(reblinded), ids["bank"], strict=True)}
+    at = {id_of[p]: pos for pos, p in enumerate(split_points(mine.reblind(peer))) if p in id_of}
+    truth_row = {str(y): row for row, y in enumerate(ids["retailer"])}
+    true = np.asarray([truth_row[x] for x in at])
+    guessed = np.asarray([int(guess[pos]) for pos in at.values()])
+    return int((true == guessed).sum()), len(at), true, guessed
+
+
+def test_the_active_party_cannot_recover_a_passive_partys_row_order_from_the_config_seed() -> None:
+    """The review's attack: the shuffle seeded by the public config seed (0) let the active party recover the
+    retailer's row of 604/604 shared customers, and so any private column the file is sorted by. With the shuffle keyed
+    from the OS, guessing with the seed's permutation is right at chance (604 guesses, each right with probability
+    1/750: 0.8 expected, 9 or more with probability below 1e-6), and the guessed rows carry no information about the
+    true ones (rank correlation ~ N(0, 0.04^2))."""
+    ids = {k: v for k, v in parties().items() if k in ("bank", "retailer")}
+    n = len(ids["retailer"])
+    seeded = np.random.default_rng(0).permutation(n)  # what `seed: 0` gave before
+    correct, shared, true, guessed = recovered_rows(ids, bytes(range(32)), seeded)
+    assert shared == 604
+    assert correct <= 8, f"{correct} of {shared} rows recovered"
+    rank = np.corrcoef(np.argsort(np.argsort(true)), np.argsort(np.argsort(guessed)))[0, 1]
+    assert abs(rank) < 0.2
+    # control: the same attack recovers every row when it knows the shuffle (as it did knowing the seed)
+    known = secret_permutation(n, SHUFFLE["retailer"])
+    correct, shared, _, _ = recovered_rows(ids, bytes(range(32)), known, shuffle_keys=SHUFFLE)
+    assert correct == shared == 604
+
+
+def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkeypatch) -> None:
+    """The review's finding, end to end: `PartyTables(seed=0)` ran the PSI with the passive shuffle seeded by the
+    config's seed, so the active party, from its own key and inbox, recovered the retailer's row of every shared
+    customer. Through the datamodule now, the seed's permutation guesses right at chance."""
+    import csv
+
+    import lvfl.datamodules.tables as tables_module
+    from lvfl.datamodules import PartyTable, PartyTables
+
+    ids = {k: v for k, v in parties().items() if k in ("bank", "retailer")}
+    files = {}
+    for party, values in ids.items():
+        files[party] = tmp_path / f"{party}.csv"
+        with files[party].open("w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["id", "x", "y"] if party == "bank" else ["id", "x"])
+            writer.writerows([[v, i % 7, i % 2] if party == "bank" else [v, i % 5] for i, v in enumerate(values)])
+    active_key = bytes(range(32))  # the attacker's own key, which it knows
+    real = tables_module.private_intersection
+    monkeypatch.setattr(
+        tables_module, "private_intersection", lambda *a, **kw: real(*a, **{**kw, "keys": {"party0": active_key}})
+    )
+    dm = PartyTables(
+        [PartyTable(str(files["bank"]), "id", label_column="y"), PartyTable(str(files["retailer"]), "id")], seed=0
+    )
+    dm.setup("fit")
+    inbox_of_active = {tag: payload for src, dst, payload, tag in dm.setup_messages() if dst == "party0"}
+    mine = PSIKey(active_key)
+    id_of = {p: str(x) for p, x in zip(split_points(inbox_of_active["psi/reblinded"]), ids["bank"], strict=True)}
+    at = {id_of[p]: pos for pos, p in enumerate(split_points(mine.reblind(inbox_of_active["psi/peer"]))) if p in id_of}
+    assert len(at) == 604
+    truth_row = {str(y): row for row, y in enumerate(ids["retailer"])}
+    seeded = np.random.default_rng(0).permutation(len(ids["retailer"]))  # the shuffle `seed: 0` gave before
+    correct = sum(truth_row[x] == seeded[pos] for x, pos in at.items())
+    assert correct <= 8, f"{correct} of 604 rows recovered from the config seed"

@@ -18,7 +18,7 @@ from lvfl.datamodules import Diabetes, PartyTable, PartyTables
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.models import MLP
 from lvfl.parties import TaskInfo
-from lvfl.privacy import RandomizedResponse
+from lvfl.privacy import PaillierSoftLabels, RandomizedResponse
 from lvfl.protocols import CVFL, EASTER, AggVFL, Central, PraVFed, SplitNN
 
 
@@ -157,9 +157,9 @@ def test_what_needs_class_labels_refuses_a_regression_by_name(tmp_path):
         PraVFed(mlp_parties(2), embedding_dim=4).build(dm.party_specs, dm.task)
     with pytest.raises(ValueError, match="RandomizedResponse protects class labels.*'regression'"):
         EASTER(mlp_parties(2), embedding_dim=4, label_mechanism=RandomizedResponse(1.0)).build(dm.party_specs, dm.task)
-    student = StudentDistillation(model=partial(MLP, hidden=[8]), epochs=1)
+    student = StudentDistillation(model=partial(MLP, hidden=[8]), epochs=1, channel=PaillierSoftLabels())
     trainer = make_trainer(tmp_path, max_epochs=1, callbacks=[student])
-    with pytest.raises(ValueError, match="StudentDistillation.*does not fit a regression task"):
+    with pytest.raises(ValueError, match="PaillierSoftLabels carries class probabilities and cannot distil a regr"):
         trainer.fit(EASTER(mlp_parties(2), embedding_dim=4), datamodule=dm)
 
 
@@ -173,7 +173,7 @@ def test_prediction_writer_writes_values_in_the_targets_units(tmp_path):
     preds = trainer.predict(model, dataloaders=dm.test_dataloader(), return_predictions=True)
     with (tmp_path / "p.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["id", "prediction", "path"]
+    assert list(rows[0]) == ["id", "prediction", "path", "reason"]
     expected = torch.cat([p["values"][model.active] for p in preds])
     assert [r["id"] for r in rows] == [str(int(i)) for i in dm.test_set.ids]
     np.testing.assert_allclose([float(r["prediction"]) for r in rows], expected.numpy(), rtol=1e-6)

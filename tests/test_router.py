@@ -155,12 +155,17 @@ def test_every_id_costs_each_passive_party_the_same_messages(fitted, monkeypatch
         assert views[beyond][k] == views[held][k], f"party {k}: an ID beyond its table is visible"
 
 
-def test_unknown_id_and_missing_student_fail_clearly(fitted):
+def test_unknown_id_fails_clearly_and_without_a_student_an_active_only_id_gets_no_answer(fitted):
+    """An ID nobody holds is refused; one only the active party holds, with no student, is asked like any other (the
+    same lookups) and comes back with no answer (path "none", NaN logits) for the caller to give its reason."""
     model, dm, _ = fitted
     router = Router(model, dm, None, bucket_size=16)
     with pytest.raises(ValueError, match=r"sample IDs \[99999\] are held by no party"):
         router.predict([99999])
     test = dm.active_set("test")
     active_only = int(test.ids[~dm.overlap_mask("test")][0])
-    with pytest.raises(ValueError, match=f"sample ID {active_only} is not held by every passive party"):
-        router.predict([active_only])
+    held = int(test.ids[dm.overlap_mask("test")][0])
+    routed = router.predict([active_only, held])
+    assert routed.path == ("none", "vfl")
+    assert torch.isnan(routed.logits[0]).all()
+    assert torch.isfinite(routed.logits[1]).all()

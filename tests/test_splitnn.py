@@ -8,7 +8,15 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
-from helpers import BAD_LABELS_MESSAGE, bad_labels_datamodule, dh_key_ledger, make_trainer, mlp_parties, recording
+from helpers import (
+    BAD_LABELS_MESSAGE,
+    bad_labels_datamodule,
+    dh_key_ledger,
+    make_trainer,
+    mlp_parties,
+    recording,
+    split_ledger,
+)
 
 from lvfl.datamodules import Digits
 from lvfl.models import MLP
@@ -108,6 +116,7 @@ def test_ledger_equals_analytic_epoch_count(tmp_path, fusion, aggregation, share
     make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
     k_keys = len(model.passive) if aggregation is DHMasking else 0
     expected = expected_epoch_ledger(model, len(dm.train_set), share_bytes, k_keys)
+    expected.update(split_ledger(dm))  # the active party's stratified split, set-up traffic
     assert dict(model.wire.bytes) == expected
     assert model.wire.total_bytes() == sum(expected.values())
     batches = len(dm.train_dataloader())

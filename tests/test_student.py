@@ -254,7 +254,7 @@ def test_callback_logs_student_metrics_to_csv(tmp_path):
     assert "teacher/predictions" not in tags
     assert tags["teacher/embeddings"] > 0
     sent_down = {t for (s, d, t) in model.wire.bytes if s == "party0" and d == "party1"}
-    assert sent_down <= {"global_embedding", "gradients", "teacher/global_embedding"}
+    assert sent_down <= {"global_embedding", "gradients", "teacher/global_embedding", "split"}
 
 
 # -- the channel option ------------------------------------------------------------------------------------------

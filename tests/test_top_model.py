@@ -53,6 +53,7 @@ def run(protocol: type[TopModelProtocol], mechanism: str, tmp_path, **kwargs: An
         label_mechanism=MECHANISMS[mechanism](),
         **kwargs,
     )
+    model.prepare_datamodule(dm)  # before the data are read: a label mechanism needs a label-free split
     model.build(dm.party_specs, dm.task)
     model.initial_state = {k: v.clone() for k, v in model.state_dict().items()}
     losses: list[dict[str, torch.Tensor]] = []

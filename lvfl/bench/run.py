@@ -43,6 +43,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     import lightning.pytorch as pl
     import torch
 
+    from lvfl.checkpoints import load_checkpoint, weights_only_kwargs
     from lvfl.cli import build_cli
 
     class EpochTimer(pl.Callback):
@@ -67,8 +68,10 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     wire_bytes = int(cli.model.wire.total_bytes())  # fit + one test pass (loading a checkpoint merges its ledger)
     (keeper,) = [c for c in cli.trainer.checkpoint_callbacks if getattr(c, "monitor", None) == cell.monitor]
     best_path = Path(keeper.best_model_path)
-    best_epoch = int(torch.load(best_path, map_location="cpu", weights_only=False)["epoch"])
-    (best,) = cli.trainer.test(cli.model, datamodule=cli.datamodule, verbose=False, ckpt_path=str(best_path))
+    best_epoch = int(load_checkpoint(best_path)["epoch"])  # weights_only=True, as every checkpoint lvfl loads
+    (best,) = cli.trainer.test(
+        cli.model, datamodule=cli.datamodule, verbose=False, ckpt_path=str(best_path), **weights_only_kwargs()
+    )
     best_path.unlink()  # the cell's figures are in result.json; its checkpoints would only fill the disk
     history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv", cell.metric)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux

@@ -1,10 +1,13 @@
-"""Resuming: `ExperimentCheckpoint` keeps checkpoints per experiment, `ExactResume` makes a resume continue its run.
+"""Checkpoints per experiment: `ExperimentCheckpoint` keeps the last and the best epoch, `ExactResume` resumes exactly.
 
 Lightning's `ModelCheckpoint` writes under the logger's *version* folder, and every new run gets a new version, so
 `--ckpt_path last` from a fresh command finds nothing. `ExperimentCheckpoint` writes to
-`<save_dir>/<name>/checkpoints` (the experiment, not the version) unless `dirpath` is given, and asking for
-`ckpt_path="last"` when that folder holds no last checkpoint is an error naming the folder (Lightning only warns,
-then trains from scratch or tests an untrained model).
+`<save_dir>/<name>/checkpoints` (the experiment, not the version) unless `dirpath` is given: `last.ckpt` after every
+epoch, and `best.ckpt`, the epoch with the best value of the task's main validation metric (`val/acc/mean` for a
+multiclass task, `val/auroc/mean` for a binary one, `val/r2/mean` for a regression; all maximised). Both are found
+from disk by `lvfl.checkpoints.resolve_ckpt_path`, so `--ckpt_path last` and `--ckpt_path best` work in a new
+process; asking for either when the folder holds none is an error naming the folder (Lightning only warns, then
+trains from scratch or tests an untrained model, and resolves "best" only in the process that fitted).
 
 A resumed fit equals the uninterrupted one (bit-identical parameters, the same validation metrics) when every
 source of randomness in epoch e is a function of the run's seed and e alone: the training order
@@ -18,6 +21,7 @@ again would put validation traffic on the wire and use mask steps that the unint
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,20 +30,70 @@ from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
 from lvfl.runs import derive_seed
 
+#: the file name (without .ckpt) of the best epoch that `ExperimentCheckpoint` keeps beside last.ckpt
+BEST_NAME = "best"
+
+
+def main_validation_metric(task: Any) -> str:
+    """The metric the best epoch of a `task` (`lvfl.parties.TaskInfo`) is selected by; every one is maximised.
+
+    Accuracy for a multiclass task, AUROC for a binary one (accuracy hides a minority class), R^2 for a regression
+    (in the target's units, and higher is better like the others).
+    """
+    if task.is_regression:
+        return "val/r2/mean"
+    return "val/auroc/mean" if task.kind == "binary" else "val/acc/mean"
+
 
 class ExperimentCheckpoint(ModelCheckpoint):
-    """A `ModelCheckpoint` with a per-experiment directory.
+    """A `ModelCheckpoint` with a per-experiment directory that keeps `last.ckpt` and the best epoch, `best.ckpt`.
 
-    Defaults differ from Lightning's where resuming needs it: `save_last=True`, and `enable_version_counter=False`
-    so that `last.ckpt` is overwritten by each run instead of piling up `last-v1.ckpt`, `last-v2.ckpt`, ...
-    Runs that share the directory (the same logger name) share `last.ckpt`; every lvfl checkpoint records the run
+    Defaults differ from Lightning's where resuming and a later `--ckpt_path best` need it: `save_last=True`,
+    written after every epoch (Lightning writes it only with a top-k file), `enable_version_counter=False` so that
+    `last.ckpt` and `best.ckpt` are overwritten by each run instead of piling up `last-v1.ckpt`, ...; without a
+    `monitor`, the monitor is the task's main validation metric (`main_validation_metric`, read from the
+    datamodule at set-up) with `mode="max"`, and the one best file is `best.ckpt` (`filename` when given). A run
+    that validates no epoch (or whose datamodule has no task) keeps no best file; a fresh fit removes the folder's
+    `best.ckpt` of an earlier run first, so that `--ckpt_path best` never finds another run's.
+    Runs that share the directory (the same logger name) share these files; every lvfl checkpoint records the run
     that wrote it (`lvfl.runs.run_fingerprint`), and loading it into a run that differs is refused.
+
+    Args:
+        dirpath: the folder; default `<save_dir>/<name>/checkpoints` of the trainer's first logger.
+        filename: the best file's name without .ckpt; default `best` (Lightning's `epoch=..` names when
+            `save_top_k` is not 1).
+        monitor: the metric the best epoch is selected by; default: the task's main validation metric.
+        mode: "max" or "min" for `monitor`; default "max" for the task's metric, Lightning's "min" for a given one.
+        save_top_k, save_last, enable_version_counter, **kwargs: as `ModelCheckpoint`'s.
     """
 
     def __init__(
-        self, *args: Any, save_last: bool | None = True, enable_version_counter: bool = False, **kwargs: Any
+        self,
+        dirpath: str | os.PathLike[str] | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        mode: str | None = None,
+        save_top_k: int = 1,
+        save_last: bool | None = True,
+        enable_version_counter: bool = False,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, save_last=save_last, enable_version_counter=enable_version_counter, **kwargs)
+        self.auto_monitor = monitor is None
+        if filename is None and save_top_k == 1:
+            filename = BEST_NAME
+        if mode is None:
+            mode = "max" if self.auto_monitor else "min"
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            monitor=monitor or "<the task's main validation metric>",  # Lightning refuses top-k > 1 without one
+            mode=mode,
+            save_top_k=save_top_k,
+            save_last=save_last,
+            enable_version_counter=enable_version_counter,
+            **kwargs,
+        )
+        self.monitor = monitor  # None: chosen in `setup`
 
     def _use_experiment_dir(self, trainer: Trainer) -> None:
         if self.dirpath is None and trainer.loggers:
@@ -48,9 +102,61 @@ class ExperimentCheckpoint(ModelCheckpoint):
             self.dirpath = os.path.join(save_dir, str(logger.name), "checkpoints")
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        """Resolve the experiment directory before Lightning's own set-up."""
+        """Resolve the experiment directory and the monitor (the datamodule's task) before Lightning's set-up.
+
+        The monitor is part of the callback's `state_key`: set here, before a resume restores the callback's state,
+        it is the same when a checkpoint is written and when it is read.
+        """
         self._use_experiment_dir(trainer)
+        if self.auto_monitor and self.monitor is None:
+            from lvfl.parties import TaskInfo
+
+            task = getattr(getattr(trainer, "datamodule", None), "task", None)
+            if isinstance(task, TaskInfo):
+                self.monitor = main_validation_metric(task)
         super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """A fresh fit (no `ckpt_path`) removes the folder's `best.ckpt` of an earlier run: it is not this run's.
+
+        (Here rather than in `on_fit_start`: with some strategies Lightning restores the checkpoint, and sets
+        `trainer.ckpt_path`, only after `on_fit_start`.)
+        """
+        super().on_train_start(trainer, pl_module)
+        best = best_file(self)
+        if trainer.ckpt_path is None and best is not None and best.is_file():
+            trainer.strategy.remove_checkpoint(best)
+
+    def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
+        """Keep the best epoch; with the task's metric as monitor, an epoch without validation keeps none.
+
+        (Lightning would warn that the metric is missing, or, with no monitor, keep the latest epoch as "best".)
+        """
+        if self.auto_monitor and (self.monitor is None or self.monitor not in monitor_candidates):
+            return
+        super()._save_topk_checkpoint(trainer, monitor_candidates)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning's saves, then `last.ckpt` if they wrote none (an epoch that did not improve the best)."""
+        super().on_train_epoch_end(trainer, pl_module)
+        if self._should_save_on_train_epoch_end(trainer):
+            self._save_last_every_epoch(trainer)
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Lightning's saves, then `last.ckpt` if they wrote none (an epoch that did not improve the best)."""
+        super().on_validation_end(trainer, pl_module)
+        if not self._should_save_on_train_epoch_end(trainer):
+            self._save_last_every_epoch(trainer)
+
+    def _save_last_every_epoch(self, trainer: Trainer) -> None:
+        """Write `last.ckpt` at a save point where no top-k file was written (Lightning writes it only with one).
+
+        A resume, and the line an interrupted `lvfl fit` prints, need the last completed epoch's checkpoint.
+        """
+        if not self.save_last or self._should_skip_saving_checkpoint(trainer):  # skipped: saved at this step
+            return
+        if self._every_n_epochs >= 1 and (trainer.current_epoch + 1) % self._every_n_epochs == 0:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
         """The last checkpoints in the experiment directory (Lightning calls this for `ckpt_path="last"` only).
@@ -129,3 +235,16 @@ class ExactResume(Callback):
         """Restore the base seed."""
         if state_dict.get("base_seed") is not None:
             self.base_seed = int(state_dict["base_seed"])
+
+
+def best_file(keeper: Any) -> Path | None:
+    """Where `keeper` (a `ModelCheckpoint`) keeps its best epoch under a fixed name, or None if it has none.
+
+    That is a top-1 checkpoint (``save_top_k=1``) with a monitor (`ExperimentCheckpoint` picks its monitor at
+    set-up) and a file name without ``{metric}`` fields, in a known folder.
+    """
+    monitored = keeper.monitor is not None or (isinstance(keeper, ExperimentCheckpoint) and keeper.auto_monitor)
+    name = keeper.filename
+    if not monitored or keeper.save_top_k != 1 or keeper.dirpath is None or not name or "{" in name:
+        return None
+    return Path(keeper.dirpath) / f"{name}{keeper.FILE_EXTENSION}"

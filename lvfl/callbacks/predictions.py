@@ -8,10 +8,13 @@ A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers e
 - `prob_<class>`: the answering model's class probabilities (a regression writes the predicted value, in the
   target's units, as `prediction` and no probabilities);
 - `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
-  `student` (only the active party holds it: its student model answers, `lvfl predict --ids` with a saved student).
+  `student` (only the active party holds it: the student model saved with the run answers); empty where nobody did;
+- `reason`: why a row has no answer (empty `prediction` and probabilities): only the active party holds it and the
+  run saved no student, or the ID is not the active party's (`lvfl.predict`). Every requested row is written.
 
-Answers computed outside the predict loop (the student's, or every answer of `lvfl predict --oblivious`, which the
-`Router` computes from oblivious lookups) are handed over with `request` and written with the loop's own.
+Answers computed outside the predict loop (the student's, the reasons, or every answer of `lvfl predict
+--oblivious`, which the `Router` computes from oblivious lookups) are handed over with `request` and written with
+the loop's own, in the order requested.
 
 The file's format follows its extension: `.csv` (the `csv` module) or `.parquet` (pyarrow). Which model answers:
 `party: active` (the active party's model, the default: it holds the labels and serves the predictions; for
@@ -50,17 +53,19 @@ class PredictionWriter(BasePredictionWriter):
         self.party = party
         self.rows: list[dict[str, Any]] = []
         self._order: list[str] | None = None
-        self._given: dict[str, tuple[torch.Tensor, str]] = {}
+        self._given: dict[str, tuple[torch.Tensor | None, str, str]] = {}
 
     @property
     def pending_answers(self) -> bool:
         """Whether answers given by `request` are not yet written (every ID was answered outside the loop)."""
         return bool(self._given) and not self.rows
 
-    def request(self, keys: list[str], answers: dict[str, tuple[torch.Tensor, str]]) -> None:
-        """Write the rows in the order of `keys`, with `answers` ({ID: (probabilities or value, path)}) given already.
+    def request(self, keys: list[str], answers: dict[str, tuple[torch.Tensor | None, str, str]]) -> None:
+        """Write the rows in the order of `keys`, with `answers` given already.
 
-        The predict loop answers the other IDs (path `vfl`).
+        `answers`: {ID: (probabilities or value, path, "")}, or (None, "", reason) for a row nobody answers. The
+        predict loop answers the other IDs (path `vfl`); an ID of `keys` that ends up with no answer and no reason is
+        an error, never a dropped row.
         """
         self._order = list(keys)
         self._given = dict(answers)
@@ -80,26 +85,34 @@ class PredictionWriter(BasePredictionWriter):
             ids = torch.cat([b["ids"] for b in batches]).cpu()
             outputs = self._answer(pl_module, [b["values" if regression else "probs"] for b in batches]).cpu()
             keys = datamodule.business_ids(ids) if hasattr(datamodule, "business_ids") else [str(int(i)) for i in ids]
-            answers |= {k: (p, "vfl") for k, p in zip(keys, outputs, strict=True)}
+            answers |= {k: (p, "vfl", "") for k, p in zip(keys, outputs, strict=True)}
         order = self._order if self._order is not None else list(answers)
-        self.rows = []
-        if regression:
-            self.rows = [{"id": key, "prediction": float(answers[key][0]), "path": answers[key][1]} for key in order]
-        else:
-            width = len(next(iter(answers.values()))[0])
+        missing = [key for key in order if key not in answers]
+        if missing:  # cannot happen: every requested row is answered or given a reason
+            raise RuntimeError(f"lvfl predict: no answer and no reason for IDs {missing[:10]}")
+        names: list[str] = []
+        if not regression:
+            width = (
+                task.num_classes if task is not None else len(next(a for a, _, _ in answers.values() if a is not None))
+            )
             names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(width)])
-            for key in order:
-                row, path = answers[key]
-                self.rows.append(
-                    {
-                        "id": key,
-                        "prediction": names[int(row.argmax())],
-                        **{f"prob_{name}": float(p) for name, p in zip(names, row.tolist(), strict=True)},
-                        "path": path,
-                    }
-                )
+        self.rows = [self._row(key, *answers[key], names) for key in order]
         if trainer.is_global_zero:
             self._write()
+
+    @staticmethod
+    def _row(key: str, output: torch.Tensor | None, path: str, reason: str, names: list[str]) -> dict[str, Any]:
+        """One file row: a regression's value, or the class and its probabilities (`names`); empty without answer."""
+        if not names:  # regression
+            return {"id": key, "prediction": None if output is None else float(output), "path": path, "reason": reason}
+        probs = [None] * len(names) if output is None else [float(p) for p in output.tolist()]
+        return {
+            "id": key,
+            "prediction": None if output is None else names[int(output.argmax())],
+            **{f"prob_{name}": p for name, p in zip(names, probs, strict=True)},
+            "path": path,
+            "reason": reason,
+        }
 
     def _answer(self, pl_module: pl.LightningModule, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         available = list(batches[0])

@@ -12,11 +12,16 @@ the figures to every logger:
 - `student/test/acc/overlap`, `student/test/auroc/overlap`: the test samples every party holds;
 - `student/test/acc/active_only`, `student/test/auroc/active_only`: those only the active party holds (absent when
   the datamodule's overlap is 1, or AUROC when one class is missing);
+- a regression task instead: `student/test/r2`, `student/test/mae`, `student/test/rmse` in the target's units (all
+  test samples of the active party), each also with `/overlap` and `/active_only` as above;
 - `student/train/loss`: the last epoch's mean training loss; `student/epochs`: epochs run.
 
-The same figures are kept in `metrics`, the student in `student`; the student is also saved as `student.pt` beside
-the run's checkpoints (`STUDENT_FILE`, the whole module: `torch.load(..., weights_only=False)`), where `lvfl predict
---ids` finds it to answer the IDs only the active party holds.
+The same figures are kept in `metrics`, the student in `student`; the student is also saved beside the run's
+checkpoints as tensors plus JSON, never as a pickle (`lvfl.inference.student_file`): `student.pt`, its state dict
+(read with `torch.load(..., weights_only=True)`), and `student.json`, the class path and init args of `model`, the
+input shape, embedding width, number of outputs and task kind that rebuild it. `lvfl predict --ids` finds them there
+to answer the IDs only the active party holds. A `model` that is no class path plus JSON init args (e.g. a lambda)
+is not saved (a warning says so).
 
 Who learns what (see `lvfl.inference.student` and `lvfl.privacy.soft_labels`): the producer (default the first
 passive party) receives the passive parties' own predictions on the overlap and forms their sum; the active party adds
@@ -24,10 +29,14 @@ its own predictions' part, in the clear (`PlainSoftLabels`) or homomorphically o
 (`PaillierSoftLabels`). Nothing the active party computes (its predictions, a top model's output, an aggregate, the
 soft labels) is sent to a passive party, so with a label mechanism the student path adds nothing to a passive party's
 view that depends on the true labels; with `cross_fit`, the fold teachers train on the run's one label release.
+A regression student distils the teacher's predicted values through the same parts and the same messages, one value
+per sample instead of M probabilities (plain channel only), so each party learns what it learns for classification
+with values in place of probabilities (the active party: the sum of the passive parties' predicted values).
 """
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import torch
@@ -38,7 +47,7 @@ from lvfl.checks import OptionError, check_int, check_positive
 from lvfl.inference.cross_fit import check_folds, cross_fitted_soft_label_parts, untrained_copy
 from lvfl.inference.evaluation import student_metrics
 from lvfl.inference.student import build_student, fit_student
-from lvfl.inference.student_file import save_student
+from lvfl.inference.student_file import describe_factory, save_student
 from lvfl.inference.teacher import default_producer, student_data
 from lvfl.loggers import log_to_loggers
 from lvfl.models.base import PartyModelFactory
@@ -54,9 +63,18 @@ class StudentDistillation(Callback):
     Loss per sample (lvfl's convention, see `lvfl.inference.student`): `(1 - lam) * CE(y) + lam * L_d(y~)` on the
     overlapping training samples, `CE(y)` on the samples only the active party holds.
 
+    A regression task distils the teacher's predicted value: `(1 - lam) * (y - f_s(x))**2 + lam * (y~ - f_s(x))**2`
+    on the overlap, `(y - f_s(x))**2` on the active-only samples, y the standardized target and y~ the mean of the
+    predicting parties' standardized predictions (the active party's own, or the passive parties' sum from the
+    producer plus the active party's, over their count; where only the active party predicts, its own). The student
+    has one output on the standardized scale (`task.to_target` gives target units). The same parts travel as for
+    classification, one value per sample instead of M: the producer learns the passive parties' predicted values,
+    the active party their sum. Only `PlainSoftLabels` carries values; another channel is refused by name at setup.
+
     Args:
-        model: the student's factory, called as `model(input_shape, embedding_dim, num_classes)` like a party model
-            (e.g. `lvfl.models.MLP` with its init args, or `lvfl.models.LogisticRegression`, the default).
+        model: the student's factory, called as `model(input_shape, embedding_dim, num_outputs)` like a party model
+            (e.g. `lvfl.models.MLP` with its init args, or `lvfl.models.LogisticRegression`, the default);
+            num_outputs is the number of classes, or 1 for a regression.
         embedding_dim: the student's embedding width (ignored by `LogisticRegression`).
         optimizer: the student's optimizer (callable on its parameters); default Adam, lr 0.01.
         lam: weight of the distillation term, in [0, 1].
@@ -129,14 +147,11 @@ class StudentDistillation(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Keep an unbuilt copy of the protocol for the fold teachers (callbacks set up before the module builds).
 
-        Refuses a regression task: the student learns the teacher's class probabilities (soft labels).
+        Refuses, before training, a regression task with a channel that cannot carry a teacher's values.
         """
         task = getattr(trainer.datamodule, "task", None) if trainer.datamodule is not None else None
-        if task is not None and task.is_regression:
-            raise ValueError(
-                "StudentDistillation distils the teacher's class probabilities and does not fit a regression task "
-                f"({type(trainer.datamodule).__name__}): remove it from trainer.callbacks"
-            )
+        if task is not None:
+            self.channel.check_task(task.is_regression)
         if self.cross_fit is not None and stage == "fit" and self._template is None:
             if trainer.world_size > 1:
                 raise ValueError("cross_fit runs its fold teachers in one process: use it without DDP")
@@ -195,7 +210,24 @@ class StudentDistillation(Callback):
         log_to_loggers(trainer, self.metrics)
         folder = getattr(trainer.checkpoint_callback, "dirpath", None)
         if trainer.is_global_zero and folder:
-            save_student(fit.model, folder)
+            try:
+                describe_factory(self.model_factory)
+            except ValueError as err:
+                warnings.warn(
+                    f"StudentDistillation: the student is not saved beside the checkpoints ({err}); lvfl predict "
+                    "cannot answer IDs only the active party holds for this run",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            else:
+                save_student(
+                    fit.model,
+                    folder,
+                    factory=self.model_factory,
+                    input_shape=input_shape,
+                    embedding_dim=self.embedding_dim,
+                    task=dm.task,
+                )
         if trainer.is_global_zero:
             for logger in trainer.loggers:  # loggers were finalized before on_fit_end: write these rows out
                 logger.save()

@@ -18,11 +18,22 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from lvfl.crypto.hash_to_curve import hash_to_u
+from lvfl.crypto.prg import KEY_BYTES, mask_stream
 
-__all__ = ["DST", "POINT_BYTES", "PSIKey", "join_points", "split_points", "worker_pool"]
+__all__ = [
+    "DST",
+    "POINT_BYTES",
+    "SHUFFLE_KEY_BYTES",
+    "PSIKey",
+    "join_points",
+    "secret_permutation",
+    "split_points",
+    "worker_pool",
+]
 
 DST = b"lvfl-psi-v1-curve25519_XMD:SHA-512_ELL2_RO_"  #: the hash's domain separation tag (RFC 9380 Sec. 3.1)
 POINT_BYTES = 32  #: one blinded value: an X25519 u-coordinate
@@ -42,6 +53,29 @@ def _reblind(secret: bytes, points: bytes) -> bytes:
     for i in range(0, len(points), POINT_BYTES):
         out.append(key.exchange(X25519PublicKey.from_public_bytes(points[i : i + POINT_BYTES])))
     return b"".join(out)
+
+
+SHUFFLE_KEY_BYTES = KEY_BYTES  #: the key of a secret permutation (AES-256)
+
+
+def secret_permutation(n: int, key: bytes | None = None) -> np.ndarray:
+    """A uniformly random permutation of 0..n-1 that only the holder of `key` can reproduce.
+
+    The rows are ordered by 64-bit words of the AES-256-CTR keystream under `key` (`lvfl.crypto.prg.mask_stream`, a
+    stream of its own: step 0, rank 0, index 0): a pseudorandom function of the key, so without the key the order is
+    indistinguishable from a uniform shuffle (ties among n words have probability below n^2 / 2^65). `key` None draws
+    32 bytes from the OS's CSPRNG (`os.urandom`); a fixed key is for tests only. Never derive it from a config seed:
+    the config is public, and whoever knows the key knows the permutation.
+    """
+    if n < 0:
+        raise ValueError(f"a permutation needs n >= 0, got {n}")
+    key = os.urandom(SHUFFLE_KEY_BYTES) if key is None else key
+    if len(key) != SHUFFLE_KEY_BYTES:
+        raise ValueError(f"a shuffle key is {SHUFFLE_KEY_BYTES} bytes, got {len(key)}")
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    words = mask_stream(key, 0, 0, 0, n).numpy().view(np.uint64)
+    return np.argsort(words, kind="stable").astype(np.int64)
 
 
 def join_points(points: Sequence[bytes]) -> bytes:

@@ -4,17 +4,18 @@ The pipeline, run once (lazily, by `setup()` or by the first read of `party_spec
 
 1. `load()` (the subclass) returns the whole dataset as arrays; sample ID = row index in it, kept everywhere.
 2. Checks: shapes, finite features per party (the message names the party), integer labels in range.
-3. A seeded, stratified train/val/test split (scikit-learn `train_test_split`).
+3. A seeded train/val/test split (scikit-learn `train_test_split`), stratified on the labels or label-free
+   (`stratify`); where a passive party cannot compute it itself, the active party sends it (`lvfl.datamodules.split`).
 4. Scaling fitted on the training rows only, then applied to every split.
 5. Each party's slice copied once into a contiguous float32 tensor; batches are made by indexing those tensors with
    a whole batch of indices at a time, so the data pipeline costs microseconds per step, not per sample.
 
-Partial overlap (`overlap` = alpha < 1; non-overlapping inference): after the split, a seeded, stratified fraction
-alpha of each split's samples is chosen to exist at every party; the rest exist at the active party only (its
-features and labels). The VFL views (`train_set`, `val_set`, `test_set` and their loaders) hold the overlap only,
-so every protocol trains and evaluates on samples all parties hold, unchanged. The active party's view of every
-sample of a split is `active_set(split)`, the samples it holds alone `active_only_set(split)`, and which IDs a party
-holds `party_ids(party, split)`. A passive party's scaler is fitted on the training rows it holds (the overlap);
+Partial overlap (`overlap` = alpha < 1; non-overlapping inference): after the split, a seeded fraction alpha of each
+split's samples (stratified as the split is) is chosen to exist at every party; the rest exist at the active party
+only (its features and labels). The VFL views (`train_set`, `val_set`, `test_set` and their loaders) hold the
+overlap only, so every protocol trains and evaluates on samples all parties hold, unchanged. The active party's view
+of every sample of a split is `active_set(split)`, the samples it holds alone `active_only_set(split)`, and which IDs
+a party holds `party_ids(party, split)`. A passive party's scaler is fitted on the training rows it holds (the overlap);
 the active party's on all training rows. With alpha = 1 (the default) everything is exactly as without overlap.
 """
 
@@ -35,6 +36,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 from lvfl.checks import check_real
 from lvfl.datamodules.augment import SampleAugmentation, reassemble
 from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_columns
+from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.runs import seeded_generator
 
@@ -285,9 +287,12 @@ class _Prepared:
     active_splits: dict[str, VerticalTensorDataset]  # the active party's slice of every sample of each split
     overlap: dict[str, np.ndarray]  # per split, boolean mask over `active_splits[split]`: held by every party
     image_width: int | None  # the whole image's width (columns) for image data, else None
+    split_used_labels: bool = False  # whether the split (and overlap) was stratified on the labels
+    messages: tuple[tuple[str, str, Any, str], ...] = ()  # the split message to each passive participant
 
 
 _SPLITS = ("train", "val", "test")
+STRATIFY = ("auto", "labels", "none")  #: the `stratify` options
 
 
 class VerticalDataModule(pl.LightningDataModule, ABC):
@@ -310,7 +315,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         batch_size: samples per batch (the last batch may be smaller).
         val_fraction: fraction of all samples in the validation split.
         test_fraction: fraction of all samples in the test split (also used for `predict`).
-        seed: seed of the split and of the training-set shuffling.
+        seed: seed of the split and of the training-set shuffling (public: every party reads the config).
         num_workers: DataLoader worker processes; 0 is fastest for in-memory data.
         scale: standardize features with statistics of the training rows only (tabular: per column; images: one
             mean/std per party over its own training pixels).
@@ -323,6 +328,14 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             every party (drawn from `seed`, the sample ID and the epoch; see `lvfl.datamodules.augment`); "default"
             uses the dataset's `default_augmentation()` (none, except CIFAR-style sets), "none" (or null) turns it
             off. Only image data can be augmented.
+        stratify: what the split (and the `overlap` draw) is stratified on. "labels": the true labels (or what
+            `stratify_key` gives), which keeps class shares equal across splits but makes the split a function of
+            the labels: a passive party sees which of its rows land in each split and, knowing the public seed, can
+            search for labels that reproduce it.
+            "none": a seeded label-free split. "auto" (default): "labels", unless the protocol has a label
+            mechanism, which needs everything a passive party sees to be free of the true labels: then "none"
+            (and "labels" is refused). Where a passive party cannot compute the split itself (it depends on the
+            labels, or on IDs only the active party holds), the active party sends it (`split` message).
     """
 
     num_classes: int | None = None
@@ -330,6 +343,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     #: the split is then unstratified unless `stratify_key` says otherwise, and the labels are the targets
     #: standardized with the training rows' mean and standard deviation (`TaskInfo.target_mean`, `target_scale`)
     regression: bool = False
+    #: whether every party can name every sample (sample IDs are row numbers of a public dataset, as for the
+    #: embedded and paper datasets); False where the samples are the active party's own rows (`PartyTables`), so
+    #: that even a label-free split is known to the active party alone and must be sent
+    rows_are_public: bool = True
 
     def __init__(
         self,
@@ -345,6 +362,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         scale: bool = True,
         overlap: float = 1.0,
         augmentation: SampleAugmentation | Literal["default", "none"] | None = "default",
+        stratify: Literal["auto", "labels", "none"] = "auto",
     ) -> None:
         # No save_hyperparameters(): Lightning merges datamodule and module hparams and raises when a shared key
         # (seed, batch_size) differs; LightningCLI already records the full config of every run.
@@ -369,6 +387,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         check_real(overlap, "overlap", 0.0, 1.0, open_low=True, why="the fraction of samples every party holds")
+        if stratify not in STRATIFY:
+            raise ValueError(f"stratify must be one of {list(STRATIFY)}, got stratify={stratify!r}")
+        self.stratify = stratify
+        self._label_free = False  # set by `require_label_free_split` (a label mechanism)
         self.partitioner = partitioner if partitioner is not None else self.default_partitioner()
         self.batch_size = batch_size
         self.val_fraction = val_fraction
@@ -415,6 +437,41 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         self._check_labels(y)
         return y
 
+    def split_key(self, y: np.ndarray) -> np.ndarray | None:
+        """What the split is drawn on: `stratify_key(y)` (checked) when the split may use the labels, else None."""
+        key = self.stratify_key(y)
+        return key if self.split_uses_labels else None
+
+    @property
+    def split_uses_labels(self) -> bool:
+        """Whether the split and the overlap draw are stratified on the labels (`stratify`)."""
+        return self.stratify == "labels" or (self.stratify == "auto" and not self._label_free)
+
+    @property
+    def split_is_public(self) -> bool:
+        """Whether every party can compute the split itself (label-free, over public rows): then nothing is sent."""
+        return self.rows_are_public and not self.split_uses_labels
+
+    def require_label_free_split(self, why: str) -> None:
+        """Make the split (and the overlap draw) label-free, for `why` (a label mechanism); refuse where it cannot be.
+
+        A protocol with a label mechanism calls this (through `setup`) before the data is prepared.
+
+        Raises:
+            ValueError: `stratify` is "labels", or the split was already drawn from the labels.
+        """
+        if self.stratify == "labels":
+            raise ValueError(
+                f"data stratify=labels draws the split from the true labels, but {why} must keep them from the passive "
+                "parties, who see which of their rows land in each split: set stratify: auto or none"
+            )
+        if self._prepared is not None and self._prepared.split_used_labels:
+            raise ValueError(
+                f"{type(self).__name__}'s split was drawn stratified on the true labels before {why} asked for a "
+                "label-free one (the data was prepared before the protocol's setup): set data stratify: none"
+            )
+        self._label_free = True
+
     def labels_from_targets(self, y: np.ndarray, train_rows: np.ndarray) -> np.ndarray:
         """Turn `load()`'s targets into class labels, seeing only the training rows `train_rows`. Default: as is."""
         return y
@@ -444,11 +501,24 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def setup_messages(self) -> list[tuple[str, str, Any, str]]:
         """Messages the datamodule's parties exchange while loading, as (src, dst, payload, tag), in order.
 
-        Default none. `PartyTables` aligns its parties' IDs by private set intersection while loading, before any
-        protocol exists, holding its messages back (`Wire.recording`); the protocol sends them on its wire in
-        `setup`, so they are metered as set-up traffic and seen by the wire's observers like every other message.
+        The ID alignment (`alignment_messages`), then the split message to each passive participant where it cannot
+        compute the split itself (`lvfl.datamodules.split`). The datamodule prepares before any protocol exists, so
+        it holds them back; the protocol sends them on its wire in `setup`, where they are metered as set-up traffic
+        and seen by the wire's observers like every other message.
         """
+        prepared = self._prepare()
+        return [*self.alignment_messages(), *prepared.messages]
+
+    def alignment_messages(self) -> list[tuple[str, str, Any, str]]:
+        """Messages that aligned the parties' IDs while loading. Default none; `PartyTables`: its PSI's."""
         return []
+
+    def shared_order(self, shared: np.ndarray) -> np.ndarray:
+        """The sample IDs every party holds (`shared`, sorted) in the order the passive parties know them.
+
+        Default: by sample ID (row numbers of a public dataset). `PartyTables`: the PSI's agreed order.
+        """
+        return shared
 
     def categories(self, num_columns: int) -> list[int] | None:
         """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.
@@ -463,7 +533,16 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """Nothing to download by default; dataset subclasses that download override this."""
 
     def setup(self, stage: str | None = None) -> None:
-        """Load, check, split, scale and partition the data (once; later calls reuse it)."""
+        """Load, check, split, scale and partition the data (once; later calls reuse it).
+
+        Attached to a trainer whose protocol has a label mechanism, the split is made label-free first
+        (`require_label_free_split`).
+        """
+        trainer = getattr(self, "trainer", None)
+        module = trainer.lightning_module if trainer is not None else None
+        mechanism = getattr(module, "label_mechanism", None)
+        if mechanism is not None:
+            self.require_label_free_split(f"the protocol's label mechanism ({type(mechanism).__name__})")
         self._prepare()
 
     def describe(self) -> tuple[list[PartySpec], TaskInfo]:
@@ -633,19 +712,21 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         dataset = self.test_set if self.predict_ids is None else self.vfl_rows(self.predict_ids)
         return self._loader(dataset, SequentialSampler(dataset))
 
-    def sample_ids_for(self, keys: Sequence[str]) -> list[int]:
+    def sample_ids_for(self, keys: Sequence[str], missing: Literal["raise", "none"] = "raise") -> list[int | None]:
         """The sample IDs of IDs as a user writes them (`lvfl predict --ids`): here the sample IDs' own text.
 
-        Datamodules with business IDs (`PartyTables`) map those instead.
+        Datamodules with business IDs (`PartyTables`) map those instead. With `missing="none"` an ID that names no
+        sample maps to None (`lvfl predict` writes it with a reason) instead of raising.
 
         Raises:
-            KeyError: IDs that name no sample (listed).
+            KeyError: IDs that name no sample (listed), with `missing="raise"`.
         """
         num_rows = sum(len(d) for d in self._prepare().active_splits.values())
-        bad = [k for k in keys if not str(k).strip().isdigit() or int(k) >= num_rows]
-        if bad:
+        known = [str(k).strip().isdigit() and int(k) < num_rows for k in keys]
+        bad = [k for k, ok in zip(keys, known, strict=True) if not ok]
+        if bad and missing == "raise":
             raise KeyError(f"IDs {bad[:_MAX_LISTED]} name no sample of {type(self).__name__} (IDs 0..{num_rows - 1})")
-        return [int(k) for k in keys]
+        return [int(k) if ok else None for k, ok in zip(keys, known, strict=True)]
 
     def vfl_rows(self, sample_ids: Sequence[int]) -> VerticalTensorDataset:
         """The samples with these IDs, in this order, as every party holds them (from whichever split holds each).
@@ -767,12 +848,13 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         task = TaskInfo(num_classes=0, kind="regression", target_mean=mean, target_scale=std)
         return ((y - mean) / std).astype(np.float32), task
 
-    def _split(self, num_rows: int, key: np.ndarray | None) -> dict[str, np.ndarray]:
+    def _split(self, num_rows: int, key: np.ndarray | None, order: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Seeded split of the row indices, stratified by `key` (None: unstratified); each split's IDs sorted.
 
-        Sorted so that val/test batches run in ID order.
+        Sorted so that val/test batches run in ID order. With `order` (a permutation of the rows), the split is drawn
+        over the rows in that order, so that it does not depend on the rows' own order (`PartyTables`).
         """
-        ids = np.arange(num_rows, dtype=np.int64)
+        ids = np.arange(num_rows, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
         fixed = self.fixed_splits(num_rows)
         try:
             if fixed is not None:
@@ -789,7 +871,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                         random_state=self.seed,
                     )
                 return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
-            rest, test = train_test_split(ids, test_size=self.test_fraction, stratify=key, random_state=self.seed)
+            rest, test = train_test_split(
+                ids, test_size=self.test_fraction, stratify=None if key is None else key[ids], random_state=self.seed
+            )
             val_share = self.val_fraction / (1.0 - self.test_fraction)
             train, val = train_test_split(
                 rest, test_size=val_share, stratify=None if key is None else key[rest], random_state=self.seed
@@ -845,7 +929,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                     f"{party_name(k)} has {bad} non-finite feature values (NaN or inf); clean or impute them first"
                 )
 
-        rows = self._split(len(y), self.stratify_key(y))
+        rows = self._split(len(y), self.split_key(y))
         if self.regression:
             labels, task = self._regression_labels(y, rows["train"])
         else:
@@ -861,13 +945,15 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 "from the parties' own IDs: leave overlap at 1"
             )
         if held_mask is None:
-            # stratified by class; a regression target has no classes (one stratum)
-            strata = np.zeros(len(labels), dtype=np.int64) if self.regression else labels
+            # stratified by class as the split is; a regression target has no classes (one stratum)
+            label_free = self.regression or not self.split_uses_labels
+            strata = np.zeros(len(labels), dtype=np.int64) if label_free else labels
             overlap = {split: self._choose_overlap(strata[idx], i) for i, (split, idx) in enumerate(rows.items())}
         else:
             overlap = {split: np.asarray(held_mask, dtype=bool)[idx] for split, idx in rows.items()}
         shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
         vfl_all = len(self.participants) == 1  # no passive participant: nothing is missing from anyone
+        messages, shared = self._split_messages(shared, vfl_all)
         vfl_rows = rows if vfl_all else shared
         splits: dict[str, VerticalTensorDataset] = {}
         active_splits: dict[str, VerticalTensorDataset] = {}
@@ -924,8 +1010,30 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             active_splits=active_splits,
             overlap=overlap,
             image_width=num_columns if is_image else None,
+            split_used_labels=self.split_uses_labels,
+            messages=tuple(messages),
         )
         return self._prepared
+
+    def _split_messages(
+        self, shared: dict[str, np.ndarray], vfl_all: bool
+    ) -> tuple[list[tuple[str, str, Any, str]], dict[str, np.ndarray]]:
+        """The split message to each passive participant, and the shared rows per split as passive parties read them.
+
+        Where the split is public, or no passive party takes part, nothing is sent and `shared` is returned as is.
+        Otherwise the passive parties' rows of each split are decoded from the message they receive, so that what
+        they fit (scaling, encoders) follows from what crossed the wire.
+        """
+        passive = [k for k in self.participants if k != self.active_party]
+        if self.split_is_public or vfl_all or not passive:
+            return [], shared
+        order = self.shared_order(np.sort(np.concatenate(list(shared.values()))))
+        payload = encode_split(shared, order)
+        received = decode_split(payload, order)
+        if any(not np.array_equal(received[s], np.sort(shared[s])) for s in _SPLITS):  # cannot happen
+            raise RuntimeError("the split message does not reproduce the split")
+        messages = [(party_name(self.active_party), party_name(k), payload, SPLIT_TAG) for k in passive]
+        return messages, {s: received[s] for s in _SPLITS}
 
     def _mixed_slices(self, part: dict[str, np.ndarray], cats: list[int], party: str) -> dict[str, torch.Tensor]:
         """Numeric columns standardized (training rows), categorical codes checked and kept, as float32."""

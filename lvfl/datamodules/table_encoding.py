@@ -103,7 +103,11 @@ class ColumnEncoder:
 
 
 def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bool) -> list[ColumnEncoder]:
-    """Each column's encoder from the table's training rows `train` only (see the module docstring)."""
+    """Each column's encoder from the table's training rows `train` only (see the module docstring).
+
+    With `onehot`, a categorical column of more than `source.max_levels` training levels is refused: one 0/1 column
+    per level would silently turn a near-unique column into thousands of inputs.
+    """
     encoders = []
     for j, name in enumerate(table.columns):
         texts = [table.values[r][j] for r in train]
@@ -145,6 +149,13 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
                     f"{table.path}: column {name!r} is categorical; its missing policy can be mode or level"
                 )
             levels = sorted(set(present))
+            if onehot and len(levels) > source.max_levels:  # codes: one column whatever the count
+                raise ValueError(
+                    f"{table.path}: column {name!r} has {len(levels)} levels in the training rows, more than the "
+                    f"table's max_levels={source.max_levels} for encoding: onehot (a 0/1 column each); use "
+                    "`encoding: codes` with an embedding party model (lvfl.models.TabularMLP, DeepFM or WideDeep), "
+                    "or raise the table's `max_levels`"
+                )
             fill_level = None
             if policy == "mode":
                 counts = {level: present.count(level) for level in levels}

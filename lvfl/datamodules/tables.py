@@ -30,6 +30,7 @@ of any sample. `feature_names` lists every party's encoded columns.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -40,9 +41,11 @@ from torch.utils.data import SequentialSampler
 
 from lvfl.datamodules.base import VerticalDataModule, VerticalTensorDataset, party_name
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
+from lvfl.datamodules.split import decode_split, encode_split, keyed_order
 from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
 from lvfl.datamodules.table_files import PartyTable, read_table
 from lvfl.privacy.psi import private_intersection
+from lvfl.runs import digest_array, digest_json
 from lvfl.wire import Wire
 
 __all__ = ["PartyTable", "PartyTables", "read_table"]
@@ -54,7 +57,9 @@ class PartyTables(VerticalDataModule):
     Args:
         parties: one `PartyTable` per party, in party order; the one at `active_party` names the `label_column`.
         encoding: categorical columns as "onehot" 0/1 columns (any party model) or "codes" (one integer column
-            each, with `categories()`, for `TabularMLP` / `DeepFM` / `WideDeep`).
+            each, with `categories()`, for `TabularMLP` / `DeepFM` / `WideDeep`). Not the per-table
+            `PartyTable.encoding`, which is a CSV file's text encoding (utf-8, latin-1, ...); with onehot, each
+            table's `max_levels` caps a column's levels.
         num_parties: the number of tables (None: taken from `parties`; another number is refused).
         task: "classification" (labels are classes, any text) or "regression" (labels are real numbers).
         new_rows: for `lvfl predict`: one table of new rows per party (the same columns as its training table, no
@@ -64,6 +69,8 @@ class PartyTables(VerticalDataModule):
         **kwargs: `VerticalDataModule` arguments (`num_parties` is the number of tables; `overlap` must stay 1: the
             tables say which samples every party holds).
     """
+
+    rows_are_public = False  # the samples are the active party's own rows: its split is sent, never recomputed
 
     def __init__(
         self,
@@ -107,6 +114,11 @@ class PartyTables(VerticalDataModule):
         self._held: np.ndarray | None = None
         self._splits: dict[str, np.ndarray] | None = None
         self._categories: list[int] | None = None
+        self._held_order: np.ndarray = np.zeros(0, dtype=np.int64)
+        #: the PSI's counts (`setup_metrics`): `<party>/ids`, `<party>/shared_with_active`, `intersection`
+        self.psi_counts: dict[str, int] = {}
+        self._table_digests: dict[str, dict[str, Any]] = {}  # per party: its IDs' and columns' digests (`load`)
+        self._content: dict[str, Any] | None = None
         self.encoders: dict[str, list[ColumnEncoder]] = {}
         self.label_names: list[str] = []
         #: the wall time of the training rows' PSI (both sides, in this process), once loaded
@@ -129,7 +141,6 @@ class PartyTables(VerticalDataModule):
                 {name: table.ids for name, table in zip(names, tables, strict=True)},
                 active=names[active],
                 wire=wire,
-                seed=self.seed,
             )
         self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         self.psi_seconds = time.perf_counter() - started  # `lvfl fit --twin` reports it
@@ -142,19 +153,25 @@ class PartyTables(VerticalDataModule):
             code = {name: i for i, name in enumerate(self.label_names)}
             y = np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
         self._splits = None
-        self._splits = self._split(len(y), self.stratify_key(y))  # drawn first: the encoders see training rows only
+        # drawn first (the encoders see training rows only), over the active party's rows in an order keyed by their
+        # IDs (`keyed_order`), so that the split does not depend on the order of the rows in its file
+        self._splits = self._split(len(y), self.split_key(y), order=keyed_order(tables[active].ids, self.seed))
         num_rows = len(y)
-        train = np.zeros(num_rows, dtype=bool)
-        train[self._splits["train"]] = True
-
         rows_active = alignment.rows[names[active]]
+        self._held_order = rows_active
+        # what each passive party learns of the split: the message the active party sends it (`setup_messages`)
+        shared = {split: np.intersect1d(rows, rows_active) for split, rows in self._splits.items()}
+        received = decode_split(encode_split(shared, rows_active), rows_active)
+        train_shared = np.isin(rows_active, received["train"])
+
         blocks, cats = [], []
         for k, (table, source) in enumerate(zip(tables, self.tables, strict=True)):
             own = np.arange(num_rows) if k == active else alignment.rows[names[k]]  # this party's row of each
             at = np.arange(num_rows) if k == active else rows_active  # ... and the sample it belongs to
-            fit_rows = own[train[at]]
+            fit_rows = np.sort(self._splits["train"]) if k == active else own[train_shared]
             encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
             self.encoders[names[k]] = encoders
+            self._table_digests[names[k]] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
             origins = [table.origins[r] for r in own]
             block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
             parts = [e.encode([table.values[r][j] for r in own], origins) for j, e in enumerate(encoders)]
@@ -167,6 +184,10 @@ class PartyTables(VerticalDataModule):
         self._held = np.zeros(num_rows, dtype=bool)
         self._held[rows_active] = True
         self._ids = tables[active].ids
+        self._table_digests[names[active]]["labels"] = digest_array(y)
+        self._content = None
+        self.psi_counts = {**{f"{n}/ids": alignment.sizes[n] for n in names}, "intersection": len(alignment.ids)}
+        self.psi_counts |= {f"{n}/shared_with_active": alignment.pairwise[n] for n in names if n in alignment.pairwise}
         return np.concatenate(blocks, axis=1), y
 
     def setup(self, stage: str | None = None) -> None:
@@ -195,7 +216,6 @@ class PartyTables(VerticalDataModule):
                 active=active,
                 wire=wire,
                 tag="psi_new",
-                seed=self.seed,
             )
         self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         features = {}
@@ -259,25 +279,58 @@ class PartyTables(VerticalDataModule):
         """The active party's rows whose IDs every party holds (the PSI's intersection)."""
         return self._held
 
-    def setup_messages(self) -> list[tuple[str, str, Any, str]]:
+    def alignment_messages(self) -> list[tuple[str, str, Any, str]]:
         """The PSI's messages (tags `psi/...`), held back for the protocol to send on its wire."""
         self._prepare()
         return list(self._messages)
 
-    def sample_ids_for(self, keys: Sequence[str]) -> list[int]:
+    def shared_order(self, shared: np.ndarray) -> np.ndarray:
+        """The samples every party holds in the PSI's agreed order (by ID text): how passive parties know them."""
+        return np.asarray(self._held_order, dtype=np.int64)
+
+    def content_digest(self) -> dict[str, Any]:
+        """Per party: digests of its table's IDs, its columns, fitted encoders and scaling, and encoded features.
+
+        Recorded in every checkpoint's run fingerprint (`lvfl.runs.data_fingerprint`), so that `lvfl test`,
+        `predict` and `export` refuse a checkpoint fitted on other tables under the same paths (renamed IDs, changed
+        features, other labels), not only on other settings.
+        """
+        prepared = self._prepare()
+        if self._content is None:
+            content: dict[str, Any] = {}
+            for name, digests in self._table_digests.items():
+                entry = dict(digests)
+                entry["encoders"] = digest_json([dataclasses.asdict(e) for e in self.encoders[name]])
+                entry["scaling"] = digest_json(self.scaling.get(name))
+                views = prepared.active_splits if name == self.active_party_name else prepared.splits
+                parts = [views[split].stored[name] for split in ("train", "val", "test") if name in views[split].stored]
+                if parts:
+                    entry["features"] = digest_array(torch.cat(parts))
+                content[name] = entry
+            self._content = content
+        return self._content
+
+    def setup_metrics(self) -> dict[str, float]:
+        """The PSI's counts as the active party learns them: each list's size, each pairwise and the common overlap."""
+        self._prepare()
+        return {f"setup/psi/{key}": float(value) for key, value in self.psi_counts.items()}
+
+    def sample_ids_for(self, keys: Sequence[str], missing: str = "raise") -> list[int | None]:
         """The sample IDs of business IDs (as the active party's table writes them).
 
+        With `missing="none"` an ID that is not in the active party's table maps to None instead of raising.
+
         Raises:
-            KeyError: business IDs that are not in the active party's table (listed).
+            KeyError: business IDs that are not in the active party's table (listed), with `missing="raise"`.
         """
         self._prepare()
         row = {key: i for i, key in enumerate(self._ids)}
         unknown = [k for k in keys if k not in row]
-        if unknown:
+        if unknown and missing == "raise":
             raise KeyError(
                 f"IDs {unknown[:10]} are not in the active party's table ({self.tables[self.active_party].path})"
             )
-        return [row[k] for k in keys]
+        return [row.get(k) for k in keys]
 
     def business_ids(self, sample_ids: torch.Tensor | np.ndarray | list[int]) -> list[str]:
         """The business IDs (as the active party's table writes them) of samples given by their lvfl sample IDs."""

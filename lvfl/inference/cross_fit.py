@@ -3,13 +3,14 @@
 A VFL model's soft labels on its own training samples are close to the hard labels (it has fitted them: on
 breast_cancer the mean |y~ - y| is ~0.01), so distilling them into a student adds almost nothing to the labels
 themselves. Cross-fitting gives each overlapping training sample the prediction of a teacher that did not see it:
-the overlap is split into K stratified folds, K fresh copies of the protocol are trained by VFL on K - 1 folds each
-(same trainer settings, fresh keys and initialisation), and each predicts its held-out fold through
-`teacher_soft_label_parts`. The soft labels then carry the teacher's uncertainty, as the paper's Stage two intends
-("the VFL model predicts each training sample"). The price is K more VFL trainings: their messages are real and go
-through the protocol's own wire under `cross_fit/<tag>` (the fold teachers' inference under
-`cross_fit/teacher/<tag>`; `Wire.send`, so the ledger shows what cross-fitting cost and the wire's observers, e.g. a
-label audit, see every message a passive party receives in the folds too).
+the overlap is split into K folds (stratified by class; plain shuffled folds for a regression or with a label
+mechanism, since a passive party takes part in every fold and sees which samples each holds), K fresh copies of
+the protocol are trained by VFL on K - 1 folds each (same trainer settings, fresh keys and initialisation), and each
+predicts its held-out fold through `teacher_soft_label_parts`. The soft labels then carry the teacher's uncertainty,
+as the paper's Stage two intends ("the VFL model predicts each training sample"). The price is K more VFL trainings:
+their messages are real and go through the protocol's own wire under `cross_fit/<tag>` (the fold teachers'
+inference under `cross_fit/teacher/<tag>`; `Wire.send`, so the ledger shows what cross-fitting cost and the wire's
+observers, e.g. a label audit, see every message a passive party receives in the folds too).
 
 Label privacy: the fold teachers train on the run's one label release (`LabelRelease.restrict`: the parent's draw for
 the fold's samples, on the parent's `PrivacyLedger`), never on a release of their own, since each fold drawing again
@@ -17,6 +18,9 @@ would release every label K more times. The parent's ledger records every releas
 it shows exactly one after cross-fitting. The fold teachers' soft labels are formed like the fitted teacher's
 (`lvfl.inference.teacher.teacher_soft_label_parts`): passive predictions to the producer, nothing the active party
 computes sent down.
+
+A regression works the same way: the fold teachers' predicted values are the soft labels' parts
+(`teacher_soft_label_parts`), each from a teacher that did not train on the sample.
 
 The fitted teacher itself still serves every prediction afterwards (the router, the VFL test metrics); only the
 student's targets come from the fold teachers.
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import KFold, StratifiedKFold
 from torch.utils.data import RandomSampler
 
 from lvfl.checks import check_int
@@ -167,7 +171,7 @@ def cross_fitted_soft_label_parts(
     Args:
         template: the unbuilt protocol (see `untrained_copy`); each fold trains its own deep copy.
         datamodule: the `VerticalDataModule` whose `train_set` is the overlap.
-        folds: K >= 2 stratified folds.
+        folds: K >= 2 folds, stratified by class (a regression's are shuffled, unstratified).
         max_epochs: epochs per fold teacher (the main fit's).
         wire: the protocol's wire: the fold trainings and inferences are sent through it under `cross_fit/<tag>`.
         producer: the party the fold teachers' passive predictions are delivered to (see `teacher_soft_label_parts`).
@@ -188,16 +192,23 @@ def cross_fitted_soft_label_parts(
     train = datamodule.train_set
     labels = train.labels.cpu().numpy()
     check_folds(folds, len(labels))
-    counts = np.bincount(labels)
-    smallest = int(counts[counts > 0].min())
-    if smallest < folds:  # StratifiedKFold needs every class in every fold
-        raise ValueError(
-            f"cross_fit={folds} folds but the smallest class has only {smallest} overlapping training samples: "
-            "use fewer folds"
-        )
-    splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    task = getattr(datamodule, "task", None)
+    if (task is not None and task.is_regression) or release is not None:
+        # real-valued targets have no classes to stratify on; with a label mechanism the folds must not depend on the
+        # true labels either: a passive party trains in every fold teacher and sees which samples each fold holds
+        splits = KFold(n_splits=folds, shuffle=True, random_state=seed).split(np.zeros(len(labels)))
+    else:
+        counts = np.bincount(labels)
+        smallest = int(counts[counts > 0].min())
+        if smallest < folds:  # StratifiedKFold needs every class in every fold
+            raise ValueError(
+                f"cross_fit={folds} folds but the smallest class has only {smallest} overlapping training samples: "
+                "use fewer folds"
+            )
+        splitter = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+        splits = splitter.split(np.zeros(len(labels)), labels)
     rows: list[tuple[torch.Tensor, SoftLabelParts]] = []
-    for k, (fit_index, held_index) in enumerate(splitter.split(np.zeros(len(labels)), labels)):
+    for k, (fit_index, held_index) in enumerate(splits):
         keep = torch.zeros(len(labels), dtype=torch.bool)
         keep[torch.from_numpy(fit_index)] = True
         fold_dm = FoldDataModule(datamodule, keep, seed=seed + k)
@@ -241,9 +252,10 @@ def cross_fitted_soft_labels(
     batch_size: int = 256,
     release: LabelRelease | None = None,
 ) -> torch.Tensor:
-    """Cross-fitted soft labels y~ (N_o, M) in one process: the mean of `cross_fitted_soft_label_parts`.
+    """Cross-fitted soft labels y~ (N_o, M; N_o x 1 values for a regression): `cross_fitted_soft_label_parts`' mean.
 
-    For experiments and references; no soft-label channel runs (see `lvfl.inference.teacher.teacher_soft_labels`).
+    In one process, for experiments and references; no soft-label channel runs (see
+    `lvfl.inference.teacher.teacher_soft_labels`).
     """
     return cross_fitted_soft_label_parts(
         template, datamodule, folds, max_epochs, wire, producer, seed, accelerator, batch_size, release

@@ -46,7 +46,7 @@ class RoutedPredictions:
 
     ids: torch.Tensor
     logits: torch.Tensor
-    path: tuple[str, ...]  # "vfl" or "student" per ID
+    path: tuple[str, ...]  # "vfl", "student", or "none" (no student: NaN logits) per ID
 
     @property
     def predictions(self) -> torch.Tensor:
@@ -60,8 +60,8 @@ class Router:
     Args:
         model: a fitted protocol that implements `passive_contribution` and `complete_prediction`.
         datamodule: the datamodule it was fitted on (set up): which IDs each party holds, and their features.
-        student: a model on the active party's features (e.g. `StudentDistillation(...).student`); None means IDs
-            outside the overlap raise instead of falling back.
+        student: a model on the active party's features (e.g. `StudentDistillation(...).student`); None: an ID
+            outside the overlap gets no answer (NaN logits, path "none") instead of falling back.
         bucket_size: N of the oblivious lookup (a power of two).
         wire: where the lookup messages go (a fresh `Wire` by default), for metering.
 
@@ -137,9 +137,12 @@ class Router:
                     contributions = {k: v.unsqueeze(0).to(self.model.device) for k, v in fetched.items()}
                     out = self.model.complete_prediction(x.to(self.model.device), contributions)
                     path.append("vfl")
-                else:
-                    out = self._student(sample_id, x)
+                elif self.student is not None:
+                    out = self._student(x)
                     path.append("student")
+                else:  # no model sees this row: no answer (the caller gives the reason)
+                    out = torch.full((1, self.model.task.num_outputs), float("nan"))
+                    path.append("none")
                 logits.append(out.float().cpu())
         finally:
             self.model.train(was_training)
@@ -147,12 +150,7 @@ class Router:
                 self.student.train(student_training)
         return RoutedPredictions(torch.tensor(ids), torch.cat(logits), tuple(path))
 
-    def _student(self, sample_id: int, x: torch.Tensor) -> torch.Tensor:
-        if self.student is None:
-            raise ValueError(
-                f"sample ID {sample_id} is not held by every passive party and the router has no student model "
-                "to answer it (pass student=..., e.g. from the StudentDistillation callback)"
-            )
+    def _student(self, x: torch.Tensor) -> torch.Tensor:
         device = next(self.student.parameters()).device
         return self.student(x.to(device))
 

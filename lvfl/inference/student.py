@@ -11,19 +11,23 @@ Objective, per training sample i of the active party (overlapping or not), avera
     active-only i:  l_i = CE(y_i, f_s(x_i))
 
 with lam in [0, 1]. Convention: **lam weighs the distillation term** (lam = 0 is the Local model trained the same way,
-lam = 1 learns the overlap from the teacher only). The paper's Algorithm 2 writes lam on the real-label term; this
-follows the issue's convention instead, which is also how the paper's Fig. 10 reads ("lam is the weight of the loss
-labelled by the VFL model").
+lam = 1 learns the overlap from the teacher only). A regression (`data.regression`): CE becomes the squared error to
+the standardized target and L_d the squared error to the teacher's predicted value y~
+(`lvfl.privacy.soft_labels.regression_student_loss`); the student has one output, on the standardized scale. The
+paper's Algorithm 2 writes lam on the real-label term; this follows the issue's convention instead, which is also how
+the paper's Fig. 10 reads ("lam is the weight of the loss labelled by the VFL model").
 
 The pieces, one module each:
 
 - the teacher's soft labels y~ and the active party's training view (`lvfl.inference.teacher`): y~ is the VFL model's
-  predicted class distribution, formed in two parts by the parties that hold them, y~ = (S_p + S_a) / C (the
-  producer's sum of the passive parties' predictions, the active party's sum of its own, their public count);
+  predicted class distribution (a regression: its predicted value), formed in two parts by the parties that hold
+  them, y~ = (S_p + S_a) / C (the producer's sum of the passive parties' predictions, the active party's sum of its
+  own, their public count);
 - the soft-label channel (`lvfl.privacy.soft_labels`, chosen by config): `PlainSoftLabels` sends S_p in the clear
   and trains the whole student by autograd; `PaillierSoftLabels` (Algorithms 1-2) keeps y~ encrypted at the active
   party and trains the distillation term into the student's last linear layer only. For a linear student
-  (`lvfl.models.LogisticRegression`) both train the same student, up to fixed-point resolution;
+  (`lvfl.models.LogisticRegression`) both train the same student, up to fixed-point resolution. Only the plain
+  channel distils a regression (Paillier refuses it by name);
 - this module: the training loop (`fit_student`), the same batches for every channel;
 - the student's test figures (`lvfl.inference.evaluation`).
 
@@ -92,7 +96,9 @@ def fit_student(
     Batches are drawn from all of the active party's samples in an order seeded by `seed`, so every channel sees the
     same batches. The soft labels of the overlap reach the active party once, `channel.send_soft_labels(data.parts)`
     (when `lam` uses them), and each step is `channel.backward`. With `tol`, training stops after the first epoch
-    whose mean loss moved less than `tol` (Algorithm 1's convergence check).
+    whose mean loss moved less than `tol` (Algorithm 1's convergence check). A regression (`data.regression`)
+    trains the student's one output on the squared-error objective; a channel that cannot is refused by name before
+    anything is sent.
 
     Args:
         model: the student (for `PaillierSoftLabels`, its last layer must be an `nn.Linear`).
@@ -156,7 +162,7 @@ def _start(
                 "channel carries them to the active party, which must not start with y~ in the clear"
             )
         parts = data.parts
-    channel.start_fit(model)
+    channel.start_fit(model, regression=data.regression)
     if uses_teacher and parts is not None:
         channel.send_soft_labels(parts)
     return channel

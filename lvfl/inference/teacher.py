@@ -9,6 +9,10 @@ to a passive party: it makes the active part S_a of y~ = (S_p + S_a) / C, S_p be
 (`lvfl.privacy.PlainSoftLabels`, `lvfl.privacy.PaillierSoftLabels`). `student_data` assembles the active party's
 training view before the channel: its samples, which overlap, and the overlap's soft-label parts.
 
+A regression teacher: its parts are the predicted values themselves (the standardized scale the party models predict
+on), one per sample instead of M probabilities, so y~ = (S_p + S_a) / C is the mean of the predicting parties'
+values, formed and moved exactly as the classification soft labels are.
+
 Which predictions make the teacher (`teacher_predictions`): for EASTER every party model's prediction (the active
 party's is its private head's when the protocol keeps one); for SplitNN, C_VFL, PraVFed and Local the one prediction
 the active party computes; for Agg_VFL the aggregate A alone. Rule: an entry of `party_logits` whose key is no
@@ -66,7 +70,8 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
     Runs `teacher.party_logits` in eval mode (restoring the mode after) and meters its messages on the teacher's wire
     under `teacher/<tag>`, except that a prediction a passive party sends to the active party goes to `producer`
     instead (not at all when it is the producer's own). Predictions the active party computes are never sent: they
-    make the active part. See the module docstring for who learns what.
+    make the active part. Each prediction enters as its softmax, or, for a regression teacher (`teacher.task`), as
+    its predicted value (N x 1). See the module docstring for who learns what.
 
     Args:
         teacher: a fitted protocol (`party_logits`, `party_names`, `active`, `passive`, `wire`).
@@ -97,7 +102,11 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
             dst = producer
         if src != dst:  # the producer's own prediction, delivered to itself, does not cross the wire
             teacher.wire.send(src, dst, payload, TEACHER_TAG + tag)
-    probs = {k: v.float().softmax(-1).cpu() for k, v in predictions.items()}
+    task = getattr(teacher, "task", None)
+    if task is not None and task.is_regression:  # the predicted values themselves, (B, 1)
+        probs = {k: v.float().reshape(v.shape[0], -1).cpu() for k, v in predictions.items()}
+    else:
+        probs = {k: v.float().softmax(-1).cpu() for k, v in predictions.items()}
     shape = next(iter(probs.values())).shape
     producer_keys = [k for k, v in predictions.items() if id(v) in at_producer]
     active_keys = [k for k in predictions if k not in producer_keys]
@@ -118,7 +127,9 @@ def _sum(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def teacher_soft_labels(teacher: Any, batch: VFLBatch, producer: str | None = None) -> torch.Tensor:
-    """The teacher's soft labels `y~` for `batch` (B x M, on CPU) in one process, for experiments and references.
+    """The teacher's soft labels `y~` for `batch` (B x M, on CPU; B x 1 values for a regression) in one process.
+
+    For experiments and references.
 
     Runs (and meters) the teacher's inference like `teacher_soft_label_parts` and returns the mean of its parts
     without running a soft-label channel: no party holds this tensor in a deployment unless the channel delivered it.
@@ -133,15 +144,18 @@ class StudentData:
 
     Attributes:
         features: (N, ...) the active party's features.
-        labels: (N,) class indices.
+        labels: (N,) class indices, or the standardized targets of a regression.
         overlap: (N,) bool, True where every party holds the sample.
-        soft_labels: (N, M) teacher distributions the active party already holds in the clear, when given directly
+        soft_labels: (N, M) teacher distributions (a regression: (N, 1) teacher predictions, standardized) the
+            active party already holds in the clear, when given directly
             (experiments that bypass the channel; `fit_student` then runs no channel); rows where `overlap` is
             False are zero, and every row is zero when `parts` is set.
         parts: the overlap's soft labels as the producer and the active party hold them before the channel
             (`SoftLabelParts`, one row per overlapping sample in order), which a soft-label channel
             (`lvfl.privacy.SoftLabelChannel.send_soft_labels`) carries to the active party; None when `soft_labels`
             is given.
+        regression: the labels are regression targets and the student has one output (trained on
+            `lvfl.privacy.soft_labels.regression_student_loss`).
     """
 
     features: torch.Tensor
@@ -149,6 +163,7 @@ class StudentData:
     overlap: torch.Tensor
     soft_labels: torch.Tensor
     parts: SoftLabelParts | None = None
+    regression: bool = False
 
     def __post_init__(self) -> None:
         n = self.features.shape[0]
@@ -165,10 +180,14 @@ class StudentData:
                 f"StudentData: parts has {tuple(self.parts.active.shape)}, expected one row of "
                 f"{self.soft_labels.shape[1]} per overlapping sample ({int(self.overlap.sum())})"
             )
+        if self.regression and self.soft_labels.shape[1:] != (1,):
+            raise ValueError(
+                f"StudentData: a regression has one teacher value per sample, got {self.soft_labels.shape}"
+            )
 
     @property
     def num_classes(self) -> int:
-        """M: the width of the soft labels."""
+        """M: the width of the soft labels, and the student's number of outputs (1 for a regression)."""
         return int(self.soft_labels.shape[1])
 
 
@@ -190,7 +209,8 @@ def student_data(
     cross-fitted ones, `lvfl.inference.cross_fit`), and are kept in `StudentData.parts` for the soft-label channel
     that `fit_student` runs; `StudentData.soft_labels` stays zero. `soft_labels` (N_o, M) may instead give `y~` as
     the active party already holds it (experiments that bypass the channel): then no teacher runs and `parts` is
-    None. Matched to the active party's samples by ID; rows of active-only samples are zero.
+    None. Matched to the active party's samples by ID; rows of active-only samples are zero. For a regression task
+    (`datamodule.task`) M is 1: the teacher's predicted values, and the labels are the standardized targets.
     """
     if soft_labels is not None and parts is not None:
         raise ValueError(
@@ -205,10 +225,14 @@ def student_data(
             f"the datamodule's VFL {split} set holds {len(vfl)} samples, not the {int(overlap.sum())} overlapping "
             "samples of the active party's view (a participants restriction that drops every passive party?)"
         )
-    num_classes = datamodule.task.num_classes
+    task = datamodule.task
+    num_classes = task.num_outputs  # M, or 1 value for a regression
     soft = torch.zeros(len(full), num_classes)
     name = datamodule.active_party_name
-    data = StudentData(features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft)
+    data = StudentData(
+        features=full.features[name], labels=full.labels, overlap=overlap, soft_labels=soft,
+        regression=task.is_regression,
+    )  # fmt: skip
     if soft_labels is not None:
         if tuple(soft_labels.shape) != (len(vfl), num_classes):
             raise ValueError(

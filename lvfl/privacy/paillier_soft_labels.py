@@ -57,7 +57,8 @@ class PaillierSoftLabels(SoftLabelChannel):
     The distillation gradient reaches the student's *last linear layer* only; layers below it (if any) train on the
     plain real-label loss (the mean cross-entropy over the batch), because the active party cannot backpropagate
     through y~ it never sees. For a linear student (`lvfl.models.LogisticRegression`) the last layer is the whole
-    model, and this channel trains the same student as `PlainSoftLabels` (up to fixed-point resolution).
+    model, and this channel trains the same student as `PlainSoftLabels` (up to fixed-point resolution). It carries
+    class probabilities only: a regression task is refused by name (`supports_regression` is False).
 
     What each party learns: the producer, its own part S_p (the passive parties' predictions it received) and the
     public key; nothing the active party computed. The active party sees ciphertexts only, its own part S_a and its
@@ -108,10 +109,15 @@ class PaillierSoftLabels(SoftLabelChannel):
         self._secret = secret
         self._held, self.count = [], 1
 
-    def start_fit(self, model: nn.Module) -> None:
-        """Refuse a student whose output does not come from an `nn.Linear` with a bias (see `last_linear`)."""
+    def start_fit(self, model: nn.Module, regression: bool = False) -> None:
+        """Refuse a regression (by name) and a student whose output is not an `nn.Linear` with a bias (`last_linear`).
+
+        A regression teacher's values would need their own encrypted gradient (and may be negative, which the
+        encoding of probabilities here refuses): this channel carries class probabilities only.
+        """
+        self.check_task(regression)
         last_linear(model)
-        super().start_fit(model)
+        super().start_fit(model, regression)
 
     def _n(self, party: str) -> int:
         if party not in self._n_at:

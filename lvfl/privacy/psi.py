@@ -19,18 +19,21 @@ parties this is more than the common intersection: it learns which of its IDs ea
 party learns the size of the active party's list and the common intersection (its own IDs in it), nothing about
 the other IDs of any party: everything else it receives is a blinded point, and the matches it receives name
 positions in its own shuffled list only. The secret shuffle in message 3 keeps k's row order from the active party
-(the matched positions would otherwise reveal where the shared IDs sit in k's table). Neither key leaves its party.
+(the matched positions would otherwise reveal where the shared IDs sit in k's table, and a table's row order can
+carry a private column it is sorted by). The shuffle is keyed by 32 bytes from the OS's CSPRNG at party k
+(`lvfl.crypto.psi.secret_permutation`), never by the config's seed, which every party reads: with a seeded shuffle
+the active party could redo it and recover k's row of every shared ID. Neither key leaves its party.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, split_points, worker_pool
+from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points, worker_pool
 from lvfl.wire import Wire
 
 __all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
@@ -48,6 +51,10 @@ class Alignment:
 
     ids: list[str]
     rows: dict[str, np.ndarray]
+    #: what the active party learns besides: each party's list size and each passive party's pairwise intersection
+    #: with the active party's list (the active party's own entry: its list size)
+    sizes: dict[str, int] = field(default_factory=dict)
+    pairwise: dict[str, int] = field(default_factory=dict)
 
 
 def id_text(value: object, party: str) -> str:
@@ -78,7 +85,7 @@ def private_intersection(
     wire: Wire,
     tag: str = "psi",
     keys: Mapping[str, bytes] | None = None,
-    seed: int | None = None,
+    shuffle_keys: Mapping[str, bytes] | None = None,
     workers: int | None = None,
 ) -> Alignment:
     """Align the parties' IDs by ECDH-PSI (see the module docstring for the messages and what each party learns).
@@ -89,7 +96,8 @@ def private_intersection(
         wire: every message goes on it under `<tag>/...`, so the ledger and `setup_bytes` count them.
         tag: the wire tag prefix.
         keys: 32-byte secret keys per party (tests); default: fresh random keys.
-        seed: the passive parties' shuffles (tests); default: drawn from the OS.
+        shuffle_keys: 32-byte keys of the passive parties' secret shuffles (tests); default: drawn from the OS
+            (`os.urandom`). There is deliberately no seed: a config's seed is public.
         workers: processes for large lists (`PSIKey`); None: every CPU core.
 
     Raises:
@@ -101,11 +109,11 @@ def private_intersection(
     keys = keys or {}
     texts = {party: _texts(values, party) for party, values in ids.items()}
     passive = [p for p in ids if p != active]
-    rng = np.random.default_rng(seed)
+    shuffle_keys = shuffle_keys or {}
 
     pool = worker_pool(workers) if sum(len(t) for t in texts.values()) >= PARALLEL_FROM else None
     try:
-        return _run(texts, active, passive, wire, tag, keys, rng, pool)
+        return _run(texts, active, passive, wire, tag, keys, shuffle_keys, pool)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -118,7 +126,7 @@ def _run(
     wire: Wire,
     tag: str,
     keys: Mapping[str, bytes],
-    rng: np.random.Generator,
+    shuffle_keys: Mapping[str, bytes],
     pool: ProcessPoolExecutor | None,
 ) -> Alignment:
     # the active party blinds its IDs once; every passive party gets the same message
@@ -130,7 +138,7 @@ def _run(
         theirs = PSIKey(keys.get(party), pool)
         incoming = wire.send(active, party, blinded, f"{tag}/blinded")
         reblinded = wire.send(party, active, theirs.reblind(incoming), f"{tag}/reblinded")
-        shuffles[party] = rng.permutation(len(texts[party]))
+        shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
         own = theirs.blind([texts[party][row].encode() for row in shuffles[party]])
         peer = wire.send(party, active, own, f"{tag}/peer")
         row_of = {point: row for row, point in enumerate(split_points(reblinded))}
@@ -153,7 +161,9 @@ def _run(
         if [texts[party][row] for row in order] != ids_agreed:  # cannot happen unless a hash collides
             raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
         rows[party] = np.asarray(order, dtype=np.int64)
-    return Alignment(ids_agreed, rows)
+    sizes = {party: len(texts[party]) for party in texts}
+    pairwise = {party: len(matched[party]) for party in passive}
+    return Alignment(ids_agreed, rows, sizes, pairwise)
 
 
 def message_bytes(sizes: Mapping[str, int], active: str, common: int) -> dict[str, int]:

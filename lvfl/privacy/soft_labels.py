@@ -32,11 +32,22 @@ The objective (`student_loss`), per sample of a batch of B, averaged over the ba
 `L_d` is the soft-label cross-entropy `-sum_j y~_j log softmax(z)_j`; its gradient in the logits, `softmax(z) - y~`,
 is *linear in y~*, which is what lets `PaillierSoftLabels` compute it on ciphertexts.
 
+A regression task (`regression_student_loss`): the parts are the teacher's predicted values (one per sample, on the
+standardized scale the party models predict), not probabilities, y~ = (S_p + S_a) / C is the teacher's prediction,
+and the student's one output f_s(x) learns
+
+    overlap i:      l_i = (1 - lam) * (y_i - f_s(x_i))**2 + lam * (y~_i - f_s(x_i))**2
+    active-only i:  l_i = (y_i - f_s(x_i))**2
+
+Only a channel with `supports_regression` carries values (`PlainSoftLabels`); `start_fit(model, regression=True)`
+refuses any other by name.
+
 What each message reveals, and to whom:
 
 - "soft_labels" (producer -> active party): plain, S_p in the clear, so the active party learns y~ and
   S_p = C y~ - S_a, the sum of the passive parties' predictions (with one passive predictor, that party's
-  prediction); Paillier, ciphertexts only (semantically secure without the secret key). Not sent when the producer
+  prediction; for a regression, the sum of their predicted values, one per sample instead of M); Paillier,
+  ciphertexts only (semantically secure without the secret key). Not sent when the producer
   holds no prediction (the active party computes the whole teacher: SplitNN, C_VFL, Agg_VFL, PraVFed, Local).
 - "keys" (coordinator -> active party and producer; Paillier): the public modulus n.
 - "student_grad" (active party -> coordinator; Paillier): gradient coordinates under a uniform mask mod n: nothing.
@@ -73,6 +84,7 @@ __all__ = [
     "check_lam",
     "distillation_loss",
     "last_linear",
+    "regression_student_loss",
     "student_loss",
 ]
 
@@ -87,9 +99,10 @@ class SoftLabelParts:
 
     Attributes:
         producer: (N, M) S_p, the sum of the softmax of the predictions delivered to the producer (passive parties'
-            own predictions); zeros when `num_producer` is 0. Held by the producer only.
-        active: (N, M) S_a, the sum of the softmax of the predictions the active party computed. Held by the active
-            party only.
+            own predictions); zeros when `num_producer` is 0. Held by the producer only. For a regression, (N, 1):
+            the sum of the predicted values themselves.
+        active: (N, M) S_a, the sum of the softmax of the predictions the active party computed (for a regression,
+            of the values). Held by the active party only.
         num_producer: how many predictions `producer` sums (0: the producer holds nothing and sends nothing).
         num_active: how many predictions `active` sums.
     """
@@ -170,6 +183,30 @@ def student_loss(
     return ((1.0 - weight) * ce + weight * distillation_loss(logits, soft)).mean()
 
 
+def regression_student_loss(
+    outputs: torch.Tensor, targets: torch.Tensor, teacher: torch.Tensor, overlap: torch.Tensor, lam: float
+) -> torch.Tensor:
+    """The regression student objective on a batch: mean of (1 - lam) (y - f)^2 + lam (y~ - f)^2 (overlap) or (y - f)^2.
+
+    Args:
+        outputs: (B, 1) the student's predictions, on the standardized scale.
+        targets: (B,) the standardized targets y.
+        teacher: (B, 1) or (B,) the teacher's predictions y~; rows of non-overlapping samples are ignored (any values).
+        overlap: (B,) bool, True where the sample is held by every party (has a teacher prediction).
+        lam: the weight of the distillation term, in [0, 1].
+    """
+    lam = check_lam(lam)
+    if outputs.shape != (targets.shape[0], 1):
+        raise ValueError(f"a regression student outputs shape (B, 1), got {tuple(outputs.shape)} for B={len(targets)}")
+    pred = outputs.squeeze(-1)
+    if lam == 0.0:  # no teacher term at all: exactly the Local model's MSE (the protocols' `task_loss`)
+        return F.mse_loss(pred, targets.to(pred.dtype))
+    mse = F.mse_loss(pred, targets.to(pred.dtype), reduction="none")
+    soft = torch.where(overlap, teacher.reshape(-1).to(pred.dtype), torch.zeros_like(pred))
+    weight = overlap.to(pred.dtype) * lam
+    return ((1.0 - weight) * mse + weight * F.mse_loss(pred, soft, reduction="none")).mean()
+
+
 def last_linear(model: nn.Module) -> nn.Linear:
     """The student's output layer: its `head` if that is a Linear, or the head's last module.
 
@@ -193,14 +230,29 @@ class SoftLabelChannel(ABC):
     Built by config before any protocol exists; `setup` binds it to a run (the protocol's wire and the roles) and
     starts afresh (fresh keys, no soft labels). One instance serves one run at a time. The epoch's loss is summed
     by whoever computes it (the active party, or the coordinator under encryption) in `_loss_sum`.
+
+    Attributes:
+        supports_regression: whether the channel carries a regression teacher's values and trains on
+            `regression_student_loss`; `check_task` and `start_fit` refuse a regression by name otherwise.
     """
+
+    supports_regression: bool = False
 
     def __init__(self) -> None:
         self.wire: Wire | None = None
         self.active: str | None = None
         self.producer: str | None = None
+        self.regression = False  # the fit in progress is a regression's (set by start_fit)
         self._loss_sum = 0.0
         self._prev_epoch_loss: float | None = None
+
+    def check_task(self, regression: bool) -> None:
+        """Refuse a regression teacher if this channel cannot carry its values (called before any teacher runs)."""
+        if regression and not self.supports_regression:
+            raise ValueError(
+                f"{type(self).__name__} carries class probabilities and cannot distil a regression teacher's values: "
+                "use channel lvfl.privacy.PlainSoftLabels (the default) for a regression task"
+            )
 
     def check_roles(self, active: str, producer: str) -> None:  # noqa: B027 - optional hook, no check by default
         """Refuse roles this channel cannot run with (called before any teacher runs, so a bad config fails fast)."""
@@ -211,8 +263,15 @@ class SoftLabelChannel(ABC):
         self.wire, self.active, self.producer = wire, active, producer
         self._loss_sum, self._prev_epoch_loss = 0.0, None
 
-    def start_fit(self, model: nn.Module) -> None:
-        """Start a student fit: refuse a student this channel cannot train (any, here) and forget the last fit."""
+    def start_fit(self, model: nn.Module, regression: bool = False) -> None:
+        """Start a student fit: refuse a student or task this channel cannot train and forget the last fit.
+
+        Args:
+            model: the student.
+            regression: the student learns a regression (`regression_student_loss`) rather than classes.
+        """
+        self.check_task(regression)
+        self.regression = regression
         self._loss_sum, self._prev_epoch_loss = 0.0, None
 
     @abstractmethod
@@ -226,7 +285,7 @@ class SoftLabelChannel(ABC):
         Args:
             model: the student, at the active party.
             x: (B, ...) the active party's features.
-            y: (B,) true labels.
+            y: (B,) true labels (standardized targets, for a regression).
             rows: (B,) each sample's row in the soft labels sent (its position in the overlap); -1 for a sample only
                 the active party holds.
             lam: the weight of the distillation term.
@@ -250,8 +309,9 @@ class PlainSoftLabels(SoftLabelChannel):
     """The soft labels in the clear: the producer sends S_p, the active party forms y~ and trains by autograd.
 
     The producer sends S_p (float32, tag "soft_labels") when it holds any prediction; the active party adds its own
-    S_a, divides by the public C and trains the whole student on the objective (`student_loss`). Sends nothing else:
-    the loss and the convergence check stay at the active party. The active party learns y~ and S_p.
+    S_a, divides by the public C and trains the whole student on the objective (`student_loss`; for a regression,
+    `regression_student_loss` on the teacher's values). Sends nothing else: the loss and the convergence check stay
+    at the active party. The active party learns y~ and S_p.
 
     Example:
         >>> from lvfl.wire import Wire
@@ -263,6 +323,8 @@ class PlainSoftLabels(SoftLabelChannel):
         >>> channel.wire.bytes_by_tag()
         {'soft_labels': 8}
     """
+
+    supports_regression = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -289,9 +351,15 @@ class PlainSoftLabels(SoftLabelChannel):
         """Autograd on the objective, every layer; the batch's loss sum counts towards the epoch mean."""
         logits = model(x)
         overlap = rows >= 0
-        soft = torch.zeros_like(logits) if self._held is None else self._held.new_zeros(logits.shape)
-        if self._held is not None:
-            soft[overlap] = self._held[rows[overlap]]
-        loss = student_loss(logits, y, soft, overlap, lam)
+        if self.regression:  # y~: one value per overlapping sample
+            teacher = logits.new_zeros(len(x))
+            if self._held is not None:
+                teacher[overlap] = self._held[rows[overlap], 0].to(logits.dtype)
+            loss = regression_student_loss(logits, y, teacher, overlap, lam)
+        else:
+            soft = torch.zeros_like(logits) if self._held is None else self._held.new_zeros(logits.shape)
+            if self._held is not None:
+                soft[overlap] = self._held[rows[overlap]]
+            loss = student_loss(logits, y, soft, overlap, lam)
         loss.backward()
         self._loss_sum += float(loss.detach()) * len(x)

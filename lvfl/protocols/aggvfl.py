@@ -51,7 +51,7 @@ Evaluation metrics (what `val|test/...` keys mean here):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -254,6 +254,20 @@ class AggVFL(VFLModule):
         if self.private_head is not None:
             agg = self.private_aggregate(active_features, own, agg, coeff)
         return agg
+
+    def describe_combination(self) -> dict[str, Any]:
+        """The weighted sum of the parties' logits, each c_k stated (the active party's private model, if any)."""
+        weights = self.aggregation_weights().detach().cpu().tolist()
+        own = self.reported_head(f"party_models.{self.active}")
+        return {
+            "contribution": "L_k = m_k(x_k): passive party k's whole model (encoder and head) on its own features, "
+            "its logits",
+            "aggregate": self.aggregate,
+            "combine": "logits = sum_j weights[j] * L_j over every party j, with L_a = m_a(x_a): the active "
+            "party's model (model_a) on its own features",
+            "weights": dict(zip(self.party_names, weights, strict=True)),
+            "model_a": own,
+        }
 
     def _log_aggregate_as_mean(self, stage: str) -> None:
         for metric in metric_names(self.task) if self.task is not None else ():

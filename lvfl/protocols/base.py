@@ -128,6 +128,19 @@ def _callable_name(factory: Any) -> str:
     return f"{module}.{name}"
 
 
+def describe_setup(metrics: Mapping[str, float]) -> str:
+    """One line on the PSI's counts (`setup/psi/...`): each list, each pairwise overlap, the common intersection."""
+    prefix = "setup/psi/"
+    counts = {k[len(prefix) :]: int(v) for k, v in metrics.items() if k.startswith(prefix)}
+    parties = sorted({k.split("/")[0] for k in counts if "/" in k})
+    parts = []
+    for party in parties:
+        shared = counts.get(f"{party}/shared_with_active")
+        part = f"{party} {counts.get(f'{party}/ids', 0):,} IDs"
+        parts.append(part + (f" ({shared:,} shared with the active party)" if shared is not None else ""))
+    return f"lvfl: PSI: {'; '.join(parts)}; every party holds {counts.get('intersection', 0):,}"
+
+
 class VFLModule(LightningModule, ABC):
     """Base LightningModule for VFL protocols: one model, optimizer and scheduler per party, one wire.
 
@@ -226,11 +239,37 @@ class VFLModule(LightningModule, ABC):
         if self.built:
             return
         dm = getattr(self.trainer, "datamodule", None)
-        if dm is None or not hasattr(dm, "party_specs"):
+        if dm is None or not hasattr(type(dm), "party_specs"):  # on the class: reading the property would prepare it
             raise ValueError("lvfl protocols need a VerticalDataModule (data:) that provides party_specs and task")
-        for src, dst, payload, tag in dm.setup_messages() if hasattr(dm, "setup_messages") else []:
-            self.wire.send(src, dst, payload, tag)  # the datamodule's own exchange (ID alignment by PSI), first
+        self.check_backend()  # a refused backend is refused before anything crosses the wire
+        self.prepare_datamodule(dm)
+        for src, dst, payload, tag in self.setup_messages(dm):
+            self.wire.send(src, dst, payload, tag)  # the datamodule's own exchange (PSI, the split), first
+        self.report_setup(dm, stage)
         self.build(dm.party_specs, dm.task, rank=self.trainer.global_rank)
+
+    def prepare_datamodule(self, datamodule: Any) -> None:
+        """Tell `datamodule` what this protocol needs before it prepares: a label-free split with a label mechanism.
+
+        `setup` calls it; so does code that sets a datamodule up before the trainer does (`lvfl predict`, `lvfl
+        export`). A datamodule prepared earlier with a split drawn from the labels is refused by name.
+        """
+        if self.label_mechanism is not None and hasattr(datamodule, "require_label_free_split"):
+            mechanism = type(self.label_mechanism).__name__
+            datamodule.require_label_free_split(f"the protocol's label mechanism ({mechanism})")
+
+    def setup_messages(self, datamodule: Any) -> list[tuple[str, str, Any, str]]:
+        """The datamodule's set-up messages (`VerticalDataModule.setup_messages`) this protocol puts on its wire."""
+        return list(datamodule.setup_messages()) if hasattr(datamodule, "setup_messages") else []
+
+    def report_setup(self, datamodule: Any, stage: str) -> None:
+        """Log what the datamodule's set-up established (`setup_metrics`: the PSI's counts) and, in fit, print it."""
+        metrics = datamodule.setup_metrics() if hasattr(datamodule, "setup_metrics") else {}
+        if not metrics or self._trainer is None:
+            return
+        log_to_loggers(self._trainer, metrics)
+        if stage == "fit" and self._trainer.is_global_zero:
+            print(describe_setup(metrics))
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Create every party's model and metrics and run the backend's key set-up on the wire."""
@@ -567,6 +606,39 @@ class VFLModule(LightningModule, ABC):
         raise TypeError(
             f"{type(self).__name__} does not support split (ID-private) inference: it has no complete_prediction"
         )
+
+    def describe_combination(self) -> dict[str, Any]:
+        """How the two hooks above combine the parties' outputs, as JSON data (`lvfl export` writes it to party.json).
+
+        An exported folder is served without lvfl, so its reader needs in words and numbers what each passive party
+        sends (`contribution`) and what the active party computes from it (`combine`), with any values that enter
+        (weights, the number of parties, which head). The default quotes the two hooks' docstrings, so a protocol
+        that implements them exports with no extra code; built-in protocols override it with their formulas.
+
+        Raises:
+            TypeError: the protocol has no `complete_prediction` (named): there is no split prediction to describe.
+        """
+        name = type(self).__name__
+        if type(self).complete_prediction is VFLModule.complete_prediction:
+            raise TypeError(
+                f"{name} does not support split (ID-private) inference: it has no complete_prediction, so its "
+                "parties' outputs have no combination to export"
+            )
+        contribution = inspect.getdoc(type(self).passive_contribution) or ""
+        combine = inspect.getdoc(type(self).complete_prediction) or ""
+        return {
+            "contribution": contribution.split("\n\n")[0].replace("\n", " "),
+            "combine": combine.split("\n\n")[0].replace("\n", " "),
+        }
+
+    def reported_head(self, shared: str) -> str:
+        """The head the active party reports (`active_prediction`): its private head, else the `shared` module.
+
+        For `describe_combination`: with a label mechanism the release-trained `shared` head is not what lvfl scores.
+        """
+        if self.private_head is None:
+            return shared
+        return f"private_head (trained on the true labels; {shared}, trained on the label release, is not used)"
 
     @staticmethod
     def plain_sum(

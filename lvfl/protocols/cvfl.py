@@ -56,6 +56,7 @@ embedding, P the top model's parameter count): per passive party W(B) up, (C - 1
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch.func import functional_call
@@ -194,3 +195,14 @@ class CVFL(TopModelProtocol):
     def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
         """Party `party`'s embedding as the active party receives it: compressed, then decompressed."""
         return self.compressor.compress(super().passive_contribution(party, features)).decompress()
+
+    def describe_combination(self) -> dict[str, Any]:
+        """Split learning's concatenation, of the passive embeddings as the compressor delivers them."""
+        lossy = self.compressor.bits < 32 or self.compressor.topk < 1.0
+        return super().describe_combination() | {
+            "contribution": "C(E_k) decompressed: passive party k's bottom model E_k = h_k(x_k), top-k sparsified "
+            "(fraction topk of the message's entries by magnitude) and quantized to `bits` bits (min-max over the "
+            "whole message), as the active party reconstructs it",
+            "compressor": {"bits": self.compressor.bits, "topk": self.compressor.topk},
+            "batch_dependent": lossy,
+        }

@@ -33,6 +33,7 @@ E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k'
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -101,3 +102,13 @@ class EASTER(VFLModule):
         model = self.party_models[self.active]
         e = self.plain_sum(model.encoder(active_features), contributions, self.passive) / self.num_parties
         return self.active_prediction(model.head, e)
+
+    def describe_combination(self) -> dict[str, Any]:
+        """The mean embedding over the C parties, then the active party's (private) head."""
+        return {
+            "contribution": "E_k = h_k(x_k): passive party k's encoder on its own features (its embedding)",
+            "combine": "E = (E_a + sum_k E_k) / C with E_a = h_a(x_a), the active party's encoder on its own "
+            "features, and C = num_parties; logits = head(E)",
+            "num_parties": self.num_parties,
+            "head": self.reported_head(f"party_models.{self.active}.head"),
+        }

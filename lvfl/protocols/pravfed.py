@@ -353,6 +353,17 @@ class PraVFed(VFLModule):
         e_p = self.plain_sum(torch.zeros_like(e_a), contributions, self.passive)
         return model.head(e_a + e_p)
 
+    def describe_combination(self) -> dict[str, Any]:
+        """The weighted passive embeddings added to the active party's own, then its head."""
+        return {
+            "contribution": "w_k E_k: passive party k's (frozen, pre-trained) encoder on its own features, times "
+            "its weight w_k (weights)",
+            "combine": "logits = p_a(h_a(x_a) + sum_k w_k E_k): the active party's head on its own embedding plus "
+            "the weighted passive ones",
+            "weights": dict(self.passive_weights),
+            "max_rows_per_call": EMBED_CHUNK,  # `embed` runs in chunks: traced, the chunk count is fixed
+        }
+
     # ------------------------------------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also save acc_k, w_k and E_p: a resume must not pre-train, upload (or spend epsilon) again."""

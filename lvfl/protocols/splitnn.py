@@ -39,7 +39,7 @@ active party's name (and as the mean, which is the same number). All parties sha
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -118,6 +118,20 @@ class SplitNN(TopModelProtocol):
     def top_input(self, z: torch.Tensor) -> torch.Tensor:
         """The top model's input from the fused embeddings (the mean divides the sum by C here)."""
         return z / self.num_parties if self.fusion == "mean" else z
+
+    def describe_combination(self) -> dict[str, Any]:
+        """The fusion (concat, sum or mean) of the embeddings, then the active party's (private) top model."""
+        if self.fusion == "concat":
+            return super().describe_combination()
+        z = "(E_a + sum_k E_k) / C, C = num_parties" if self.fusion == "mean" else "E_a + sum_k E_k"
+        return {
+            "contribution": "E_k = h_k(x_k): passive party k's bottom model (encoder) on its own features",
+            "fusion": self.fusion,
+            "combine": f"Z = {z}, with E_a = h_a(x_a) the active party's bottom model on its own features; "
+            "logits = top_model(Z)",
+            "num_parties": self.num_parties,
+            "top_model": self.reported_head("top"),
+        }
 
     def check_backend(self) -> None:
         """Refuse a protecting backend with concat fusion: masks cancel only in a sum, never in a concatenation."""

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from lvfl.datamodules.split import SPLIT_TAG
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.protocols.base import PartyConfig, VFLModule
@@ -57,6 +59,13 @@ class SingleSite(VFLModule):
             "model.aggregation={backend} would protect nothing; leave it unset (Plain)",
             reveals_shares=True,
         )
+
+    def setup_messages(self, datamodule: Any) -> list[tuple[str, str, Any, str]]:
+        """The datamodule's set-up messages but the split's: one site trains no passive party's rows.
+
+        (The PSI's messages stay: a single site still needs to know which samples every party holds.)
+        """
+        return [m for m in super().setup_messages(datamodule) if m[3] != SPLIT_TAG]
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the single site's model from the active party's config and `site_spec`.
@@ -145,6 +154,10 @@ class Local(SingleSite):
     ) -> torch.Tensor:
         """The active party's own model on its own features (there are no passive contributions)."""
         return self.party_models[self.active](active_features)
+
+    def describe_combination(self) -> dict[str, Any]:
+        """No combination: the active party's model alone."""
+        return {"contribution": None, "combine": "logits = m_a(x_a): the active party's own model on its own features"}
 
 
 class Central(SingleSite):

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -151,3 +152,14 @@ class TopModelProtocol(VFLModule):
         own = self.party_models[self.active].encoder(active_features)
         fetched = {k: contributions[k].to(own) for k in self.passive}
         return self.predict_from_fused(self.fuse({self.active: own} | fetched))
+
+    def describe_combination(self) -> dict[str, Any]:
+        """The concatenation in party order, then the active party's (private) top model."""
+        return {
+            "contribution": "E_k = h_k(x_k): passive party k's bottom model (encoder) on its own features",
+            "fusion": "concat",
+            "combine": "Z = [E_j for j in fusion_order], concatenated along the feature axis, with the active "
+            "party's own E_a = h_a(x_a) in its slot; logits = top_model(Z)",
+            "fusion_order": list(self.party_names),
+            "top_model": self.reported_head("top"),
+        }
