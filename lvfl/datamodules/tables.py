@@ -7,7 +7,12 @@ set-up traffic (`setup_messages`). The samples are the active party's rows (it h
 is what every party holds (`held_by_every_party`): the VFL loaders serve those, the rest exist at the active party
 only (the `overlap` machinery: `active_only_set`, the student callbacks).
 
-Encoding, per party and fitted on the training rows only (the split is drawn first, over the active party's rows):
+The split is drawn first, by the active party, over its own rows in an order keyed by their IDs (not their place in
+its file), stratified on the labels unless the split must be label-free (`stratify`, a label mechanism); each
+passive party learns its rows of each split from the active party's `split` message (`lvfl.datamodules.split`) and
+fits on those. The PSI's passive shuffle is keyed from the OS, never from the config's public seed.
+
+Encoding, per party and fitted on the training rows only:
 
 - a column is numeric when every training value parses as a number, categorical when none does or when it is
   named in `categorical` (a column of numbers with a stray text is refused by line, not silently made

@@ -157,7 +157,9 @@ class VFLModule(LightningModule, ABC):
     (global embedding, gradients, top-model parameters, labels, predictions) must be a function of the release, the
     active party's features and what the passive parties sent, never of the true training labels; then everything a
     passive party receives is post-processing of the epsilon-label-DP release and epsilon bounds what it can learn
-    about any training label. The rule is built into the two label accessors:
+    about any training label. The view includes what is fixed before training: the split and the overlap draw are
+    label-free (`prepare_datamodule` asks the datamodule for it, `VerticalDataModule.require_label_free_split`), and
+    a passive party's scaling and encoders follow from them. The rule is built into the two label accessors:
 
     - `labels_for(party, batch)` is the release for *every* party, the active one included: it is what any model
       whose outputs or parameters go down (the active party's encoder, a top model, logits that enter an
