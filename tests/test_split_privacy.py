@@ -195,3 +195,15 @@ def test_a_label_mechanism_refuses_a_split_stratified_on_the_labels(tmp_path):
         make_trainer(tmp_path, max_epochs=1, limit_train_batches=1).fit(model, datamodule=early)
     with pytest.raises(ValueError, match=r"stratify must be one of \['auto', 'labels', 'none'\], got stratify='x'"):
         Digits(stratify="x")
+
+
+def test_criteo_split_never_reads_the_labels_and_refuses_to_stratify(tmp_path):
+    """Criteo streams its arrays and splits by row index: public, label-free, nothing to send, `labels` refused."""
+    from lvfl.datamodules import Criteo
+
+    Criteo.write_stand_in(tmp_path, rows=200)
+    dm = Criteo(root=str(tmp_path), num_parties=2, batch_size=32)
+    assert dm.split_is_public
+    assert not [m for m in dm.setup_messages() if m[3] == SPLIT_TAG]
+    with pytest.raises(ValueError, match=r"Criteo's split is a seeded random split by row index.*stratify=labels"):
+        Criteo(root=str(tmp_path), num_parties=2, stratify="labels")

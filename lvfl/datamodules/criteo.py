@@ -324,6 +324,11 @@ class Criteo(VerticalDataModule, FileBacked):
             )
         if self.augmentation is not None:
             raise ValueError(f"Criteo is tabular: augmentation={self.augmentation!r} cannot apply; set 'none'")
+        if self.stratify == "labels":
+            raise ValueError(
+                "Criteo's split is a seeded random split by row index (80/20, as in the EASTER paper), never "
+                "stratified: stratify=labels cannot apply; leave stratify at auto or none"
+            )
 
     def default_partitioner(self) -> Partitioner:
         """Contiguous groups of the 39 feature columns (I1..I13 then C1..C26)."""
@@ -365,6 +370,11 @@ class Criteo(VerticalDataModule, FileBacked):
         meta = json.loads((out / "meta.json").read_text())
         dense, sparse, labels = (np.load(out / n, mmap_mode="r") for n in ("dense.npy", "sparse.npy", "labels.npy"))
         return dense, sparse, labels, meta
+
+    @property
+    def split_uses_labels(self) -> bool:
+        """Never: Criteo's split is a seeded random split by row index (`_split_rows`), public to every party."""
+        return False
 
     def _split_rows(self, n: int) -> dict[str, np.ndarray]:
         """Seeded random split of the row indices 0..n-1 (sorted within each split)."""
