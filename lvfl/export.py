@@ -229,13 +229,12 @@ def _run_checkpoint_folder(model: Any) -> Path | None:
         return None
     if getattr(trainer, "ckpt_path", None):  # as `lvfl predict` finds the student: beside the checkpoint it loads
         return Path(trainer.ckpt_path).parent
-    from lvfl.callbacks import ExperimentCheckpoint
+    from lvfl.checkpoints import resolve_ckpt_path
 
-    keepers = [cb for cb in trainer.callbacks if isinstance(cb, ExperimentCheckpoint)]
-    if not keepers:
+    try:
+        return resolve_ckpt_path(trainer, "last").parent
+    except (FileNotFoundError, ValueError):  # no checkpoint callback, or nothing fitted: no student beside one
         return None
-    keepers[0]._use_experiment_dir(trainer)
-    return Path(keepers[0].dirpath) if keepers[0].dirpath else None
 
 
 def export_parties(

@@ -535,14 +535,13 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def setup(self, stage: str | None = None) -> None:
         """Load, check, split, scale and partition the data (once; later calls reuse it).
 
-        Attached to a trainer whose protocol has a label mechanism, the split is made label-free first
-        (`require_label_free_split`).
+        Attached to a trainer, the protocol says first what it needs of the data (`VFLModule.prepare_datamodule`:
+        with a label mechanism, a label-free split).
         """
         trainer = getattr(self, "trainer", None)
         module = trainer.lightning_module if trainer is not None else None
-        mechanism = getattr(module, "label_mechanism", None)
-        if mechanism is not None:
-            self.require_label_free_split(f"the protocol's label mechanism ({type(mechanism).__name__})")
+        if callable(getattr(module, "prepare_datamodule", None)):  # Lightning sets the data up before the protocol
+            module.prepare_datamodule(self)
         self._prepare()
 
     def describe(self) -> tuple[list[PartySpec], TaskInfo]:
