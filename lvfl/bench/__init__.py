@@ -72,9 +72,11 @@ does, and it keeps the comparison from rewarding whichever protocol happens to b
 small test splits (diabetes: 89 test samples).
 
 The summary reports, per protocol and dataset: test accuracy (mean +- std over seeds) of every party model and of
-their mean, the mean at the last epoch, total MB on the wire (10^6 bytes, all stages), MB until the validation
-accuracy first reaches `target_accuracy` (blank if never; it counts the set-up traffic, i.e. key exchange and
-one-shot transfers before the first training step, plus training traffic, validation excluded), wall time per
+their mean, the mean at the last epoch, the best-validation epoch of the epochs trained (marked when a seed's best
+fell in the last tenth of training: the run was still improving when it stopped, so its row is compared before
+convergence, and a note under the table says so), total MB on the wire (10^6 bytes, all stages), MB until the
+validation accuracy first reaches `target_accuracy` (blank if never; it counts the set-up traffic, i.e. key exchange
+and one-shot transfers before the first training step, plus training traffic, validation excluded), wall time per
 training epoch, and peak resident memory; and plots validation accuracy per epoch and against cumulative MB, one
 line per protocol (the mean over seeds) in a band from the seeds' minimum to their maximum, the legend outside the
 axes.

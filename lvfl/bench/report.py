@@ -113,7 +113,7 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
                 row |= {"failed": failure_text(failed, len(mine)) if failed else "failed: no result", "parties": []}
                 keys = ("acc_mean", "acc_mean_last", "mb_total", "mb_to_target", "vs_reference", "sim_to_target")
                 row |= dict.fromkeys(keys)
-                row |= {"reached": "", "s_per_epoch": None, "peak_rss_mib": None}
+                row |= {"reached": "", "s_per_epoch": None, "peak_rss_mib": None, "convergence": None}
                 rows.append(row)
                 continue
             runs = list(mine.values())
@@ -135,6 +135,7 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             row["twin"] = twin_summary(runs)
             row["s_per_epoch"] = statistics.mean(statistics.median(r["epoch_seconds"]) for r in runs)
             row["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+            row["convergence"] = convergence(runs)
             rows.append(row)
     if grid.reference is not None:
         ref = {r["dataset"]: r["mb_to_target"] for r in rows if r["protocol"] == grid.reference}
@@ -143,6 +144,43 @@ def summarize(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str,
             mine = row["mb_to_target"]
             row["vs_reference"] = None if base in (None, 0) or mine is None else 100 * (mine - base) / base
     return rows
+
+
+def still_improving(best_epoch: int, epochs: int) -> bool:
+    """Whether a run's best validation epoch fell in the last tenth of its training (at least the last epoch).
+
+    Such a run was still improving when it stopped: its figure says where training was cut, not where the method
+    converges, and comparing it with a converged number (a paper's, another protocol's) compares stopping points.
+    """
+    return best_epoch > epochs - max(1, epochs // 10)
+
+
+def convergence(runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The best validation epoch over the seeds (mean), the epochs trained, and how many seeds were still improving."""
+    known = [(int(r["best_epoch"]), len(r["epoch_seconds"])) for r in runs if "best_epoch" in r]
+    if not known:
+        return None
+    return {
+        "best_epoch": statistics.mean(b for b, _ in known),
+        "epochs": max(e for _, e in known),
+        "improving": sum(still_improving(b, e) for b, e in known),
+        "seeds": len(known),
+    }
+
+
+def _convergence_cell(row: dict[str, Any]) -> str:
+    conv = row.get("convergence")
+    if conv is None:
+        return ""
+    mark = f" †{conv['improving']}/{conv['seeds']}" if conv["improving"] else ""
+    return f"{conv['best_epoch']:.1f}/{conv['epochs']}{mark}"
+
+
+CONVERGENCE_NOTE = (
+    "best epoch: the best-validation epoch (mean over seeds) of the epochs trained. † k/n: in k of n seeds it fell in "
+    "the last tenth of training, so the run was still improving when it stopped and its row is compared before "
+    "convergence."
+)
 
 
 def _fmt(cell: tuple[float, float] | None) -> str:
@@ -187,7 +225,7 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
     paper_head = [] if grid.paper is None else ["paper %", "lvfl %"]
     m = grid.metric
     head = ["protocol", "dataset", *paper_head, *[f"{m} {p}" for p in party_cols]]
-    head += [f"{m} mean", f"{m} mean (last epoch)"]
+    head += [f"{m} mean", f"{m} mean (last epoch)", "best epoch"]
     head += ["MB total", "MB to target"]
     if grid.reference is not None:
         head.append(f"MB to target vs {grid.reference}")
@@ -200,7 +238,8 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
         csv_head += [] if grid.paper is None else ["paper_metric", "paper_pct", "lvfl_pct_mean", "lvfl_pct_std"]
         for p in [*party_cols, "mean"]:
             csv_head += [f"{m}_{p}_mean", f"{m}_{p}_std"]
-        csv_head += [f"{m}_mean_last_mean", f"{m}_mean_last_std", "mb_total", "target", "mb_to_target", "reached"]
+        csv_head += [f"{m}_mean_last_mean", f"{m}_mean_last_std", "best_epoch_mean", "epochs", "improving_seeds"]
+        csv_head += ["mb_total", "target", "mb_to_target", "reached"]
         writer.writerow(
             [*csv_head, "mb_to_target_vs_reference_pct", "sim_s_to_target", "s_per_epoch", "peak_rss_mib", "failed"]
         )
@@ -221,7 +260,13 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
             paper = [] if grid.paper is None else _paper_cells(r)
             cells = [r["protocol"], r["dataset"], *paper, *[_fmt(r.get(f"acc_{p}")) for p in party_cols]]
             versus = "" if r.get("vs_reference") is None else f"{r['vs_reference']:+.2f}%"
-            cells += [_fmt(r["acc_mean"]), _fmt(r["acc_mean_last"]), f"{r['mb_total']:.2f}", target]
+            cells += [
+                _fmt(r["acc_mean"]),
+                _fmt(r["acc_mean_last"]),
+                _convergence_cell(r),
+                f"{r['mb_total']:.2f}",
+                target,
+            ]
             cells += [versus] if grid.reference is not None else []
             cells += [_num(r.get("sim_to_target"), ".1f") or "–"] if grid.network else []
             cells += [f"{r['s_per_epoch']:.3f}", f"{r['peak_rss_mib']:.0f}"]
@@ -232,11 +277,15 @@ def write_table(grid: Grid, rows: list[dict[str, Any]], out: Path) -> str:
                 values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
             stat = r["acc_mean_last"]
             values += ["", ""] if stat is None else [f"{stat[0]:.6f}", f"{stat[1]:.6f}"]
+            conv = r.get("convergence")
+            values += ["", "", ""] if conv is None else [f"{conv['best_epoch']:.2f}", conv["epochs"], conv["improving"]]
             values += [f"{r['mb_total']:.6f}", r["target"] or "", to_target, r["reached"]]
             values += [_num(r.get("vs_reference"), ".4f"), _num(r.get("sim_to_target"), ".3f")]
             values += [f"{r['s_per_epoch']:.6f}"]
             writer.writerow([*values, f"{r['peak_rss_mib']:.1f}", ""])
     table = "\n".join(lines) + "\n" + ("" if grid.paper is None else "\n" + paper_note(grid) + "\n")
+    if any((r.get("convergence") or {}).get("improving") for r in rows):
+        table += "\n" + CONVERGENCE_NOTE + "\n"
     if any(r.get("twin") for r in rows):
         table += "\n" + twin_table(rows)
     (out / "table.md").write_text(table)
