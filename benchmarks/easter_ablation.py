@@ -61,7 +61,9 @@ class _InProcessHeadInput(EASTER):
         e_at = self.global_embedding(local)
         surrogate, losses = [], {}
         for k in self.party_names:
-            loss = self.task_loss(self.party_models[k].head(self.head_input(k, e_at[k], local)), batch.labels)
+            loss = self.task_loss(
+                self.party_models[k].head(self.head_input(k, e_at[k], local)), self.labels_for(k, batch)
+            )
             surrogate.append(loss)
             losses[k] = loss.detach()
         self.end_step(optimizers, surrogate)
