@@ -7,6 +7,7 @@ models from these in `setup()`, so one config runs on any dataset and any number
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -99,14 +100,23 @@ class VFLBatch:
         """The batch in page-locked memory (DataLoader `pin_memory=True`), so the copy to a GPU can overlap compute."""
         return VFLBatch(
             ids=self.ids.pin_memory(),
-            features={k: v.pin_memory() for k, v in self.features.items()},
-            labels=None if self.labels is None else self.labels.pin_memory(),
+            features={k: _moved(v, torch.Tensor.pin_memory) for k, v in self.features.items()},
+            labels=None if self.labels is None else _moved(self.labels, torch.Tensor.pin_memory),
         )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> VFLBatch:
         """The batch on `device` (cheaper than Lightning's generic walk over the dataclass)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=non_blocking)
+
         return VFLBatch(
-            ids=self.ids.to(device, non_blocking=non_blocking),
-            features={k: v.to(device, non_blocking=non_blocking) for k, v in self.features.items()},
-            labels=None if self.labels is None else self.labels.to(device, non_blocking=non_blocking),
+            ids=move(self.ids),
+            features={k: _moved(v, move) for k, v in self.features.items()},
+            labels=None if self.labels is None else _moved(self.labels, move),
         )
+
+
+def _moved(tensor: torch.Tensor, move: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`move(tensor)`, except for a shadow (another party's value in a party's view), which stays on the meta device."""
+    return tensor if tensor.device.type == "meta" else move(tensor)

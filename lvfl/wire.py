@@ -8,6 +8,13 @@ gradient can only reach another party if it is itself sent as a message.
 Observers (`Wire.subscribe`) model what a receiving party can see: each is called with every message as it
 arrives, after it is metered, so audits (e.g. `lvfl.callbacks.LabelLeakageAudit`) can mount the attacks a party
 could run on its inbox without any protocol code knowing about them.
+
+One party's view (`Wire(here=party, transport=...)`, docs/federation.md): in a party's own process the same
+protocol code runs, but the party holds real values only for what it owns; everything else is a *shadow* (a
+`meta`-device tensor with the value's dtype and shape, or `Absent`). `send` then transmits when `here` is the
+sender, receives when it is the receiver, and returns a shadow otherwise; `holds(party)` tells host-side code
+(key generation, encryption, range checks, metrics) whether it runs here. In simulation `here` is None: every
+party is held and nothing changes.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -61,6 +68,46 @@ def arrive(payload: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Absent:
+    """The shadow of a value that is not a tensor (a key, a ciphertext) in a process that does not hold it."""
+
+    what: str = "a value held by another party"
+
+
+def shadow(payload: Any) -> Any:
+    """What a party that does not hold `payload` holds in its place: same structure, tensors on the meta device.
+
+    Torch operations on meta tensors work out dtypes and shapes without data, so the code of another party's part
+    of a step runs everywhere at no cost; mixing a shadow with a real tensor raises, which is exactly a
+    cross-party move that bypassed the wire.
+    """
+    if isinstance(payload, torch.Tensor):
+        return torch.empty_like(payload.detach(), device="meta")
+    if isinstance(payload, dict):
+        return {k: shadow(v) for k, v in payload.items()}
+    if isinstance(payload, list | tuple):
+        return type(payload)(shadow(v) for v in payload)
+    return payload if isinstance(payload, Absent) else Absent(type(payload).__name__)
+
+
+def is_shadow(value: Any) -> bool:
+    """Whether `value` stands for something another party holds (a meta tensor, or `Absent`)."""
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "meta"
+    return isinstance(value, Absent)
+
+
+class Transport(Protocol):
+    """Moves messages between party processes for a party-view `Wire` (in memory for a rehearsal, or gRPC)."""
+
+    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        """Deliver `payload` (as `dst` receives it) from `src` to `dst`."""
+
+    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+        """The next message from `src` to `dst` under `tag`, checked against `expected` (its shadow at `dst`)."""
+
+
+@dataclass(frozen=True)
 class Link:
     """A directed link between two parties."""
 
@@ -81,7 +128,11 @@ class Wire:
         128
     """
 
-    def __init__(self) -> None:
+    def __init__(self, here: str | None = None, transport: Transport | None = None) -> None:
+        if (here is None) != (transport is None):
+            raise ValueError("a party's view of the wire needs both `here` (its party) and a `transport`")
+        self.here = here
+        self.transport = transport
         self.bytes: Counter[tuple[str, str, str]] = Counter()
         self.messages: Counter[tuple[str, str, str]] = Counter()
         self._observers: dict[int, Observer] = {}
@@ -105,7 +156,12 @@ class Wire:
         """
         view = Wire()
         view._parent, view._prefix = self, prefix
+        view.here, view.transport = self.here, self.transport
         return view
+
+    def holds(self, party: str) -> bool:
+        """Whether `party`'s own computations run in this process: every party in simulation, one in a party view."""
+        return self.here is None or party == self.here
 
     @contextmanager
     def recording(self) -> Iterator[list[Held]]:
@@ -158,9 +214,22 @@ class Wire:
         if self._parent is not None:
             return self._parent.send(src, dst, payload, self._prefix + tag)
         key = (src, dst, tag)
-        self.bytes[key] += payload_nbytes(payload)
-        self.messages[key] += 1
-        received = arrive(payload)
+        if self.here is not None and self.here not in (src, dst):
+            return shadow(payload)  # a message between two other parties: only its shape is known here
+        if self.here is not None and self.here == src:  # the message leaves this process
+            self.bytes[key] += payload_nbytes(payload)
+            self.messages[key] += 1
+            received = arrive(payload)
+            self.transport.post(src, dst, tag, received)
+            return shadow(received)
+        if self.here is None:
+            self.bytes[key] += payload_nbytes(payload)
+            self.messages[key] += 1
+            received = arrive(payload)
+        else:  # here == dst: the message arrives from another process, checked against its shadow here
+            received = self.transport.take(src, dst, tag, payload)
+            self.bytes[key] += payload_nbytes(received)
+            self.messages[key] += 1
         if self._observers:
             for fn in tuple(self._observers.values()):  # a copy: an observer may unsubscribe itself
                 fn(src, dst, tag, received)

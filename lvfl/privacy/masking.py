@@ -40,7 +40,7 @@ import torch
 from lvfl.crypto import fixedpoint, keys, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire
 
 
 class DHMasking(AggregationBackend):
@@ -171,8 +171,11 @@ class DHMasking(AggregationBackend):
         self._forget_keys()
         private = {}
         public_at_active = {}
-        for k in passive:  # each passive party -> active: its public key
-            private[k], public = keys.generate_keypair()
+        for k in passive:  # each passive party -> active: its public key (a party's view draws only its own)
+            if wire.holds(k):
+                private[k], public = keys.generate_keypair()
+            else:
+                public = Absent("an X25519 public key")
             public_at_active[k] = wire.send(k, active, public, tag="keys")
         public_at = {k: {} for k in passive}
         for k in passive:  # active -> each passive party: every other passive party's public key, one per message
@@ -181,6 +184,8 @@ class DHMasking(AggregationBackend):
                     public_at[k][j] = wire.send(active, k, public_at_active[j], tag="keys")
         peers = {}
         for pos_k, k in enumerate(passive):  # each party derives its own copy of each pair key
+            if not wire.holds(k):
+                continue
             peers[k] = tuple(
                 (keys.shared_pair_key(private[k], public_at[k][j], keys.pair_info(k, j)), pos_k < pos_j)
                 for pos_j, j in enumerate(passive)

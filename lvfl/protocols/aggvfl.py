@@ -182,10 +182,10 @@ class AggVFL(VFLModule):
             return agg, received, {k: w[i].detach() for i, k in enumerate(self.party_names)}
         step = self.next_mask_step()  # a fresh mask stream per aggregation
         shares = {
-            k: self.wire.send(k, self.active, self.aggregation.protect(k, local[k].detach(), step), "predictions")
+            k: self.wire.send(k, self.active, self.protected(k, local[k].detach(), step), "predictions")
             for k in self.passive
         }
-        total = self.aggregation.combine(local[self.active], shares)
+        total = self.combined(local[self.active], shares)
         received = {self.active: local[self.active], **shares} if self.reveals_party_logits else {}
         scale = 1.0 / self.num_parties if self.aggregate == "mean" else 1.0
         return total * scale, received, dict.fromkeys(self.party_names, scale)

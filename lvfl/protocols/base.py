@@ -32,7 +32,7 @@ from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
 from lvfl.protocols.task_metrics import make_metric, metric_names, update_metric
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 
 @dataclass
@@ -209,6 +209,14 @@ class VFLModule(LightningModule, ABC):
         self._train_loss_sum: torch.Tensor | None = None
         self._train_loss_count = 0
         self._train_loss_names: list[str] = []
+
+    def _apply(self, fn: Any, recurse: bool = True) -> VFLModule:
+        """Moves and casts (`.to`, `.cpu`, `.half`) pass over shadows: another party's model stays a shadow.
+
+        In a party's view (docs/federation.md) every other party's parameters live on the meta device; Lightning
+        moves the module to its device at fit start and back at teardown, which a meta tensor cannot do.
+        """
+        return super()._apply(lambda t: t if t.device.type == "meta" else fn(t), recurse)
 
     # ------------------------------------------------------------------------------------------------ building
     @property
@@ -430,9 +438,11 @@ class VFLModule(LightningModule, ABC):
         Each term reaches only its own party's parameters (everything that crossed the wire is detached), so every
         party gets exactly its own loss gradient, and DDP sees one backward per forward.
         """
-        self.manual_backward(torch.stack(list(surrogate)).sum())
+        held = [term for term in surrogate if not is_shadow(term)]  # a party's view holds its own terms only
+        if held:
+            self.manual_backward(torch.stack(held).sum())
         for opt in optimizers.values():
-            opt.step()
+            opt.step()  # a parameter without a gradient (another party's shadow) is left as it is
 
     def gradient_down(self, party: str, output: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """Send dloss/d`output` (computed at the active party) down to `party`; returns party's surrogate term.
@@ -440,7 +450,10 @@ class VFLModule(LightningModule, ABC):
         `<output, grad>` has the gradient `grad` in `output`, so its gradient in the party's parameters is exactly
         the loss gradient the party would get by backpropagating through the wire.
         """
-        return (output * self.wire.send(self.active, party, grad, "gradients")).sum()
+        received = self.wire.send(self.active, party, grad, "gradients")
+        if not self.wire.holds(party):  # another party's term: its shadow
+            return torch.empty((), dtype=grad.dtype, device="meta")
+        return (output * received).sum()
 
     def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Passive shares up the wire, combined at the active party: returns E_a + sum_k E_k (not divided)."""
@@ -448,10 +461,22 @@ class VFLModule(LightningModule, ABC):
             self.check_finite(local, "embedding")
         step = self.next_mask_step()
         shares = {
-            k: self.wire.send(k, self.active, self.aggregation.protect(k, local[k].detach(), step), "embeddings")
+            k: self.wire.send(k, self.active, self.protected(k, local[k].detach(), step), "embeddings")
             for k in self.passive
         }
-        return self.aggregation.combine(local[self.active].detach(), shares)
+        return self.combined(local[self.active].detach(), shares)
+
+    def combined(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
+        """`aggregation.combine` at the active party; elsewhere the shadow of the sum (`active_tensor`'s shape)."""
+        if not self.wire.holds(self.active):  # as differentiable as the real sum (gradients flow to active_tensor)
+            return shadow(active_tensor).requires_grad_(active_tensor.requires_grad)
+        return self.aggregation.combine(active_tensor, shares)
+
+    def protected(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> Any:
+        """`aggregation.protect(party, ...)` where `party` is held; elsewhere the shadow of its share."""
+        if self.wire.holds(party):
+            return self.aggregation.protect(party, tensor, step, index)
+        return shadow(tensor) if self.aggregation.reveals_shares else Absent("a protected share")
 
     @property
     def protects_labels(self) -> bool:
@@ -492,6 +517,9 @@ class VFLModule(LightningModule, ABC):
         the largest magnitudes of the finite `values`, or of `context` (e.g. the embeddings behind one joint loss),
         because a diverging party can stay finite while the NaN it causes appears elsewhere.
         """
+        values = {k: v for k, v in values.items() if not is_shadow(v)}  # a party's view checks what it holds
+        if not values:
+            return
         flags = torch.stack([torch.isfinite(v.detach()).all() for v in values.values()])
         if bool(flags.all()):
             return
@@ -578,6 +606,9 @@ class VFLModule(LightningModule, ABC):
 
         Keyed by the party that owns each loss: EASTER every party, split learning one joint loss under the active.
         """
+        losses = {k: v for k, v in losses.items() if not is_shadow(v)}  # a party's view records its own
+        if not losses:
+            return
         self.check_finite(losses, "training loss")
         self._train_loss_names = list(losses)
         stacked = torch.stack([losses[k].detach() for k in self._train_loss_names])

@@ -282,9 +282,9 @@ class PraVFed(VFLModule):
                 else:  # a dataset: decode only the new rows (uint8 image slices decode on access)
                     x = split.decode({k: split.stored[k].index_select(0, new)})[k]
                 weighted = self.passive_weights[k] * self.embed(k, x)
-                shares[k] = self.wire.send(k, self.active, self.aggregation.protect(k, weighted, step), "embeddings")
+                shares[k] = self.wire.send(k, self.active, self.protected(k, weighted, step), "embeddings")
             zeros = torch.zeros(new.numel(), self.embedding_dim, device=self.device)
-            e_p = self.aggregation.combine(zeros, shares).detach().cpu()  # at the active party
+            e_p = self.combined(zeros, shares).detach().cpu()  # at the active party
             all_ids = torch.cat([self._ep_ids, ids[new]])
             order = torch.argsort(all_ids)
             self._ep_ids, self._ep = all_ids[order], torch.cat([self._ep, e_p])[order]

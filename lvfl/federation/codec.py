@@ -1,0 +1,495 @@
+"""Payloads to protobuf and back: a typed `Value` tree in an `Envelope`, checked field by field on the way in.
+
+Why not pickle: a pickle runs code chosen by whoever wrote it, so a party that unpickled a peer's message would
+hand that peer its process. Here a message is data only (schema in ``envelope.proto``): tensors as dtype + shape +
+little-endian bytes, `bytes`, lists, tuples, str-keyed dicts, ints of any size (a 4096-bit Paillier ciphertext),
+str, bool, float, None, and *records*: objects of a type registered on an explicit allow-list
+(`register_record`), carried as their registered name and str-keyed fields.
+
+Decoding trusts nothing: dtype names come from a fixed table, a tensor's shape times its item size must equal its
+buffer's length, a bool tensor holds only bytes 0 and 1, nesting is bounded, a dict key or record field appears
+once, and a record type that is not registered is refused. `conform` then checks a payload against what the
+receiver expects (`expected`: a tensor of the dtype and shape it expects, a `meta` tensor will do, or a dict /
+list / tuple of them). Each refusal is one `FederationError` line naming the sender, the tag and the fault:
+``party2 sent 'embeddings' as float64 [128, 16]; expected float32 [128, 16]``.
+
+Decoded tensors are bit-identical to the sent ones, on the CPU, writable and detached (they own a copy of the
+bytes, not a view into the protobuf message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from google.protobuf.message import DecodeError
+
+from lvfl.federation import FederationError
+from lvfl.federation import envelope_pb2 as pb
+
+__all__ = [
+    "DTYPES",
+    "MAX_DEPTH",
+    "MAX_INT_BYTES",
+    "RECORDS",
+    "SCHEMA",
+    "Header",
+    "RecordRegistry",
+    "RecordType",
+    "conform",
+    "decode_envelope",
+    "decode_value",
+    "describe",
+    "dtype_from_name",
+    "dtype_name",
+    "encode_envelope",
+    "encode_value",
+    "parse_envelope",
+    "register_record",
+]
+
+#: version of the envelope layout; a receiver refuses any other (0 is what a non-lvfl message parses to)
+SCHEMA = 1
+#: deepest nesting of lists, tuples, dicts and records accepted (lvfl payloads nest 3 deep at most; protobuf's own
+#: parser stops at 100 message levels, about 3 per level here)
+MAX_DEPTH = 16
+#: largest int accepted, in bytes of two's complement (32768 bits: a Paillier ciphertext mod n^2 for a 16384-bit n)
+MAX_INT_BYTES = 4096
+#: most dimensions a tensor may have
+MAX_DIMS = 32
+
+#: the dtypes that may cross the wire, by the name the envelope carries (torch's, without "torch.")
+DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    )
+}
+_ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The wire name of `dtype` ("float32"); a `TypeError` for one that cannot be sent (quantized, float8)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise TypeError(f"tensors of dtype {name} cannot be sent; lvfl sends {', '.join(DTYPES)}")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The dtype named `name` on the wire; a `KeyError` for a name not in `DTYPES` (for record decoders)."""
+    if name not in DTYPES:
+        raise KeyError(f"unknown dtype {name!r}")
+    return DTYPES[name]
+
+
+# ------------------------------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class RecordType:
+    """An allow-listed type: its wire name, and how it becomes str-keyed fields and back."""
+
+    name: str
+    cls: type
+    to_fields: Callable[[Any], Mapping[str, Any]]
+    from_fields: Callable[[dict[str, Any]], Any]
+
+
+class RecordRegistry:
+    """The record types a party accepts, by wire name and by class; a type not in it is refused on both ends.
+
+    The process-wide allow-list is `RECORDS`; a test may build its own so that it does not change what every
+    other test accepts.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, RecordType] = {}
+        self._by_class: dict[type, RecordType] = {}
+
+    def register(
+        self,
+        name: str,
+        cls: type,
+        to_fields: Callable[[Any], Mapping[str, Any]] | None = None,
+        from_fields: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> type:
+        """Allow `cls` on the wire as `name`; see `register_record`."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a record type needs a non-empty name, got {name!r}")
+        if not isinstance(cls, type):
+            raise TypeError(f"record type {name!r}: cls must be a class, got {cls!r}")
+        if to_fields is None or from_fields is None:
+            if not dataclasses.is_dataclass(cls):
+                raise TypeError(
+                    f"record type {name!r}: {cls.__qualname__} is not a dataclass; give to_fields and from_fields"
+                )
+            to_fields = to_fields or _dataclass_fields
+            from_fields = from_fields or (lambda fields: cls(**fields))
+        for known in (self._by_name.get(name), self._by_class.get(cls)):
+            if known is not None and (known.name, known.cls) != (name, cls):
+                raise ValueError(
+                    f"record type {name!r} ({cls.__qualname__}) clashes with {known.name!r} ({known.cls.__qualname__}),"
+                    " registered before"
+                )
+        entry = RecordType(name, cls, to_fields, from_fields)
+        self._by_name[name] = self._by_class[cls] = entry
+        return cls
+
+    def by_name(self, name: str) -> RecordType | None:
+        """The record type registered as `name`, if any."""
+        return self._by_name.get(name)
+
+    def by_class(self, cls: type) -> RecordType | None:
+        """The record type registered for exactly `cls` (not a subclass), if any."""
+        return self._by_class.get(cls)
+
+    def names(self) -> tuple[str, ...]:
+        """The registered wire names, in registration order."""
+        return tuple(self._by_name)
+
+
+def _dataclass_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, shallow (nested values are encoded by the codec, not by `asdict`)."""
+    return {field.name: getattr(obj, field.name) for field in dataclasses.fields(obj)}
+
+
+#: the process-wide allow-list that `encode_value` and `decode_value` use unless given another
+RECORDS = RecordRegistry()
+
+
+def register_record(
+    name: str,
+    cls: type,
+    to_fields: Callable[[Any], Mapping[str, Any]] | None = None,
+    from_fields: Callable[[dict[str, Any]], Any] | None = None,
+    registry: RecordRegistry = RECORDS,
+) -> type:
+    """Allow objects of exactly `cls` on the wire, under the name `name`; returns `cls`.
+
+    A module that defines a type it sends calls this at import time (it imports only this module, which imports
+    no protocol or privacy code, so no cycle arises). Registering the same name and class again replaces the
+    functions; a name or class already taken by another pairing is refused.
+
+    Args:
+        name: the wire name, stable across versions (e.g. "lvfl.PaillierShare").
+        cls: the class; subclasses are not covered.
+        to_fields: object -> str-keyed fields, each itself a sendable value. Default for a dataclass: its fields.
+        from_fields: fields -> object. It must validate what it is given (they come from a peer) and raise
+            `TypeError`, `ValueError` or `KeyError` on bad input: the codec turns that into a one-line refusal.
+            Default for a dataclass: ``cls(**fields)``, which checks the field names but not their types.
+        registry: the allow-list to add to; the process-wide `RECORDS` unless a test keeps its own.
+
+    Example:
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Point:
+        ...     x: int
+        ...     y: int
+        >>> _ = register_record("example.Point", Point, registry=(registry := RecordRegistry()))
+        >>> decode_value(encode_value(Point(1, 2), registry), sender="party1", tag="p", records=registry)
+        Point(x=1, y=2)
+    """
+    return registry.register(name, cls, to_fields, from_fields)
+
+
+# ------------------------------------------------------------------------------------------------- encoding
+def encode_value(payload: Any, records: RecordRegistry = RECORDS) -> pb.Value:
+    """`payload` as a protobuf `Value`; a `TypeError` naming the place of anything that cannot be sent."""
+    out = pb.Value()
+    _encode(payload, out, records, "", 0)
+    return out
+
+
+def _encode(obj: Any, out: pb.Value, records: RecordRegistry, path: str, depth: int) -> None:
+    at = f" at {path}" if path else ""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"payload nests deeper than {MAX_DEPTH} levels{at}")
+    record = records.by_class(type(obj))
+    if record is not None:
+        out.record.type = record.name
+        out.record.SetInParent()
+        for key, value in _str_keyed(record.to_fields(obj), f"record {record.name!r}{at}").items():
+            entry = out.record.fields.add(key=key)
+            _encode(value, entry.value, records, _field_path(path, key), depth + 1)
+    elif isinstance(obj, torch.Tensor):
+        _encode_tensor(obj, out.tensor, at)
+    elif isinstance(obj, bool):
+        out.boolean = obj
+    elif isinstance(obj, int):
+        size = (obj.bit_length() + 8) // 8  # room for the sign bit
+        if size > MAX_INT_BYTES:
+            raise ValueError(f"an int of {obj.bit_length()} bits{at} is over the {8 * MAX_INT_BYTES}-bit limit")
+        out.integer = obj.to_bytes(size, "big", signed=True)
+    elif isinstance(obj, float):
+        out.real = obj
+    elif isinstance(obj, str):
+        out.text = obj
+    elif isinstance(obj, bytes | bytearray | memoryview):
+        out.raw = bytes(obj)
+    elif obj is None:
+        out.none.SetInParent()
+    elif isinstance(obj, dict):
+        out.map.SetInParent()
+        for key, value in _str_keyed(obj, f"dict{at}").items():
+            _encode(value, out.map.entries.add(key=key).value, records, f"{path}[{key!r}]", depth + 1)
+    elif isinstance(obj, list | tuple) and not hasattr(obj, "_fields"):  # a namedtuple would lose its names
+        items = out.tuple if isinstance(obj, tuple) else out.list
+        items.SetInParent()
+        for i, value in enumerate(obj):
+            _encode(value, items.items.add(), records, f"{path}[{i}]", depth + 1)
+    else:
+        raise TypeError(
+            f"cannot send a {type(obj).__qualname__}{at}: lvfl sends tensors, bytes, int, float, str, bool, None, "
+            "lists, tuples, str-keyed dicts and registered records (lvfl.federation.codec.register_record)"
+        )
+
+
+def _field_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _str_keyed(mapping: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+    bad = [key for key in mapping if not isinstance(key, str)]
+    if bad:
+        raise TypeError(f"{what} has a key that is not a str: {bad[0]!r}")
+    return mapping
+
+
+def _encode_tensor(tensor: torch.Tensor, out: pb.Tensor, at: str) -> None:
+    if tensor.layout is not torch.strided or tensor.is_meta or tensor.is_quantized:
+        raise TypeError(f"cannot send a {tensor.layout} / meta / quantized tensor{at}: only dense tensors with data")
+    try:
+        name = dtype_name(tensor.dtype)
+    except TypeError as err:
+        raise TypeError(f"{err}{at}") from None
+    flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
+    out.dtype = name
+    out.shape.extend(tensor.shape)
+    out.data = _little_endian(flat.view(torch.uint8), flat.dtype).numpy().tobytes()
+
+
+def _little_endian(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Element bytes in little-endian order (a no-op on little-endian hosts; a byte swap per scalar otherwise)."""
+    width = _ITEMSIZE[dtype_name(dtype)] // (2 if dtype.is_complex else 1)
+    if sys.byteorder == "little" or width == 1:
+        return raw
+    return raw.reshape(-1, width).flip(-1).reshape(-1)  # pragma: no cover (big-endian hosts only)
+
+
+# ------------------------------------------------------------------------------------------------- envelopes
+@dataclass(frozen=True)
+class Header:
+    """An envelope's addressing, as received: who sent what to whom, in which run, at which step."""
+
+    run_id: str
+    src: str
+    dst: str
+    tag: str
+    step: int
+    seq: int
+    fingerprint: str = ""
+
+
+def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECORDS) -> bytes:
+    """The serialized envelope carrying `payload` under `header`."""
+    envelope = pb.Envelope(schema=SCHEMA, **dataclasses.asdict(header))  # Header's fields are Envelope's
+    _encode(payload, envelope.payload, records, "", 0)
+    return envelope.SerializeToString()
+
+
+def parse_envelope(data: bytes, *, sender: str) -> tuple[Header, pb.Value]:
+    """The header and the still-encoded payload of `data`, which `sender` sent; refuses what is not an envelope.
+
+    Split from `decode_value` so a receiver can refuse a message for its header (wrong run, wrong sender) before
+    it spends time decoding the payload.
+    """
+    try:
+        envelope = pb.Envelope.FromString(data)
+    except DecodeError as err:
+        raise FederationError(f"{sender} sent {len(data)} bytes that are not an lvfl envelope ({err})") from None
+    if envelope.schema != SCHEMA:
+        what = "no schema number" if envelope.schema == 0 else f"schema {envelope.schema}; this lvfl reads {SCHEMA}"
+        raise FederationError(f"{sender} sent {len(data)} bytes that are not an lvfl envelope ({what})")
+    if not envelope.HasField("payload"):
+        raise FederationError(f"{sender} sent {envelope.tag!r} without a payload")
+    header = Header(**{field.name: getattr(envelope, field.name) for field in dataclasses.fields(Header)})
+    return header, envelope.payload
+
+
+def decode_envelope(
+    data: bytes, *, sender: str, expected: Any = None, records: RecordRegistry = RECORDS
+) -> tuple[Header, Any]:
+    """`parse_envelope`, `decode_value` and `conform` in one: the header and the checked payload."""
+    header, value = parse_envelope(data, sender=sender)
+    payload = decode_value(value, sender=sender, tag=header.tag, records=records)
+    conform(payload, expected, sender=sender, tag=header.tag)
+    return header, payload
+
+
+# ------------------------------------------------------------------------------------------------- decoding
+def decode_value(
+    value: pb.Value, *, sender: str, tag: str, records: RecordRegistry = RECORDS, max_depth: int = MAX_DEPTH
+) -> Any:
+    """The payload `value` encodes, checked throughout; a one-line `FederationError` naming `sender` and `tag`."""
+    return _Decoder(sender, tag, records, max_depth).decode(value, "", 0)
+
+
+class _Decoder:
+    """One payload's decoding: carries who sent it, for the refusals."""
+
+    def __init__(self, sender: str, tag: str, records: RecordRegistry, max_depth: int) -> None:
+        self.sender, self.tag, self.records, self.max_depth = sender, tag, records, max_depth
+
+    def refuse(self, path: str, what: str) -> FederationError:
+        at = f" at {path}" if path else ""
+        return FederationError(f"{self.sender} sent {self.tag!r}{at} with {what}")
+
+    def decode(self, value: pb.Value, path: str, depth: int) -> Any:
+        if depth > self.max_depth:
+            raise self.refuse(path, f"values nested deeper than {self.max_depth} levels")
+        kind = value.WhichOneof("kind")
+        if kind == "tensor":
+            return self.tensor(value.tensor, path)
+        if kind == "raw":
+            return value.raw
+        if kind in ("list", "tuple"):
+            items = [self.decode(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(getattr(value, kind).items)]
+            return items if kind == "list" else tuple(items)
+        if kind == "map":
+            return self.entries(value.map.entries, path, depth, lambda key: f"{path}[{key!r}]", "key")
+        if kind == "integer":
+            return self.integer(value.integer, path)
+        if kind == "text":
+            return value.text
+        if kind == "record":
+            return self.record(value.record, path, depth)
+        if kind == "boolean":
+            return value.boolean
+        if kind == "none":
+            return None
+        if kind == "real":
+            return value.real
+        raise self.refuse(path, "an empty value (no kind set)")
+
+    def entries(self, entries: Any, path: str, depth: int, where: Callable[[str], str], what: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for entry in entries:
+            if entry.key in out:
+                raise self.refuse(path, f"the {what} {entry.key!r} twice")
+            if not entry.HasField("value"):
+                raise self.refuse(where(entry.key), "an empty value (no kind set)")
+            out[entry.key] = self.decode(entry.value, where(entry.key), depth + 1)
+        return out
+
+    def integer(self, data: bytes, path: str) -> int:
+        if not 0 < len(data) <= MAX_INT_BYTES:
+            raise self.refuse(path, f"an int of {len(data)} bytes (1 to {MAX_INT_BYTES} accepted)")
+        return int.from_bytes(data, "big", signed=True)
+
+    def record(self, record: pb.Record, path: str, depth: int) -> Any:
+        known = self.records.by_name(record.type)
+        if known is None:
+            allowed = ", ".join(repr(n) for n in self.records.names()) or "none"
+            raise self.refuse(path, f"a record of unknown type {record.type!r} (allowed: {allowed})")
+        fields = self.entries(record.fields, path, depth, lambda key: _field_path(path, key), f"{record.type} field")
+        try:
+            return known.from_fields(fields)
+        except (TypeError, ValueError, KeyError) as err:
+            message = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise self.refuse(path, f"a malformed {record.type} record: {message}") from None
+
+    def tensor(self, tensor: pb.Tensor, path: str) -> torch.Tensor:
+        name, shape = tensor.dtype, tuple(tensor.shape)
+        if name not in DTYPES:
+            raise self.refuse(path, f"a tensor of unknown dtype {name!r}")
+        if len(shape) > MAX_DIMS:
+            raise self.refuse(path, f"a tensor of {len(shape)} dimensions (at most {MAX_DIMS})")
+        if math.prod(max(size, 1) for size in shape) * _ITEMSIZE[name] >= 2**62:  # torch's sizes are int64
+            raise self.refuse(path, f"a {name} {list(shape)} tensor: a shape too large for any tensor")
+        data = tensor.data  # one copy out of the message
+        needed = math.prod(shape) * _ITEMSIZE[name]
+        if needed != len(data):
+            raise self.refuse(
+                path, f"a {name} {list(shape)} tensor in {len(data)} bytes of data; that shape needs {needed}"
+            )
+        dtype = DTYPES[name]
+        if needed == 0:
+            return torch.empty(shape, dtype=dtype)
+        raw = _little_endian(torch.frombuffer(bytearray(data), dtype=torch.uint8), dtype)  # writable, owned
+        if dtype is torch.bool and int(raw.max()) > 1:
+            raise self.refuse(path, "a bool tensor holding bytes other than 0 and 1")
+        return raw.view(dtype).reshape(shape)
+
+
+# ------------------------------------------------------------------------------------------------- expectations
+def describe(obj: Any) -> str:
+    """How a refusal names a value: "float32 [128, 16]" for a tensor, else its type ("bytes", "dict")."""
+    if isinstance(obj, torch.Tensor):
+        return f"{str(obj.dtype).removeprefix('torch.')} {list(obj.shape)}"
+    return type(obj).__qualname__
+
+
+def conform(payload: Any, expected: Any, *, sender: str, tag: str, path: str = "") -> None:
+    """Refuse `payload` unless it has the form `expected` gives; `expected=None` accepts anything.
+
+    `expected` is a template: a tensor (any device, `meta` included) requires a tensor of exactly its dtype and
+    shape; a dict the same keys, a list or tuple the same type and length, each item checked against its own
+    template; a class requires an instance of it (`bytes`, a record's class); `None` accepts anything there.
+
+    Raises:
+        FederationError: ``party2 sent 'embeddings' as float64 [128, 16]; expected float32 [128, 16]``.
+        TypeError: `expected` is not a template (a bug on the receiving side).
+    """
+    if expected is None:
+        return
+    at = f" at {path}" if path else ""
+
+    def refuse(wanted: str) -> FederationError:
+        return FederationError(f"{sender} sent {tag!r}{at} as {describe(payload)}; expected {wanted}")
+
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(payload, torch.Tensor) or payload.dtype != expected.dtype or payload.shape != expected.shape:
+            raise refuse(describe(expected))
+    elif isinstance(expected, type):
+        if not isinstance(payload, expected):
+            raise refuse(expected.__qualname__)
+    elif isinstance(expected, dict):
+        if not isinstance(payload, dict):
+            raise refuse("a dict")
+        missing, extra = [k for k in expected if k not in payload], [k for k in payload if k not in expected]
+        if missing or extra:
+            raise FederationError(
+                f"{sender} sent {tag!r}{at} with keys {list(payload)}; expected {list(expected)}"
+                + (f" (missing {missing})" if missing else "")
+                + (f" (unexpected {extra})" if extra else "")
+            )
+        for key, template in expected.items():
+            conform(payload[key], template, sender=sender, tag=tag, path=f"{path}[{key!r}]")
+    elif isinstance(expected, list | tuple):
+        kind = type(expected).__qualname__
+        if type(payload) is not type(expected) or len(payload) != len(expected):
+            got = f"a {type(payload).__qualname__} of {len(payload)}" if isinstance(payload, list | tuple) else None
+            raise FederationError(
+                f"{sender} sent {tag!r}{at} as {got or describe(payload)}; expected a {kind} of {len(expected)}"
+            )
+        for i, (item, template) in enumerate(zip(payload, expected, strict=True)):
+            conform(item, template, sender=sender, tag=tag, path=f"{path}[{i}]")
+    else:
+        raise TypeError(f"expected must be a tensor, a class, None, or a dict/list/tuple of them; got {expected!r}")

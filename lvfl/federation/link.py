@@ -1,0 +1,64 @@
+"""The Wire's `Transport` over a party's gRPC `Transport`: the seam between protocol code and the sockets.
+
+A party's view of the wire (`lvfl.wire.Wire(here=..., transport=...)`) calls `post` when its party sends and
+`take` when it receives, with the receiver's shadow of the message as what it expects. `SocketLink` adds what the
+network needs and the protocol does not know: the step every message is stamped with (a message for another step
+is refused) and the templates the codec checks a received payload against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from lvfl.federation.transport import Transport
+
+__all__ = ["SocketLink", "StepClock", "template"]
+
+
+def template(expected: Any) -> Any:
+    """The codec's template (`lvfl.federation.codec.conform`) for a receiver's shadow of a message.
+
+    A shadow tensor fixes the dtype and shape; an `Absent` (a key, a ciphertext: its size is known only to its
+    sender) accepts any value, which the code that uses it then checks (a backend's `combine`).
+    """
+    if isinstance(expected, torch.Tensor):
+        return expected
+    if isinstance(expected, dict):
+        return {k: template(v) for k, v in expected.items()}
+    if isinstance(expected, list | tuple):
+        return type(expected)(template(v) for v in expected)
+    return None
+
+
+class SocketLink:
+    """Carries a party view's messages on `transport`, each stamped with the current `step`."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.step = -1  # set-up (key agreement, PSI) runs before the first training step
+
+    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        """Send `payload` to `dst`; `src` is this party (a view sends only its own messages)."""
+        if src != self.transport.me:
+            raise ValueError(f"party {self.transport.me!r} cannot send a message as {src!r}")
+        self.transport.send(dst, tag, self.step, payload)
+
+    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+        """The next message from `src` under `tag`, for this step, of the form of `expected`."""
+        if dst != self.transport.me:
+            raise ValueError(f"party {self.transport.me!r} cannot receive a message for {dst!r}")
+        return self.transport.receive(src, tag, self.step, expected=template(expected))
+
+
+class StepClock(Callback):
+    """Sets `link.step` to the trainer's batch count at every training batch, the same count at every party."""
+
+    def __init__(self, link: SocketLink) -> None:
+        self.link = link
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Every party is at the same batch of the same epoch: the step its messages carry."""
+        self.link.step = trainer.fit_loop.total_batch_idx

@@ -1,0 +1,461 @@
+"""Party-to-party messages over gRPC with mutual TLS: one server per party, one channel per peer.
+
+Why this shape: a protocol step is "party A sends X to party B", so the transport is a mailbox per party. Each
+party runs one gRPC server at its address from the federation file, with a single unary RPC,
+``Deliver(Envelope) -> Ack``; sending is a call on the peer's server, receiving is taking the next message of a
+(sender, tag) from the local mailbox. A send returns once the peer has checked and stored the message.
+
+Who sent a message is read from the TLS connection, never from the message: both ends present certificates from
+the federation's CA (``require_client_auth``), the server matches the client's certificate against the one pinned
+for each party in the federation file, and refuses an envelope whose ``src`` is not that party. It also refuses a
+message of another run or configuration (``run_id``, ``fingerprint``), out of sequence (each (src, dst, tag) is
+numbered from 0: a lost or replayed message shows), or that the codec refuses; and `receive` refuses a message for
+another step than the one the protocol is at. A refused message is answered with the reason (the sender's `send`
+raises it) and also fails the receiver's next `receive` from that party, so both ends stop with the same line.
+
+Bytes are counted per (src, dst, tag) for both directions: `payload_bytes` as `lvfl.wire.payload_nbytes` counts
+them (the Wire's ledger), `envelope_bytes` as they crossed the socket (protobuf framing, header and all).
+
+Example:
+    >>> with Transport("party1", "federation.yaml", run_id="run-7") as transport:  # doctest: +SKIP
+    ...     transport.send("party0", "embeddings", step=0, payload=embeddings)
+    ...     grad = transport.receive("party0", "gradients", step=0, expected=embeddings)
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from lvfl.federation import FederationError
+from lvfl.federation import envelope_pb2 as pb
+from lvfl.federation.codec import RECORDS, Header, RecordRegistry, conform, decode_value, encode_envelope
+from lvfl.federation.codec import parse_envelope as _parse_envelope
+from lvfl.federation.federation_file import Federation, load_federation
+from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
+from lvfl.wire import payload_nbytes
+
+__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_TIMEOUT", "DELIVER", "Transport", "transports"]
+
+log = logging.getLogger(__name__)
+
+#: seconds a receive waits for its message, and a send for its peer to come up and acknowledge
+DEFAULT_TIMEOUT = 60.0
+#: largest envelope a party accepts: room for a CKKS key exchange or a large batch, far below gRPC's 2 GiB cap
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+#: the one RPC's full method name (see the service in envelope.proto)
+DELIVER = "/lvfl.federation.Federation/Deliver"
+_SERVICE, _METHOD = "lvfl.federation.Federation", "Deliver"
+#: reconnect quickly while a peer is starting (gRPC's default backoff starts at 1 s and grows to 2 min)
+_BACKOFF_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+Key = tuple[str, str, str]  # (src, dst, tag)
+
+
+class Transport:
+    """Party `me`'s end of the federation: its server, its channels to the peers, its mailbox and its ledger.
+
+    Args:
+        me: this party's name in the federation file.
+        federation: the federation file (path) or a loaded `Federation`.
+        run_id: names the run; a message of any other run is refused.
+        key_path: this party's private key; ``<me>.key`` beside the federation file by default.
+        timeout: seconds a `receive` waits, and a `send` waits for its peer (coming up, then acknowledging).
+        max_message_bytes: the largest envelope this party's server accepts; a larger one is refused (and `send`
+            refuses to send one larger than this party's own limit).
+        fingerprint: a digest of the run's configuration; when both ends set one, they must be equal.
+        records: the record types this party sends and accepts (`lvfl.federation.codec.RECORDS` by default).
+        listen: the address the server binds, when not the federation file's (e.g. ``0.0.0.0:50051`` behind NAT).
+
+    Sends to one (peer, tag) must come from one thread at a time: their sequence numbers are their order.
+    """
+
+    def __init__(
+        self,
+        me: str,
+        federation: Federation | str | os.PathLike[str],
+        run_id: str,
+        *,
+        key_path: str | os.PathLike[str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        fingerprint: str = "",
+        records: RecordRegistry = RECORDS,
+        listen: str | None = None,
+    ) -> None:
+        self.federation = federation if isinstance(federation, Federation) else load_federation(federation)
+        self.me = self.federation.party(me).name
+        if not isinstance(run_id, str) or not run_id:
+            raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if not 0 < max_message_bytes < 2**31:
+            raise ValueError(f"max_message_bytes must be in [1, 2**31 - 1], got {max_message_bytes!r}")
+        self.run_id, self.timeout, self.max_message_bytes = run_id, float(timeout), int(max_message_bytes)
+        self.fingerprint, self.records = fingerprint, records
+        self.key_path = Path(key_path) if key_path is not None else self.federation.key_path(me)
+        self.listen = listen or self.federation.party(me).address
+        self.peers = tuple(name for name in self.federation.parties if name != me)
+        # the ledger, for both directions
+        self.payload_bytes: Counter[Key] = Counter()
+        self.envelope_bytes: Counter[Key] = Counter()
+        self.messages: Counter[Key] = Counter()
+        # the mailbox: messages by (src, tag) in arrival order, and the first refusal of each peer
+        self._cond = threading.Condition()
+        self._inbox: dict[tuple[str, str], deque[tuple[Header, Any]]] = {}
+        self._next_in: Counter[tuple[str, str]] = Counter()
+        self._next_out: Counter[tuple[str, str]] = Counter()
+        self._refusals: dict[str, str] = {}
+        self._pins: dict[str, str] = {}
+        self._server: grpc.Server | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._channels: dict[str, grpc.Channel] = {}
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        self._closed = False
+
+    # -- life cycle ------------------------------------------------------------------------------------------------
+    def start(self) -> Transport:
+        """Check every certificate and this party's key, listen at this party's address, open a channel per peer."""
+        if self._server is not None:
+            raise RuntimeError(f"the transport of {self.me} is already started")
+        check_ca(self.federation.ca)
+        for party in self.federation.parties.values():
+            self._pins[party.name] = certificate_fingerprint(
+                check_certificate(party.certificate, self.federation.ca, party.name)
+            )
+        if len(set(self._pins.values())) != len(self._pins):
+            raise FederationError(f"federation file {self.federation.path}: two parties have the same certificate")
+        ca_pem = self.federation.ca.read_bytes()
+        cert_pem = self.federation.party(self.me).certificate.read_bytes()
+        key_pem = check_key(self.key_path, self.federation.party(self.me).certificate)
+        self._executor = ThreadPoolExecutor(
+            max_workers=max(4, len(self.peers) + 1), thread_name_prefix=f"lvfl-{self.me}"
+        )
+        server = grpc.server(
+            self._executor,
+            options=[
+                ("grpc.so_reuseport", 0),  # a second server on the same port must fail, not share it
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+            ],
+        )
+        handler = grpc.unary_unary_rpc_method_handler(self._deliver)  # bytes in, bytes out: parsed by the codec
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {_METHOD: handler}),))
+        credentials = grpc.ssl_server_credentials(
+            [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
+        )
+        cannot_listen = f"party {self.me} cannot listen on {self.listen}"
+        _check_port_free(self.listen, cannot_listen)
+        try:
+            port = server.add_secure_port(self.listen, credentials)
+        except RuntimeError:
+            port = 0
+        if port == 0:
+            server.stop(None)
+            raise FederationError(f"{cannot_listen}: the port is in use, or the host is not this machine")
+        server.start()
+        self._server = server
+        client = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
+        for peer in self.peers:
+            channel = grpc.secure_channel(
+                self.federation.party(peer).address,
+                client,
+                options=[("grpc.ssl_target_name_override", peer), *_BACKOFF_OPTIONS],
+            )
+            self._channels[peer] = channel
+            self._calls[peer] = channel.unary_unary(DELIVER)
+        return self
+
+    def close(self) -> None:
+        """Stop the server and close the channels; a `receive` still waiting fails. Safe to call twice."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._server is not None:
+            self._server.stop(grace=1.0).wait(5.0)
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._calls.clear()
+
+    def __enter__(self) -> Transport:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- sending ---------------------------------------------------------------------------------------------------
+    def send(self, dst: str, tag: str, step: int, payload: Any) -> None:
+        """Deliver `payload` to `dst` under `tag` at `step`; returns once `dst` has checked and stored it.
+
+        Raises:
+            FederationError: `dst` refused the message (its reason), or did not come up and answer within the
+                timeout (naming it and its address), or the envelope is over `max_message_bytes`.
+            TypeError: `payload` holds something that cannot be sent or metered.
+        """
+        self._check_peer(dst)
+        nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
+        with self._cond:
+            seq = self._next_out[(dst, tag)]
+            self._next_out[(dst, tag)] += 1
+        header = Header(self.run_id, self.me, dst, tag, int(step), seq, self.fingerprint)
+        data = encode_envelope(header, payload, self.records)
+        if len(data) > self.max_message_bytes:
+            raise FederationError(
+                f"{self.me} cannot send {tag!r} to {dst}: its envelope is {len(data)} bytes, over "
+                f"max_message_bytes={self.max_message_bytes}"
+            )
+        ack = self._post(dst, tag, data)
+        if ack.seq != seq:
+            raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
+        key = (self.me, dst, tag)
+        self.payload_bytes[key] += nbytes
+        self.envelope_bytes[key] += len(data)
+        self.messages[key] += 1
+
+    def _post(self, dst: str, tag: str, data: bytes) -> pb.Ack:
+        """One Deliver call with `data` as the request, its failures in one line (tests post crafted bytes here)."""
+        if not self._calls:
+            raise RuntimeError(f"the transport of {self.me} is not started (or closed)")
+        try:
+            answer = self._calls[dst](data, timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            raise self._send_error(err, dst, tag, len(data)) from None
+        return pb.Ack.FromString(answer)
+
+    def _send_error(self, err: grpc.RpcError, dst: str, tag: str, size: int) -> FederationError:
+        code, details = err.code(), (err.details() or "").strip()
+        address = self.federation.party(dst).address
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
+            return FederationError(f"{dst} refused {tag!r} from {self.me}: {details}")
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return FederationError(
+                f"{dst} refused {tag!r} from {self.me}: the {size}-byte envelope is over its message size limit "
+                f"({details})"
+            )
+        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if _connected(self._channels[dst]):
+                why = "it is connected but did not acknowledge the message"
+            elif _port_answers(address):
+                why = (
+                    "its port answers but no TLS connection could be made (a certificate from another CA, or not "
+                    "the name the federation file gives)"
+                )
+            else:
+                why = "nothing answers there (is it running?)"
+            return FederationError(
+                f"{self.me} could not deliver {tag!r} to {dst} at {address} within {self.timeout:g} s: {why}"
+            )
+        return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
+
+    # -- receiving -------------------------------------------------------------------------------------------------
+    def receive(self, src: str, tag: str, step: int, expected: Any = None, timeout: float | None = None) -> Any:
+        """The next message from `src` under `tag`, which must be for `step` and of the form `expected`.
+
+        Args:
+            src: the sending party.
+            tag: the message's tag.
+            step: the step the protocol is at; a message for another step is refused.
+            expected: a template the payload must match (`lvfl.federation.codec.conform`): a tensor of the
+                dtype and shape expected (a `meta` tensor will do), a dict / list / tuple of them, or None.
+            timeout: seconds to wait; the transport's `timeout` by default.
+
+        Raises:
+            FederationError: no message within the timeout (naming `src` and `tag`), a refused message from `src`,
+                another step, or a payload not of the expected form.
+        """
+        self._check_peer(src)
+        wait = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                if src in self._refusals:
+                    raise FederationError(self._refusals[src])
+                queue = self._inbox.get((src, tag))
+                if queue:
+                    header, payload = queue.popleft()
+                    break
+                if self._closed:
+                    raise FederationError(f"{self.me} closed its transport while waiting for {tag!r} from {src}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise FederationError(f"{src} did not send {tag!r} (step {step}) to {self.me} within {wait:g} s")
+                self._cond.wait(remaining)
+        if header.step != step:
+            raise FederationError(f"{src} sent {tag!r} for step {header.step}; {self.me} expected step {step}")
+        conform(payload, expected, sender=src, tag=tag)
+        return payload
+
+    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The server's handler: identify the sender by its certificate, check the message, file it."""
+        sender = self._identify(context)
+        try:
+            header, value = _parse_envelope(request, sender=sender)
+            self._check_header(header, sender)
+            payload = decode_value(value, sender=sender, tag=header.tag, records=self.records)
+            try:
+                nbytes = payload_nbytes(payload)
+            except TypeError as err:
+                raise FederationError(f"{sender} sent {header.tag!r} with a payload lvfl cannot meter: {err}") from None
+            with self._cond:
+                expected_seq = self._next_in[(sender, header.tag)]
+                if header.seq != expected_seq:
+                    raise FederationError(
+                        f"{sender} sent {header.tag!r} message #{header.seq}; {self.me} expected #{expected_seq} "
+                        "(a message was lost or replayed)"
+                    )
+                self._next_in[(sender, header.tag)] += 1
+                self._inbox.setdefault((sender, header.tag), deque()).append((header, payload))
+                key = (sender, self.me, header.tag)
+                self.payload_bytes[key] += nbytes
+                self.envelope_bytes[key] += len(request)
+                self.messages[key] += 1
+                self._cond.notify_all()
+        except Exception as err:  # noqa: BLE001 (a peer must not be able to leave this party waiting)
+            if isinstance(err, FederationError):
+                reason = str(err)
+                log.warning("%s refused a message: %s", self.me, reason)
+            else:  # a bug here or in a record type's from_fields; the peer is told, this party keeps the traceback
+                reason = f"{self.me} could not decode a message from {sender}: {type(err).__name__}: {err}"
+                log.exception("%s", reason)
+            reason = " ".join(reason.split())
+            with self._cond:
+                self._refusals.setdefault(sender, reason)
+                self._cond.notify_all()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        return pb.Ack(seq=header.seq).SerializeToString()
+
+    def _identify(self, context: grpc.ServicerContext) -> str:
+        """The party whose pinned certificate the client presented; the call is refused if there is none."""
+        certificates = context.auth_context().get("x509_pem_cert") or [b""]
+        try:
+            fingerprint = certificate_fingerprint(certificates[0])
+        except ValueError:
+            fingerprint = ""
+        for name, pin in self._pins.items():
+            if pin == fingerprint and name != self.me:
+                return name
+        claimed = b",".join(context.auth_context().get("x509_common_name") or [b"?"]).decode(errors="replace")
+        message = (
+            f"a peer presenting a certificate for CN={claimed} (sha256 {fingerprint[:16] or '?'}...) is not a party "
+            f"of this federation: its certificate is not the one pinned for any party in {self.federation.path}"
+        )
+        log.warning("%s refused a connection: %s", self.me, message)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+        raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+    def _check_header(self, header: Header, sender: str) -> None:
+        tag = header.tag
+        if header.src != sender:
+            raise FederationError(
+                f"{sender} (by its certificate) sent {tag!r} in an envelope claiming to be from {header.src!r}"
+            )
+        if header.dst != self.me:
+            raise FederationError(f"{sender} sent {tag!r} addressed to {header.dst!r} to {self.me}")
+        if header.run_id != self.run_id:
+            raise FederationError(f"{sender} sent {tag!r} for run {header.run_id!r}; {self.me} runs {self.run_id!r}")
+        if self.fingerprint and header.fingerprint and header.fingerprint != self.fingerprint:
+            raise FederationError(
+                f"{sender} sent {tag!r} with configuration fingerprint {header.fingerprint!r}; {self.me} has "
+                f"{self.fingerprint!r}"
+            )
+        if not tag:
+            raise FederationError(f"{sender} sent a message without a tag")
+
+    def _check_peer(self, name: str) -> None:
+        if name == self.me:
+            raise ValueError(f"party {self.me!r} cannot send to or receive from itself")
+        if name not in self.peers:
+            raise ValueError(f"there is no party {name!r} in {self.federation.path} (peers: {list(self.peers)})")
+
+    # -- the ledger ------------------------------------------------------------------------------------------------
+    def bytes_by_tag(self, envelope: bool = False) -> dict[str, int]:
+        """Bytes per tag over both directions: payload bytes (as the Wire counts), or envelope bytes."""
+        out: Counter[str] = Counter()
+        for (_, _, tag), n in (self.envelope_bytes if envelope else self.payload_bytes).items():
+            out[tag] += n
+        return dict(out)
+
+
+def _check_port_free(address: str, cannot_listen: str) -> None:
+    """Refuse an address any of whose resolved sockets is taken.
+
+    gRPC binds every address a host name resolves to (``localhost``: 127.0.0.1 and ::1) and starts if *one* bind
+    succeeds, so a port held by another process on 127.0.0.1 alone would go unnoticed while half the peers
+    reached that process instead. Checked here first; another process may still take it in between (then gRPC's
+    own refusal applies).
+    """
+    host, _, port_text = address.rpartition(":")
+    host, port = host.strip("[]"), int(port_text) if port_text.isdigit() else 0
+    if port == 0:  # an ephemeral port (``listen="localhost:0"``), or an address gRPC will refuse itself
+        return
+    try:
+        resolved = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise FederationError(f"{cannot_listen}: cannot resolve {host!r} ({err.strerror})") from None
+    for family, kind, proto, _, where in resolved:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no conflict
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(where)
+            except OSError as err:
+                if err.errno == errno.EADDRINUSE:
+                    raise FederationError(f"{cannot_listen}: the port is in use (on {where[0]})") from None
+                raise FederationError(f"{cannot_listen}: {err.strerror} ({where[0]})") from None
+
+
+def _connected(channel: grpc.Channel, wait: float = 0.2) -> bool:
+    """Whether `channel` has (or makes within `wait` s) a TLS connection; asked only to explain a failed send.
+
+    Not tracked all along with `channel.subscribe`: a subscription polls, and makes `close` wait for the poller.
+    """
+    ready = grpc.channel_ready_future(channel)
+    try:
+        ready.result(timeout=wait)
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        ready.cancel()
+
+
+def _port_answers(address: str) -> bool:
+    """Whether a TCP connection to `address` opens: tells a peer that is down from one that refuses our TLS."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def transports(*parties: Transport) -> Iterator[tuple[Transport, ...]]:
+    """Start several transports (one per party, in one process: tests, demos) and close them all after."""
+    started: list[Transport] = []
+    try:
+        for transport in parties:
+            started.append(transport.start())
+        yield parties
+    finally:
+        for transport in reversed(started):
+            transport.close()

@@ -1,0 +1,450 @@
+"""The federation codec: every payload type round-trips bit-identically, and every malformed message is refused."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pickle
+import re
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lvfl.compression import CompressedTensor, Compressor
+from lvfl.federation import FederationError
+from lvfl.federation import envelope_pb2 as pb
+from lvfl.federation.codec import (
+    DTYPES,
+    MAX_DEPTH,
+    MAX_INT_BYTES,
+    SCHEMA,
+    Header,
+    RecordRegistry,
+    conform,
+    decode_envelope,
+    decode_value,
+    dtype_from_name,
+    dtype_name,
+    encode_envelope,
+    encode_value,
+    register_record,
+)
+from lvfl.privacy.ckks import CKKSShare
+from lvfl.privacy.paillier import PaillierShare
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = Header(run_id="run-1", src="party2", dst="party0", tag="embeddings", step=7, seq=0)
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+def _compressed_fields(c: CompressedTensor) -> dict:
+    return {f.name: getattr(c, f.name) for f in dataclasses.fields(c)} | {"dtype": dtype_name(c.dtype)}
+
+
+def _compressed(fields: dict) -> CompressedTensor:
+    return CompressedTensor(**(fields | {"dtype": dtype_from_name(fields["dtype"]), "shape": tuple(fields["shape"])}))
+
+
+def _ckks_fields(share: CKKSShare) -> dict:
+    return {
+        "vectors": [vec.serialize() for vec in share.vectors],
+        "shape": tuple(share.shape),
+        "key_id": share.key_id,
+        "num_ciphertexts": share.num_ciphertexts,
+    }
+
+
+def _ckks(fields: dict) -> CKKSShare:
+    import tenseal as ts
+
+    # lazy: the receiver links its own public context before it computes (the wire never carries a context here)
+    vectors = [ts.lazy_ckks_vector_from(data) for data in fields["vectors"]]
+    return CKKSShare(vectors, torch.Size(fields["shape"]), fields["key_id"], fields["num_ciphertexts"])
+
+
+@pytest.fixture
+def records() -> RecordRegistry:
+    """The three record types lvfl sends today, in a registry of the test's own (the global one is untouched)."""
+    registry = RecordRegistry()
+    register_record("lvfl.CompressedTensor", CompressedTensor, _compressed_fields, _compressed, registry=registry)
+    register_record("lvfl.PaillierShare", PaillierShare, registry=registry)  # a dataclass: the default fields
+    register_record("lvfl.CKKSShare", CKKSShare, _ckks_fields, _ckks, registry=registry)
+    return registry
+
+
+def roundtrip(payload, records: RecordRegistry | None = None, expected=None):
+    registry = records or RecordRegistry()
+    header, out = decode_envelope(
+        encode_envelope(HEADER, payload, registry), sender="party2", expected=expected, records=registry
+    )
+    assert header == HEADER
+    return out
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.contiguous().reshape(-1).view(torch.uint8), b.contiguous().reshape(-1).view(torch.uint8))
+    )
+
+
+def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    """Random bits of `dtype` (NaN payloads, infinities and subnormals included); bools as 0/1."""
+    if dtype is torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    nbytes = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (*shape, nbytes), dtype=torch.uint8, generator=generator)
+    return raw.view(dtype).reshape(shape)
+
+
+def refusal(excinfo: pytest.ExceptionInfo) -> str:
+    message = str(excinfo.value)
+    assert "\n" not in message
+    return message
+
+
+# ------------------------------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize("name", list(DTYPES))
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (3, 4), (2, 0, 3), (2, 3, 4, 5)])
+def test_tensor_round_trip_is_bit_identical(name: str, shape: tuple[int, ...]) -> None:
+    sent = random_tensor(DTYPES[name], shape, torch.Generator().manual_seed(len(shape)))
+    got = roundtrip(sent)
+    assert same_bits(sent, got)
+    assert got.device.type == "cpu"
+    assert not got.requires_grad
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_non_contiguous_and_views_arrive_as_their_values(name: str) -> None:
+    base = random_tensor(DTYPES[name], (6, 8), torch.Generator().manual_seed(1))
+    for view in (base.t(), base[::2, 1::3], base[:, 3], base.expand(2, 6, 8), base[2, 5]):
+        got = roundtrip(view)
+        assert same_bits(view.contiguous(), got)
+        assert got.is_contiguous()
+
+
+def test_conjugate_views_send_their_values() -> None:
+    z = torch.randn(4, dtype=torch.complex64)
+    assert same_bits(roundtrip(z.conj()), z.conj().resolve_conj())
+
+
+def test_decoded_tensors_are_writable_copies() -> None:
+    value = encode_value(torch.arange(6, dtype=torch.float32))
+    first = decode_value(value, sender="party2", tag="t")
+    first.mul_(10)  # writable: it owns its bytes
+    second = decode_value(value, sender="party2", tag="t")
+    assert torch.equal(second, torch.arange(6, dtype=torch.float32))  # the message was not changed through it
+
+
+def test_gradients_do_not_cross() -> None:
+    x = torch.randn(3, requires_grad=True)
+    got = roundtrip(x * 2)
+    assert not got.requires_grad
+    assert got.grad_fn is None
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(sorted(DTYPES)),
+    shape=st.lists(st.integers(0, 4), max_size=4).map(tuple),
+    seed=st.integers(0, 2**31),
+)
+def test_any_dtype_and_shape_round_trips(name: str, shape: tuple[int, ...], seed: int) -> None:
+    sent = random_tensor(DTYPES[name], shape, torch.Generator().manual_seed(seed))
+    assert same_bits(sent, roundtrip(sent))
+
+
+def test_containers_and_scalars_round_trip_with_their_types() -> None:
+    tensor = torch.randn(2, 3)
+    payload = {
+        "z": b"\x00\xffbytes",
+        "a": [tensor, (torch.tensor(True), b"")],
+        "ints": [0, 1, -1, 255, -256, 2**63, -(2**63) - 1, 2**4096 - 1, -(2**4095)],
+        "nested": {"deeper": {"x": ()}},
+        "scalars": ("text", None, True, False, 1.5, float("inf")),
+        "empty": {},
+    }
+    got = roundtrip(payload)
+    assert list(got) == list(payload)  # dict order is kept
+    assert got["z"] == payload["z"]
+    assert type(got["z"]) is bytes
+    assert isinstance(got["a"], list)
+    assert isinstance(got["a"][1], tuple)
+    assert torch.equal(got["a"][0], tensor)
+    assert got["a"][1][1] == b""
+    assert got["ints"] == payload["ints"]
+    assert all(type(i) is int for i in got["ints"])
+    assert got["nested"] == {"deeper": {"x": ()}}
+    assert got["scalars"] == payload["scalars"]
+    assert type(got["scalars"][2]) is bool
+    assert got["empty"] == {}
+
+
+def test_bytearray_memoryview_and_torch_size_arrive_as_bytes_and_tuple() -> None:
+    assert roundtrip([bytearray(b"ab"), memoryview(b"cd"), torch.Size([2, 3])]) == [b"ab", b"cd", (2, 3)]
+
+
+def test_paillier_share_with_4096_bit_ciphertexts(records: RecordRegistry) -> None:
+    g = torch.Generator().manual_seed(0)
+    ciphertexts = tuple(
+        int.from_bytes(torch.randint(0, 256, (512,), generator=g, dtype=torch.uint8).numpy()) for _ in range(3)
+    )
+    share = PaillierShare(ciphertexts, (4, 2), width=64, slots=3, step=5, index=1, ciphertext_nbytes=512)
+    got = roundtrip({"share": share}, records)["share"]
+    assert type(got) is PaillierShare
+    assert dataclasses.asdict(got) == dataclasses.asdict(share)
+    assert got.wire_nbytes() == share.wire_nbytes()
+
+
+def test_compressed_tensor(records: RecordRegistry) -> None:
+    x = torch.randn(16, 8, dtype=torch.float64)
+    for compressor in (Compressor(bits=4), Compressor(bits=4, topk=0.25), Compressor(bits=32, topk=0.5)):
+        sent = compressor.compress(x)
+        got = roundtrip(sent, records)
+        assert type(got) is CompressedTensor
+        assert got.dtype == torch.float64
+        assert got.shape == (16, 8)
+        assert same_bits(got.decompress(), sent.decompress())
+        assert got.wire_nbytes() == sent.wire_nbytes()
+
+
+def test_ckks_share(records: RecordRegistry) -> None:
+    ts = pytest.importorskip("tenseal")
+    context = ts.context(ts.SCHEME_TYPE.CKKS, 8192, coeff_mod_bit_sizes=[60, 40, 60])
+    context.global_scale = 2**40
+    values = [0.5, -1.25, 3.0]
+    share = CKKSShare([ts.ckks_vector(context, values)], torch.Size([3]), b"key-id", 1)
+    got = roundtrip(share, records)
+    assert type(got) is CKKSShare
+    assert got.shape == torch.Size([3])
+    assert got.key_id == b"key-id"
+    vector = got.vectors[0]
+    vector.link_context(context)
+    assert vector.decrypt() == pytest.approx(values, abs=1e-4)
+    assert got.wire_nbytes() == share.wire_nbytes()
+
+
+def test_records_nest_and_carry_their_fields_in_order() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Pair:
+        left: object
+        right: object
+
+    registry = RecordRegistry()
+    register_record("test.Pair", Pair, registry=registry)
+    sent = Pair(Pair(1, torch.ones(2)), [b"x"])
+    got = roundtrip(sent, registry)
+    assert got.left.left == 1
+    assert torch.equal(got.left.right, torch.ones(2))
+    assert got.right == [b"x"]
+
+
+# ------------------------------------------------------------------------------------------------- refusals
+def test_a_pickle_is_not_an_envelope() -> None:
+    for data in (pickle.dumps({"x": torch.ones(2)}), pickle.dumps(b"\x80"), b"", b"\xff" * 10):
+        with pytest.raises(FederationError) as excinfo:
+            decode_envelope(data, sender="party2")
+        assert re.fullmatch(r"party2 sent \d+ bytes that are not an lvfl envelope \(.+\)", refusal(excinfo))
+
+
+def test_another_schema_is_refused() -> None:
+    envelope = pb.Envelope(schema=SCHEMA + 1, tag="t")
+    envelope.payload.none.SetInParent()
+    with pytest.raises(FederationError, match=f"schema {SCHEMA + 1}; this lvfl reads {SCHEMA}"):
+        decode_envelope(envelope.SerializeToString(), sender="party2")
+
+
+def test_wrong_dtype_against_expected() -> None:
+    data = encode_envelope(HEADER, torch.zeros(128, 16, dtype=torch.float64))
+    with pytest.raises(FederationError) as excinfo:
+        decode_envelope(data, sender="party2", expected=torch.empty(128, 16, device="meta"))
+    assert refusal(excinfo) == "party2 sent 'embeddings' as float64 [128, 16]; expected float32 [128, 16]"
+
+
+def test_wrong_shape_against_expected_inside_a_structure() -> None:
+    payload = {"grad": [torch.zeros(128, 16), torch.zeros(4)], "ids": b"x"}
+    expected = {"grad": [torch.empty(128, 16, device="meta"), torch.empty(5, device="meta")], "ids": bytes}
+    with pytest.raises(FederationError) as excinfo:
+        roundtrip(payload, expected=expected)
+    assert refusal(excinfo) == "party2 sent 'embeddings' at ['grad'][1] as float32 [4]; expected float32 [5]"
+    roundtrip(payload, expected={"grad": [None, torch.empty(4)], "ids": None})  # None: anything there
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected", "message"),
+    [
+        (b"x", torch.empty(2), "as bytes; expected float32 [2]"),
+        (torch.zeros(2), bytes, "as float32 [2]; expected bytes"),
+        ({"a": b""}, {"a": None, "b": None}, "with keys ['a']; expected ['a', 'b'] (missing ['b'])"),
+        ([b"", b""], [None], "as a list of 2; expected a list of 1"),
+        ((b"",), [None], "as a tuple of 1; expected a list of 1"),
+        (b"x", {"a": None}, "as bytes; expected a dict"),
+    ],
+)
+def test_structure_against_expected(payload, expected, message: str) -> None:
+    with pytest.raises(FederationError) as excinfo:
+        roundtrip(payload, expected=expected)
+    assert refusal(excinfo).endswith(message)
+
+
+def test_a_bad_template_is_the_receivers_bug() -> None:
+    with pytest.raises(TypeError, match="expected must be"):
+        conform(b"x", 5, sender="party2", tag="t")
+
+
+def _tensor_value(dtype: str, shape: list[int], data: bytes) -> pb.Value:
+    value = pb.Value()
+    value.tensor.dtype, value.tensor.data = dtype, data
+    value.tensor.shape.extend(shape)
+    return value
+
+
+def _envelope(value: pb.Value) -> bytes:
+    envelope = pb.Envelope(schema=SCHEMA, run_id="r", src="party2", dst="party0", tag="embeddings")
+    envelope.payload.CopyFrom(value)
+    return envelope.SerializeToString()
+
+
+def _deep(levels: int) -> pb.Value:
+    value = pb.Value()
+    value.none.SetInParent()
+    for _ in range(levels):
+        outer = pb.Value()
+        outer.list.items.add().CopyFrom(value)
+        value = outer
+    return value
+
+
+def _map_with_duplicate_key() -> pb.Value:
+    value = pb.Value()
+    for _ in range(2):
+        value.map.entries.add(key="a").value.raw = b""
+    return value
+
+
+def _record(type_name: str, **fields: bytes) -> pb.Value:
+    value = pb.Value()
+    value.record.type = type_name
+    for key, raw in fields.items():
+        value.record.fields.add(key=key).value.raw = raw
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            _tensor_value("float32", [128, 16], b"\0" * 100),
+            "party2 sent 'embeddings' with a float32 [128, 16] tensor in 100 bytes of data; that shape needs 8192",
+        ),
+        (_tensor_value("float32", [], b""), "a float32 [] tensor in 0 bytes of data; that shape needs 4"),
+        (_tensor_value("object", [1], b"\0" * 8), "a tensor of unknown dtype 'object'"),
+        (_tensor_value("torch.float32", [1], b"\0" * 4), "a tensor of unknown dtype 'torch.float32'"),
+        (_tensor_value("bool", [2], b"\x01\x02"), "a bool tensor holding bytes other than 0 and 1"),
+        (_tensor_value("uint8", [1] * 33, b"\0"), "a tensor of 33 dimensions"),
+        (_tensor_value("float64", [2**62, 2**62], b""), "a float64 [4611686018427387904, 4611686018427387904]"),
+        (_tensor_value("float32", [0, 2**64 - 1], b""), "a shape too large for any tensor"),
+        (_tensor_value("uint8", [2**40, 2**40, 0], b""), "a shape too large for any tensor"),
+        (_deep(MAX_DEPTH + 1), f"values nested deeper than {MAX_DEPTH} levels"),
+        (_map_with_duplicate_key(), "with the key 'a' twice"),
+        (pb.Value(), "with an empty value (no kind set)"),
+        (pb.Value(integer=b""), "an int of 0 bytes"),
+        (pb.Value(integer=b"\1" * (MAX_INT_BYTES + 1)), f"an int of {MAX_INT_BYTES + 1} bytes"),
+        (_record("os.system", command=b"rm"), "a record of unknown type 'os.system' (allowed: 'lvfl.CompressedTensor'"),
+        (_record("lvfl.PaillierShare", shape=b""), "a malformed lvfl.PaillierShare record: "),
+    ],
+)
+def test_malformed_payloads_are_refused(value: pb.Value, message: str, records: RecordRegistry) -> None:
+    with pytest.raises(FederationError) as excinfo:
+        decode_envelope(_envelope(value), sender="party2", records=records)
+    text = refusal(excinfo)
+    assert text.startswith("party2 sent 'embeddings'")
+    assert message in text
+
+
+def test_a_record_type_not_registered_here_is_refused_even_if_the_sender_knows_it(records: RecordRegistry) -> None:
+    data = encode_envelope(HEADER, PaillierShare((1,), (1,), 1, 1, 0, 0, 1), records)
+    with pytest.raises(FederationError, match=r"a record of unknown type 'lvfl.PaillierShare' \(allowed: none\)"):
+        decode_envelope(data, sender="party2", records=RecordRegistry())
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (object(), "cannot send a object: lvfl sends tensors"),
+        ({1: b""}, "has a key that is not a str: 1"),
+        ([{"a": [namedtuple("P", "x")(1)]}], r"cannot send a P at \[0\]\['a'\]\[0\]"),
+        (torch.empty(2, device="meta"), "meta"),
+        (torch.zeros(2).to_sparse(), "only dense tensors"),
+        pytest.param(2**40000, "an int of 40001 bits", id="huge-int"),
+        (PaillierShare((1,), (1,), 1, 1, 0, 0, 1), "cannot send a PaillierShare"),  # not registered in this test
+    ],
+)
+def test_what_cannot_be_sent_is_refused_at_the_sender(payload, message: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=message):
+        encode_value(payload, RecordRegistry())
+
+
+def test_sending_nests_no_deeper_than_receiving() -> None:
+    payload: list = []
+    for _ in range(MAX_DEPTH + 1):
+        payload = [payload]
+    with pytest.raises(ValueError, match="nests deeper"):
+        encode_value(payload)
+
+
+def test_registry_refuses_clashes_and_non_dataclasses() -> None:
+    @dataclasses.dataclass
+    class A:
+        x: int
+
+    registry = RecordRegistry()
+    register_record("a", A, registry=registry)
+    register_record("a", A, registry=registry)  # the same pairing again: fine
+    with pytest.raises(ValueError, match="clashes"):
+        register_record("b", A, registry=registry)
+    with pytest.raises(ValueError, match="clashes"):
+        register_record("a", int, to_fields=lambda i: {}, from_fields=lambda f: 0, registry=registry)
+    with pytest.raises(TypeError, match="not a dataclass"):
+        register_record("c", int, registry=registry)
+
+
+# ------------------------------------------------------------------------------------------------- the schema
+def test_generated_code_matches_the_proto_file() -> None:
+    """envelope_pb2.py was generated from envelope.proto as it is: every message has the same fields."""
+    text = (ROOT / "lvfl" / "federation" / "envelope.proto").read_text()
+    text = re.sub(r"//.*", "", text)
+    messages = {part.split()[0]: part for part in re.split(r"^message ", text, flags=re.M)[1:]}
+    assert set(messages) == set(pb.DESCRIPTOR.message_types_by_name)
+    for name, body in messages.items():
+        declared = {(f, int(n)) for f, n in re.findall(r"(\w+) = (\d+);", body)}
+        generated = {(f.name, f.number) for f in pb.DESCRIPTOR.message_types_by_name[name].fields}
+        assert declared == generated, name
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The modules `path` imports when it is imported (module level, not inside functions)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_import_layering() -> None:
+    """codec imports no privacy code, `import lvfl.federation` needs no gRPC, lvfl.crypto never imports federation."""
+    package = ROOT / "lvfl" / "federation"
+    assert _module_imports(package / "__init__.py") == {"__future__"}
+    for name in ("codec.py", "envelope_pb2.py"):
+        imported = _module_imports(package / name)
+        assert not [m for m in imported if m.startswith(("lvfl.privacy", "lvfl.protocols", "grpc"))], name
+        assert {m for m in imported if m.startswith("lvfl")} <= {"lvfl.federation"}, name
+    for path in (ROOT / "lvfl" / "crypto").rglob("*.py"):
+        assert "federation" not in path.read_text(), path

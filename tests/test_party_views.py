@@ -1,0 +1,180 @@
+"""Every party its own view of the run (docs/federation.md): the same training_step, run by each party on what it
+holds, ends bit-identical to the simulation, with the same ledger, and each view holds only its own party's data."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from functools import partial
+
+import pytest
+import torch
+from helpers import make_trainer, mlp_parties, recording
+
+from lvfl.datamodules import Digits
+from lvfl.federation import FederationError
+from lvfl.federation.federation_file import write_federation
+from lvfl.federation.link import SocketLink, StepClock
+from lvfl.federation.pki import write_test_pki
+from lvfl.federation.rehearsal import MemoryTransport, held_tensors, party_batch, party_view
+from lvfl.federation.transport import Transport
+from lvfl.models import MLP
+from lvfl.privacy import DHMasking, Plain
+from lvfl.protocols import EASTER, AggVFL, SplitNN
+from lvfl.wire import Absent, Wire, is_shadow, shadow
+
+STEPS = 4
+
+
+class Batches:
+    """A fixed sequence of batches as one loader (Lightning reads a bare list as a list of loaders)."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def memory_views(model, tmp_path):
+    """Every party's view, all on one in-memory transport."""
+    transport = MemoryTransport(timeout=20)
+    return {k: party_view(model, k, transport) for k in model.party_names}, {}
+
+
+def socket_views(model, tmp_path):
+    """Every party's view on its own gRPC server with mutual TLS (a test CA), on localhost ports."""
+    names = model.party_names
+    write_test_pki(tmp_path / "pki", names)
+    federation = write_federation(tmp_path / "pki" / "federation.yaml", names)
+    links = {k: SocketLink(Transport(k, federation, run_id="views", timeout=20).start()) for k in names}
+    return {k: party_view(model, k, links[k]) for k in names}, links
+
+
+PROTOCOLS = {
+    "EASTER": lambda backend: recording(EASTER)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
+    "SplitNN": lambda backend: recording(SplitNN)(
+        parties=mlp_parties(4), top_model=partial(MLP, hidden=[16]), aggregation=backend(), embedding_dim=8
+    ),
+    "SplitNN mean": lambda backend: recording(SplitNN)(
+        parties=mlp_parties(4), top_model=MLP, aggregation=backend(), embedding_dim=8, fusion="mean"
+    ),
+    "AggVFL": lambda backend: recording(AggVFL)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
+    "AggVFL weighted": lambda backend: recording(AggVFL)(
+        parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
+    ),
+}
+
+
+def simulate(tmp_path, backend, make_views=memory_views, protocol="EASTER"):
+    """A few steps of `protocol` in simulation, and every party's view of the same run before its first step."""
+    torch.manual_seed(0)
+    dm = Digits(num_parties=4, batch_size=32)
+    model = PROTOCOLS[protocol](backend)
+    model.build(dm.party_specs, dm.task)
+    views, links = make_views(model, tmp_path)
+    make_trainer(tmp_path / "sim", limit_train_batches=STEPS, limit_val_batches=0).fit(model, datamodule=dm)
+    return model, views, links
+
+
+def rehearse(tmp_path, model, views, links=None):
+    """Each view agrees on its keys and trains on its own part of the simulation's batches, in its own thread."""
+    errors: list[BaseException] = []
+    links = links or {}
+
+    def run(name, view):
+        try:
+            view.aggregation.setup(view.party_specs, view.active, view.wire)
+            batches = [party_batch(b, name, view.active) for b in model.batches]
+            clock = [StepClock(links[name])] if name in links else []
+            trainer = make_trainer(tmp_path / name, limit_train_batches=STEPS, limit_val_batches=0, callbacks=clock)
+            trainer.fit(view, train_dataloaders=Batches(batches))
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=item) for item in views.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for link in links.values():
+        link.transport.close()
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+
+
+@pytest.mark.parametrize(
+    ("protocol", "backend", "make_views"),
+    [
+        ("EASTER", Plain, memory_views),
+        ("EASTER", DHMasking, memory_views),
+        ("EASTER", DHMasking, socket_views),
+        ("SplitNN", Plain, memory_views),
+        ("SplitNN mean", DHMasking, memory_views),
+        ("AggVFL", DHMasking, memory_views),
+        ("AggVFL weighted", Plain, memory_views),
+    ],
+)
+def test_every_partys_view_ends_bit_identical_to_the_simulation(tmp_path, protocol, backend, make_views):
+    model, views, links = simulate(tmp_path, backend, make_views, protocol)
+    rehearse(tmp_path, model, views, links)
+    for name, view in views.items():
+        own = {id(p) for p in view.party_parameters(name)}
+        held = dict(view.named_parameters())
+        assert own == {id(p) for p in held.values() if not is_shadow(p)}, name
+        for pname, p in model.named_parameters():
+            if not is_shadow(held[pname]):
+                assert torch.equal(held[pname], p), f"{name}: {pname} differs from the simulation"
+    # the simulation's ledger (training messages, and the key agreement it ran at build) is the union of what
+    # every party sent, tag by tag
+    sent = Counter()
+    for name, view in views.items():
+        sent.update({key: n for key, n in view.wire.bytes.items() if key[0] == name})
+    assert dict(sent) == dict(model.wire.bytes)
+    if backend is DHMasking:
+        assert any(tag == "keys" for (_, _, tag) in sent)
+    for name, link in links.items():  # the socket transport counted the same payload bytes as the view's ledger
+        assert dict(link.transport.payload_bytes) == dict(views[name].wire.bytes)
+
+
+def test_each_view_holds_only_its_own_party(tmp_path):
+    """Every tensor with data in a view (parameters and buffers) is its own party's; its keys are its own."""
+    model, views, _ = simulate(tmp_path, DHMasking, protocol="SplitNN mean")
+    rehearse(tmp_path, model, views)
+    for name, view in views.items():
+        owned = {id(p) for p in view.party_parameters(name)}
+        held = held_tensors(view)
+        assert held, name
+        assert all(id(t) in owned or key.startswith(f"party_models.{name}.") for key, t in held.items()), name
+        assert set(view.aggregation._peers) == ({name} if name != view.active else set())  # its own pair keys only
+
+
+def test_a_view_refuses_a_message_of_another_shape():
+    transport = MemoryTransport(timeout=1)
+    sender, receiver = Wire(here="party1", transport=transport), Wire(here="party0", transport=transport)
+    sent = sender.send("party1", "party0", torch.zeros(4, 8), "embeddings")
+    assert is_shadow(sent)
+    with pytest.raises(
+        FederationError, match=r"party1 sent 'embeddings' as float32 \[4, 8\]; expected float32 \[4, 9\]"
+    ):
+        receiver.send("party1", "party0", torch.empty(4, 9, device="meta"), "embeddings")
+
+
+def test_a_view_names_the_party_it_waited_for():
+    receiver = Wire(here="party0", transport=MemoryTransport(timeout=0.05))
+    with pytest.raises(FederationError, match="party2 did not send 'predictions' to party0 within 0.05 s"):
+        receiver.send("party2", "party0", torch.empty(3, device="meta"), "predictions")
+
+
+def test_a_view_passes_messages_between_others_as_shadows():
+    wire = Wire(here="party3", transport=MemoryTransport(timeout=1))
+    out = wire.send("party1", "party0", {"a": torch.ones(2, 3), "b": b"key"}, "keys")
+    assert out["a"].device.type == "meta"
+    assert out["a"].shape == (2, 3)
+    assert isinstance(out["b"], Absent)
+    assert wire.total_bytes() == 0
+    assert is_shadow(shadow(b"x"))
+    assert not is_shadow(torch.ones(1))
