@@ -114,7 +114,7 @@ def quantize(x: torch.Tensor, bits: int) -> Quantized:
     if x.numel() == 0:
         return Quantized(torch.zeros(x.shape, dtype=_code_dtype(bits), device=x.device), zero, zero)
     lo, hi = torch.aminmax(x)
-    if not (torch.isfinite(lo) and torch.isfinite(hi)):
+    if not x.is_meta and not (torch.isfinite(lo) and torch.isfinite(hi)):  # a shadow (docs/federation.md) has no values
         raise ValueError("quantize: tensor contains NaN or inf; it cannot be quantized")
     offset = lo.to(torch.float32)
     span = hi.double() - offset.double()

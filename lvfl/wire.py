@@ -19,6 +19,7 @@ party is held and nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -87,6 +88,9 @@ def shadow(payload: Any) -> Any:
         return {k: shadow(v) for k, v in payload.items()}
     if isinstance(payload, list | tuple):
         return type(payload)(shadow(v) for v in payload)
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type | Absent):  # e.g. a CompressedTensor
+        fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload) if f.init}
+        return dataclasses.replace(payload, **{k: shadow(v) for k, v in fields.items() if isinstance(v, torch.Tensor)})
     return payload if isinstance(payload, Absent) else Absent(type(payload).__name__)
 
 

@@ -3,14 +3,18 @@ holds, ends bit-identical to the simulation, with the same ledger, and each view
 
 from __future__ import annotations
 
+import re
+import sys
 import threading
+import types
 from collections import Counter
 from functools import partial
 
 import pytest
 import torch
-from helpers import make_trainer, mlp_parties, recording
+from helpers import REPO, make_trainer, mlp_parties, recording
 
+from lvfl.compression import Compressor
 from lvfl.datamodules import Digits
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import write_federation
@@ -20,7 +24,7 @@ from lvfl.federation.rehearsal import MemoryTransport, held_tensors, party_batch
 from lvfl.federation.transport import Transport
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain
-from lvfl.protocols import EASTER, AggVFL, SplitNN
+from lvfl.protocols import CVFL, EASTER, AggVFL, SplitNN
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 STEPS = 4
@@ -62,6 +66,14 @@ PROTOCOLS = {
     "SplitNN mean": lambda backend: recording(SplitNN)(
         parties=mlp_parties(4), top_model=MLP, aggregation=backend(), embedding_dim=8, fusion="mean"
     ),
+    "C_VFL": lambda backend: recording(CVFL)(
+        parties=mlp_parties(4),
+        top_model=MLP,
+        aggregation=backend(),
+        embedding_dim=8,
+        local_iterations=2,
+        compressor=Compressor(bits=8),
+    ),
     "AggVFL": lambda backend: recording(AggVFL)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
     "AggVFL weighted": lambda backend: recording(AggVFL)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
@@ -69,15 +81,19 @@ PROTOCOLS = {
 }
 
 
-def simulate(tmp_path, backend, make_views=memory_views, protocol="EASTER"):
-    """A few steps of `protocol` in simulation, and every party's view of the same run before its first step."""
-    torch.manual_seed(0)
-    dm = Digits(num_parties=4, batch_size=32)
-    model = PROTOCOLS[protocol](backend)
+def simulate(tmp_path, model, dm, make_views=memory_views):
+    """A few steps of `model` (a `recording` protocol) in simulation, and every party's view of the same run
+    before its first step."""
     model.build(dm.party_specs, dm.task)
     views, links = make_views(model, tmp_path)
     make_trainer(tmp_path / "sim", limit_train_batches=STEPS, limit_val_batches=0).fit(model, datamodule=dm)
     return model, views, links
+
+
+def simulate_on_digits(tmp_path, protocol, backend, make_views=memory_views):
+    """`simulate` for one of `PROTOCOLS` with 4 parties on digits."""
+    torch.manual_seed(0)
+    return simulate(tmp_path, PROTOCOLS[protocol](backend), Digits(num_parties=4, batch_size=32), make_views)
 
 
 def rehearse(tmp_path, model, views, links=None):
@@ -114,13 +130,19 @@ def rehearse(tmp_path, model, views, links=None):
         ("EASTER", DHMasking, socket_views),
         ("SplitNN", Plain, memory_views),
         ("SplitNN mean", DHMasking, memory_views),
+        ("C_VFL", Plain, memory_views),
         ("AggVFL", DHMasking, memory_views),
         ("AggVFL weighted", Plain, memory_views),
     ],
 )
 def test_every_partys_view_ends_bit_identical_to_the_simulation(tmp_path, protocol, backend, make_views):
-    model, views, links = simulate(tmp_path, backend, make_views, protocol)
+    model, views, links = simulate_on_digits(tmp_path, protocol, backend, make_views)
     rehearse(tmp_path, model, views, links)
+    assert_parity(model, views, links)
+
+
+def assert_parity(model, views, links):
+    """Each view holds data only for its own parameters, equal to the simulation's; the ledgers agree."""
     for name, view in views.items():
         own = {id(p) for p in view.party_parameters(name)}
         held = dict(view.named_parameters())
@@ -134,15 +156,32 @@ def test_every_partys_view_ends_bit_identical_to_the_simulation(tmp_path, protoc
     for name, view in views.items():
         sent.update({key: n for key, n in view.wire.bytes.items() if key[0] == name})
     assert dict(sent) == dict(model.wire.bytes)
-    if backend is DHMasking:
+    if isinstance(model.aggregation, DHMasking):
         assert any(tag == "keys" for (_, _, tag) in sent)
     for name, link in links.items():  # the socket transport counted the same payload bytes as the view's ledger
         assert dict(link.transport.payload_bytes) == dict(views[name].wire.bytes)
 
 
+def test_the_extension_guides_protocol_runs_as_party_views_with_no_extra_code(tmp_path, monkeypatch):
+    """docs/extending.md's SumSplit, written with no thought of processes, runs as one view per party."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "extending.md").read_text(), flags=re.DOTALL)
+    guide = types.ModuleType("extending_guide")
+    monkeypatch.setitem(sys.modules, guide.__name__, guide)
+    monkeypatch.chdir(tmp_path)
+    for i, code in enumerate(blocks):  # the model, the datamodule and the protocol, in the guide's order
+        exec(compile(code, f"extending.md[block {i}]", "exec"), guide.__dict__)  # noqa: S102 - our own docs
+        if "SumSplit" in guide.__dict__:
+            break
+    torch.manual_seed(0)
+    model = recording(guide.SumSplit)(parties=[guide.adam], aggregation=DHMasking(), embedding_dim=8)
+    model, views, links = simulate(tmp_path, model, guide.Blobs(num_parties=3, batch_size=32))
+    rehearse(tmp_path, model, views, links)
+    assert_parity(model, views, links)
+
+
 def test_each_view_holds_only_its_own_party(tmp_path):
     """Every tensor with data in a view (parameters and buffers) is its own party's; its keys are its own."""
-    model, views, _ = simulate(tmp_path, DHMasking, protocol="SplitNN mean")
+    model, views, _ = simulate_on_digits(tmp_path, "SplitNN mean", DHMasking)
     rehearse(tmp_path, model, views)
     for name, view in views.items():
         owned = {id(p) for p in view.party_parameters(name)}
