@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from lvfl.checks import is_int, is_real
+from lvfl.federation.codec import dtype_from_name, dtype_name, register_record
 
 #: `bits` value meaning "no quantization": values travel at their own dtype (float32: 4 bytes)
 NO_QUANTIZATION = 32
@@ -254,3 +255,56 @@ class Compressor:
 
     def __hash__(self) -> int:
         return hash((self.bits, self.topk))
+
+
+# ------------------------------------------------------------------------------------------------- on the wire
+def _wire_fields(c: CompressedTensor) -> dict:
+    return {
+        "shape": list(c.shape),
+        "dtype": dtype_name(c.dtype),
+        "bits": c.bits,
+        "payload": c.payload,
+        "offset": c.offset,
+        "step": c.step,
+        "indices": c.indices,
+    }
+
+
+def _from_wire(fields: dict) -> CompressedTensor:
+    """A `CompressedTensor` from a peer's fields, refused (ValueError/TypeError) unless it decompresses as sent."""
+    shape = fields["shape"]
+    if not isinstance(shape, list) or len(shape) > 8 or not all(is_int(n) and n >= 0 for n in shape):
+        raise ValueError(f"shape must be a list of at most 8 sizes >= 0, got {shape!r}")
+    dtype = dtype_from_name(fields["dtype"])
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {fields['dtype']!r}")
+    bits = check_bits(fields["bits"])
+    payload, offset, step, indices = fields["payload"], fields["offset"], fields["step"], fields["indices"]
+    if not isinstance(payload, torch.Tensor) or payload.dim() != 1:
+        raise TypeError("payload must be a 1-D tensor")
+    numel = math.prod(shape)
+    if bits < NO_QUANTIZATION:
+        if payload.dtype != _code_dtype(bits) or (
+            payload.numel() and not 0 <= int(payload.min()) <= int(payload.max()) < 2**bits
+        ):
+            raise ValueError(f"payload must hold {bits}-bit codes as {_code_dtype(bits)}")
+        for name, scalar in (("offset", offset), ("step", step)):
+            if not isinstance(scalar, torch.Tensor) or scalar.shape != () or scalar.dtype != torch.float32:
+                raise TypeError(f"{name} must be a float32 scalar tensor")
+    elif not payload.is_floating_point() or offset is not None or step is not None:
+        raise ValueError("an unquantized payload is floating point, without offset and step")
+    if indices is None:
+        if payload.numel() != numel:
+            raise ValueError(f"a dense payload holds {numel} values for shape {shape}, got {payload.numel()}")
+    elif (
+        not isinstance(indices, torch.Tensor)
+        or indices.dtype != torch.int64
+        or indices.shape != payload.shape
+        or (indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= numel))
+        or (indices.numel() > 1 and not bool((indices[1:] > indices[:-1]).all()))
+    ):
+        raise ValueError(f"indices must be increasing int64 positions in [0, {numel}), one per payload value")
+    return CompressedTensor(tuple(shape), dtype, bits, payload, offset, step, indices)
+
+
+register_record("lvfl.CompressedTensor", CompressedTensor, _wire_fields, _from_wire)

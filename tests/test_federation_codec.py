@@ -448,3 +448,36 @@ def test_import_layering() -> None:
         assert {m for m in imported if m.startswith("lvfl")} <= {"lvfl.federation"}, name
     for path in (ROOT / "lvfl" / "crypto").rglob("*.py"):
         assert "federation" not in path.read_text(), path
+
+
+# ------------------------------------------------------------------------------------------------- lvfl's own records
+@pytest.mark.parametrize("compressor", [Compressor(), Compressor(bits=8), Compressor(bits=12, topk=0.3)])
+def test_cvfls_compressed_embeddings_cross_the_process_wide_allow_list_as_sent(compressor) -> None:
+    sent = compressor.compress(torch.randn(6, 5))
+    got = decode_envelope(encode_envelope(HEADER, sent), sender="party2")[1]
+    assert type(got) is CompressedTensor
+    assert torch.equal(got.decompress(), sent.decompress())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"shape": (6, 4)}, "a dense payload holds 24 values for shape"),
+        ({"bits": 4}, "payload must hold 4-bit codes"),
+        ({"payload": torch.full((30,), 300, dtype=torch.int16), "bits": 8}, "payload must hold 8-bit codes"),
+        ({"step": torch.ones(2)}, "step must be a float32 scalar tensor"),
+        ({"dtype": torch.int64}, "dtype must be a floating-point dtype"),
+    ],
+)
+def test_a_crafted_compressed_tensor_is_refused_in_one_line(change, message) -> None:
+    crafted = dataclasses.replace(Compressor(bits=8).compress(torch.randn(6, 5)), **change)
+    with pytest.raises(FederationError, match=re.escape(message)):
+        decode_envelope(encode_envelope(HEADER, crafted), sender="party2")
+
+
+def test_top_k_indices_out_of_range_or_out_of_order_are_refused() -> None:
+    sent = Compressor(bits=8, topk=0.5).compress(torch.randn(4, 4))
+    for indices in (sent.indices.flip(0), sent.indices + 16):
+        crafted = dataclasses.replace(sent, indices=indices)
+        with pytest.raises(FederationError, match=r"indices must be increasing int64 positions in \[0, 16\)"):
+            decode_envelope(encode_envelope(HEADER, crafted), sender="party2")

@@ -131,6 +131,7 @@ def rehearse(tmp_path, model, views, links=None):
         ("SplitNN", Plain, memory_views),
         ("SplitNN mean", DHMasking, memory_views),
         ("C_VFL", Plain, memory_views),
+        ("C_VFL", Plain, socket_views),  # compressed embeddings as records on the allow-list
         ("AggVFL", DHMasking, memory_views),
         ("AggVFL weighted", Plain, memory_views),
     ],
