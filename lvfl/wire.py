@@ -90,7 +90,9 @@ def shadow(payload: Any) -> Any:
         return type(payload)(shadow(v) for v in payload)
     if dataclasses.is_dataclass(payload) and not isinstance(payload, type | Absent):  # e.g. a CompressedTensor
         fields = {f.name: getattr(payload, f.name) for f in dataclasses.fields(payload) if f.init}
-        return dataclasses.replace(payload, **{k: shadow(v) for k, v in fields.items() if isinstance(v, torch.Tensor)})
+        tensors = {k: shadow(v) for k, v in fields.items() if isinstance(v, torch.Tensor)}
+        if tensors:  # its data is in tensors: the same record with shadows in their place
+            return dataclasses.replace(payload, **tensors)
     return payload if isinstance(payload, Absent) else Absent(type(payload).__name__)
 
 

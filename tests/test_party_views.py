@@ -3,6 +3,7 @@ holds, ends bit-identical to the simulation, with the same ledger, and each view
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import threading
@@ -218,3 +219,14 @@ def test_a_view_passes_messages_between_others_as_shadows():
     assert wire.total_bytes() == 0
     assert is_shadow(shadow(b"x"))
     assert not is_shadow(torch.ones(1))
+
+
+def test_a_record_without_tensors_has_an_absent_shadow():
+    @dataclasses.dataclass(frozen=True)
+    class Ciphertexts:
+        values: tuple[int, ...]
+
+    assert isinstance(shadow(Ciphertexts((1, 2))), Absent)
+    compressed = shadow(Compressor(bits=8).compress(torch.ones(2, 3)))
+    assert is_shadow(compressed.payload)
+    assert compressed.shape == (2, 3)
