@@ -84,11 +84,13 @@ class JointGradientEASTER(_InProcessHeadInput):
         return e + sum(v - v.detach() for v in local.values()) / self.num_parties
 
 
-def piece(folder: Path, class_path: str) -> str:
-    """A protocol piece `folder/default.yaml` naming `class_path` with EASTER's DHMasking; returns its template."""
+def piece(folder: Path, class_path: str, extra: str = "") -> str:
+    """A protocol piece `folder/default.yaml` naming `class_path` with EASTER's DHMasking (and `extra` init args,
+    e.g. ``encoder_gradient: whole``); returns its template."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "default.yaml").write_text(
         f"model:\n  class_path: {class_path}\n  init_args:\n    aggregation: {{class_path: lvfl.privacy.DHMasking}}\n"
+        + (f"    {extra}\n" if extra else "")
     )
     return str(folder / "{dataset}.yaml")
 
@@ -112,11 +114,13 @@ def candidates() -> dict[str, dict]:
 
     unscaled = piece(gen / "unscaled", "easter_ablation.UnscaledShareEASTER")
     joint = piece(gen / "joint", "easter_ablation.JointGradientEASTER")
+    whole = piece(gen / "whole", "lvfl.protocols.EASTER", "encoder_gradient: whole")  # the stated variant
     vfedmh = REPO / "configs/paper/parties/small_vfedmh_lr.yaml"
     return {
         "paper (lr 0.01)": cell("EASTER", easter, "fmnist", small, TABLE_GRID_OUT),
         "no 1-over-C share": cell("EASTER no 1/C share", unscaled, "fmnist", small, OUT),
         "joint gradient": cell("EASTER joint gradient", joint, "fmnist", small, OUT),
+        "encoder_gradient whole": cell("EASTER encoder_gradient whole", whole, "fmnist", small, OUT),
         "lr 0.05 (VFedMH)": cell("EASTER", easter, "fmnist lr 0.05", vfedmh, TABLE_GRID_OUT),
         "momentum 0.9": cell(
             "EASTER", easter, "fmnist momentum 0.9", momentum_parties(gen / "small_momentum.yaml"), OUT

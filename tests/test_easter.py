@@ -131,19 +131,24 @@ def test_one_step_equals_the_papers_equations_in_closed_form(tmp_path, parties):
             np.testing.assert_allclose(p.detach().double().numpy(), expected[k][name], atol=1e-5, err_msg=f"{k}.{name}")
 
 
-@pytest.mark.parametrize("rule", ["unscaled", "joint"])
+@pytest.mark.parametrize("rule", ["unscaled", "joint", "whole"])
 def test_the_ablations_departures_move_the_encoders_as_they_say(tmp_path, rule):
-    """benchmarks/easter_ablation.py's variant steps against the closed form of the departure each one names."""
+    """benchmarks/easter_ablation.py's variant steps against the closed form of the departure each one names; and
+    EASTER's `encoder_gradient="whole"` (the stated variant fmnist_whole_gradient.yaml) is the unscaled one."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import easter_ablation
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    cls = {"unscaled": easter_ablation.UnscaledShareEASTER, "joint": easter_ablation.JointGradientEASTER}[rule]
+    cls = {"unscaled": easter_ablation.UnscaledShareEASTER, "joint": easter_ablation.JointGradientEASTER}.get(rule)
+    options = {"encoder_gradient": "whole"} if rule == "whole" else {}
+    rule = "unscaled" if rule == "whole" else rule
     torch.manual_seed(0)
     dm = Digits(num_parties=4, batch_size=64)
     base = easter(4, aggregation=Plain(), lr=0.5, hidden=())
-    model = recording(cls)(parties=base.party_configs, aggregation=Plain(), embedding_dim=base.embedding_dim)
+    model = recording(cls or EASTER)(
+        parties=base.party_configs, aggregation=Plain(), embedding_dim=base.embedding_dim, **options
+    )
     model.build(dm.party_specs, dm.task)
     before = {
         k: {n: p.detach().double().numpy().copy() for n, p in model.party_models[k].named_parameters()}
@@ -406,3 +411,10 @@ def test_nan_features_at_one_party_are_named_before_any_update(tmp_path):
     model = easter(4)
     with pytest.raises(FloatingPointError, match=r"party 'party3': non-finite embedding .* training step 0"):
         make_trainer(tmp_path, limit_val_batches=0).fit(model, datamodule=dm)
+
+
+def test_an_unknown_encoder_gradient_is_refused_by_name():
+    with pytest.raises(
+        ValueError, match=r"model.encoder_gradient must be one of \['mean_share', 'whole'\], got 'half'"
+    ):
+        EASTER(parties=mlp_parties(2), encoder_gradient="half")

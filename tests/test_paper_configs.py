@@ -25,7 +25,11 @@ PAPER_CONFIGS = sorted(str(p.relative_to(REPO)) for kind in ("easter", "vfedmh")
 FAMILY = {"mnist": "small", "fmnist": "small", "cifar10": "resnet", "cifar100": "resnet", "cinic10": "resnet"}
 FAMILY["criteo"] = "ctr"
 #: stated variants of a paper config (`easter/<dataset>_<what>.yaml`): the dataset and the parties piece they use
-VARIANTS = {"fmnist_vfedmh_lr": ("fmnist", "small_vfedmh_lr")}
+# a stated variant: (dataset, parties piece, the options it sets beyond the pieces)
+VARIANTS = {
+    "fmnist_vfedmh_lr": ("fmnist", "small_vfedmh_lr"),
+    "fmnist_whole_gradient": ("fmnist", "small", "--model.init_args.encoder_gradient=whole"),
+}
 
 
 def data_class(config: str | Path) -> type:
@@ -54,9 +58,9 @@ def test_paper_configs_exist() -> None:
 @pytest.mark.parametrize("name", sorted(FAMILY) + sorted(VARIANTS))
 def test_easter_paper_configs_equal_the_paper_pieces(name: str, tmp_path: Path, monkeypatch) -> None:
     """`configs/paper/easter/<d>.yaml` is data + EASTER's protocol piece + the heterogeneous parties piece; a stated
-    variant `<d>_<what>.yaml` the same with its own parties piece."""
+    variant `<d>_<what>.yaml` the same with its own parties piece and options."""
     monkeypatch.chdir(REPO)
-    dataset, family = VARIANTS.get(name, (name, FAMILY.get(name)))
+    dataset, family, *options = VARIANTS.get(name, (name, FAMILY.get(name)))
     with tempfile.TemporaryDirectory() as tmp:
         parser = build_cli(
             ["--config", "configs/easter/digits.yaml", f"--trainer.logger.init_args.save_dir={tmp}"], run=False
@@ -64,7 +68,7 @@ def test_easter_paper_configs_equal_the_paper_pieces(name: str, tmp_path: Path, 
     pieces = [f"configs/paper/data/{dataset}.yaml", "configs/protocols/easter/default.yaml"]
     pieces.append(f"configs/paper/parties/{family}.yaml")
     whole = parser.parse_args(["--config", f"configs/paper/easter/{name}.yaml", *quick(tmp_path)])
-    composed = parser.parse_args([arg for p in pieces for arg in ("--config", p)] + quick(tmp_path))
+    composed = parser.parse_args([arg for p in pieces for arg in ("--config", p)] + options + quick(tmp_path))
     assert comparable(whole) == comparable(composed)
 
 

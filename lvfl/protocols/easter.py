@@ -27,22 +27,52 @@ the receivers of E). R_k is party k's prediction; dloss_k/dR_k reveals the label
 label without a label mechanism (a passive party can read it off the gradient), the epsilon-label-DP release with
 one (randomized response: cross-entropy on the released class; Laplace: PraVFed's MSE on the noisy one-hot row,
 see `task_loss`). Party k's loss reaches only party k's parameters: the head sees E.detach() + (E_k -
-E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k's 1/C share of the mean) and p_k.
+E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k's 1/C share of the mean) and p_k
+(`encoder_gradient="whole"` drops the 1/C: h_k then gets dL_k/dE itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.protocols.base import VFLModule
+from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.protocols.base import PartyConfig, VFLModule
+
+#: how party k's loss gradient at E reaches its embedding network h_k (see `EASTER`)
+ENCODER_GRADIENTS = ("mean_share", "whole")
 
 
 class EASTER(VFLModule):
-    """EASTER / VFedMH: C heterogeneous party models trained in one run on the averaged global embedding."""
+    """EASTER / VFedMH: C heterogeneous party models trained in one run on the averaged global embedding.
+
+    Args:
+        parties, aggregation, embedding_dim, label_mechanism: as `VFLModule`.
+        encoder_gradient: what h_k receives of dL_k/dE. ``"mean_share"`` (default): its share through the mean of
+            Eq. 7, (1/C) dL_k/dE, the chain rule of Eq. 3. ``"whole"``: dL_k/dE itself, as party k gets it when it
+            backpropagates through its own network with the received E in place of its embedding layer's output
+            (a reading of Algorithm 1's "local model"; it equals scaling h_k's learning rate by C). Only the
+            encoders' update differs; every message is the same.
+    """
+
+    def __init__(
+        self,
+        parties: list[PartyConfig],
+        aggregation: AggregationBackend | None = None,
+        embedding_dim: int = 64,
+        label_mechanism: LabelMechanism | None = None,
+        encoder_gradient: Literal["mean_share", "whole"] = "mean_share",
+    ) -> None:
+        if encoder_gradient not in ENCODER_GRADIENTS:
+            raise ValueError(
+                f"model.encoder_gradient must be one of {list(ENCODER_GRADIENTS)}, got {encoder_gradient!r}"
+            )
+        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
+        self.encoder_gradient = encoder_gradient
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the parties (base); with a label mechanism, also the active party's private head (p_a's design)."""
@@ -65,7 +95,8 @@ class EASTER(VFLModule):
         surrogate = []  # one backward pass; each term touches only its own party's parameters
         losses = {}
         for k in self.party_names:
-            head_in = e_at[k] + (local[k] - local[k].detach()) / c
+            own = local[k] - local[k].detach()  # value 0: carries h_k's gradient only
+            head_in = e_at[k] + (own / c if self.encoder_gradient == "mean_share" else own)
             r_k = self.party_models[k].head(head_in)  # step 4 (local prediction)
             if k == self.active:
                 loss = self.task_loss(r_k, self.labels_for(k, batch))
