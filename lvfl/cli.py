@@ -46,7 +46,9 @@ class VFLCLI(LightningCLI):
 
     ckpt_file: Path | None = None
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, party: Any = None, **kwargs: Any) -> None:
+        #: with `lvfl party`, this process's party (`lvfl.federation.party.PartySession`): fit runs as that party
+        self.party_session = party
         # the command line as given: `lvfl fit --twin` runs it again with the Plain backend (`lvfl.twin`)
         given = kwargs.get("args")
         self._argv = [str(a) for a in given] if isinstance(given, list | tuple) else sys.argv[1:]
@@ -94,10 +96,31 @@ class VFLCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except (KeyboardInterrupt, SystemExit) as stop:
+            if self.party_session is not None:
+                self.party_session.abort(f"stopped by {stop!r}")
             signum = _SIGNALS.received
             if signum is None:
                 raise
             raise Interrupted(signum, self._interrupted_message(subcommand, signum)) from stop
+        except Exception as err:
+            if self.party_session is None:
+                raise
+            self.party_session.abort(" ".join(str(err).split()) or type(err).__name__)
+            from lvfl.federation import FederationError
+
+            if isinstance(err, FederationError):  # a peer is missing, refused or stopped: where to resume from
+                raise FederationError(f"{err}; {self._resume_hint()}") from err
+            raise
+        finally:
+            if self.party_session is not None:
+                self.party_session.close()
+
+    def _resume_hint(self) -> str:
+        """Where a stopped party resumes from, in words (`lvfl party`)."""
+        path = self._resume_file()
+        if path is None:
+            return "no checkpoint was written yet: start every party again"
+        return f"resume every party with --ckpt_path last (this party's: {path})"
 
     def _checkpoint_file(self, subcommand: str) -> Path | None:
         """The file `--ckpt_path` names (`last` and `best` found on disk), loaded once to check it; says which."""
@@ -194,6 +217,10 @@ class VFLCLI(LightningCLI):
         import time
 
         config = self.config.get("fit", self.config)
+        if self.party_session is not None:
+            if config.get("twin"):
+                raise ValueError("--twin runs the Plain twin in this process: lvfl party refuses it")
+            self.party_session.join(self)
         self._fit_started = time.perf_counter()
         if config.get("twin"):
             from lvfl.twin import StepTimer
@@ -337,15 +364,16 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     return [*added, *configured]
 
 
-def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True) -> VFLCLI:
+def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True, party: Any = None) -> VFLCLI:
     """The CLI on `args` (with `run=False` the first argument is not a subcommand): for scripts and tests.
 
     With `exit_on_error=False` a refused argument raises `argparse.ArgumentError` instead of printing the usage and
     exiting, so that `main` can report it in one line.
     """
     return VFLCLI(
-        VFLModule,
-        VerticalDataModule,
+        party=party,
+        model_class=VFLModule,
+        datamodule_class=VerticalDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
@@ -421,7 +449,7 @@ def run_experiment(
         return metrics, cli
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None, party: Any = None) -> None:
     """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.entry.main`).
 
     A refused input (bad option or value, class path that does not import, refused backend, bad data, a file that
@@ -434,12 +462,12 @@ def main(args: list[str] | None = None) -> None:
     debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
     subcommand = argv[0] if argv and argv[0] in VFLCLI.subcommands() else ""
     with _reporting_interrupts(subcommand), reported_errors(debug):
-        _run(argv)
+        _run(argv, party)
 
 
-def _run(argv: list[str]) -> None:
+def _run(argv: list[str], party: Any = None) -> None:
     try:
-        build_cli(argv, exit_on_error=False)
+        build_cli(argv, exit_on_error=False, party=party)
     finally:
         _close_process_group()
 

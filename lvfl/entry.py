@@ -16,6 +16,9 @@ SUBCOMMANDS = {
     "predict": "predictions for the test split to a file keyed by sample ID (--output: .csv or .parquet)",
     "bench": "a grid of protocols x datasets x seeds, each a fit + test in its own process, with tables and plots",
     "export": "one folder per party with only its part of a fitted run (--ckpt_path PATH|last|best, --out)",
+    "party": "run one party of a federation (its own process, mutual-TLS gRPC to its peers): --party, --federation",
+    "launch": "run every party of a config as its own local process, with a throw-away certificate authority",
+    "pki": "write a test certificate authority, party certificates and keys, and a federation file",
 }
 
 HELP = "\n".join(
@@ -45,6 +48,11 @@ def main(args: list[str] | None = None) -> None:
         from lvfl.export import main as export_main
 
         export_main(argv[1:])
+        return
+    if argv[0] in ("party", "launch", "pki"):
+        from lvfl.federation import launch, party
+
+        {"party": party.main, "launch": launch.main, "pki": launch.pki_main}[argv[0]](argv[1:])
         return
     if argv[0] == "bench":
         from lvfl.bench import main as bench_main

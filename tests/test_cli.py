@@ -322,8 +322,9 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
 
     lvfl(["--help"])
     out = capsys.readouterr().out
-    assert all(f"  {name} " in out for name in ("fit", "validate", "test", "predict", "bench", "export"))
-    assert set(SUBCOMMANDS) == {"fit", "validate", "test", "predict", "bench", "export"}
+    names = ("fit", "validate", "test", "predict", "bench", "export", "party", "launch", "pki")
+    assert all(f"  {name} " in out for name in names)
+    assert set(SUBCOMMANDS) == set(names)
     with pytest.raises(SystemExit) as bare:
         lvfl([])
     assert bare.value.code == 2

@@ -218,8 +218,25 @@ def test_wrong_dtype_against_expected(make) -> None:
 
 def test_configuration_fingerprints_must_agree(make) -> None:
     a, _ = make("party1", fingerprint="abc"), make("party0", fingerprint="def")
-    with pytest.raises(FederationError, match="with configuration fingerprint 'abc'; party0 has 'def'"):
+    with pytest.raises(
+        FederationError, match="party1 runs another configuration than party0: fingerprint 'abc' vs 'def'"
+    ):
         a.send("party0", "embeddings", 0, torch.zeros(2))
+
+
+def test_a_configuration_that_differs_is_named_by_section(make) -> None:
+    """`lvfl party`'s fingerprints have sections (lvfl.federation.party.config_fingerprint): the refusal names them."""
+    a = make("party1", fingerprint="model=1,data=2,seed=3")
+    make("party0", fingerprint="model=9,data=2,seed=4")
+    with pytest.raises(FederationError, match="the model, seed sections of the config differ"):
+        a.send("party0", "embeddings", 0, torch.zeros(2))
+
+
+def test_a_peers_abort_fails_every_receive_with_its_reason(make) -> None:
+    a, b = make("party1"), make("party0")
+    a.abort("party2 is unreachable")
+    with pytest.raises(FederationError, match="party1 stopped: party2 is unreachable"):
+        b.receive("party1", "embeddings", 0)
 
 
 def test_a_sender_claiming_another_partys_name_is_refused(make) -> None:
@@ -231,7 +248,7 @@ def test_a_sender_claiming_another_partys_name_is_refused(make) -> None:
     assert one_line(excinfo) == f"party0 refused 'labels' from party1: {message}"
     with pytest.raises(FederationError, match=re.escape(message)):
         victim.receive("party1", "labels", 0)
-    with pytest.raises(FederationError, match="did not send"):  # nothing was filed under party2
+    with pytest.raises(FederationError, match="party2 is unreachable"):  # nothing was filed under party2 (not up)
         victim.receive("party2", "labels", 0, timeout=0.1)
 
 
@@ -312,7 +329,7 @@ def test_a_party_with_a_certificate_from_another_ca_is_refused(make, federation:
     ):
         channel.unary_unary(DELIVER)(envelope, timeout=1.0)
     assert excinfo.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    with pytest.raises(FederationError, match="did not send"):
+    with pytest.raises(FederationError, match="party1 is unreachable"):
         receiver.receive("party1", "embeddings", 0, timeout=0.1)
 
 
@@ -349,7 +366,7 @@ def test_a_certificate_not_pinned_in_the_federation_file_is_refused(
     assert excinfo.value.code() is grpc.StatusCode.PERMISSION_DENIED
     assert "certificate for CN=party1" in excinfo.value.details()
     assert "is not the one pinned for any party" in excinfo.value.details()
-    with pytest.raises(FederationError, match="did not send"):
+    with pytest.raises(FederationError, match="party1 is unreachable"):
         receiver.receive("party1", "embeddings", 0, timeout=0.1)
 
 

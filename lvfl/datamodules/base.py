@@ -21,6 +21,7 @@ the active party's on all training rows. With alpha = 1 (the default) everything
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_col
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.runs import seeded_generator
+from lvfl.wire import shadow
 
 __all__ = [
     "EpochShuffle",
@@ -543,6 +545,39 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         if callable(getattr(module, "prepare_datamodule", None)):  # Lightning sets the data up before the protocol
             module.prepare_datamodule(self)
         self._prepare()
+
+    def hold_only(self, party: str) -> None:
+        """Keep only what `party` holds: its own slice of every split, and the labels if it is the active party.
+
+        Run in a party's own process (docs/federation.md) once the set-up messages are exchanged: every other
+        party's slice, and a passive party's labels, become shadows (same dtype and shape, no data), and the other
+        parties' scaling statistics and decoders are dropped. A passive party knows the samples every party holds
+        and nothing of the active party's others: its view of the active party's rows is the shared ones.
+        """
+        prepared = self._prepare()
+        names = [s.name for s in prepared.party_specs]
+        if party not in names:
+            raise ValueError(f"there is no party {party!r} in {type(self).__name__}'s run (parties: {names})")
+        active = party_name(self.active_party)
+
+        def own(data: VerticalTensorDataset) -> VerticalTensorDataset:
+            return VerticalTensorDataset(
+                ids=data.ids,
+                features={k: x if k == party else shadow(x) for k, x in data.stored.items()},
+                labels=data.labels if party == active else shadow(data.labels),
+                decoders={k: d for k, d in data.decoders.items() if k == party},
+            )
+
+        splits = {split: own(data) for split, data in prepared.splits.items()}
+        if party == active:
+            active_splits, overlap = prepared.active_splits, prepared.overlap
+        else:
+            active_splits = splits
+            overlap = {split: np.ones(len(data), dtype=bool) for split, data in splits.items()}
+        self._prepared = dataclasses.replace(
+            prepared, splits=splits, active_splits=active_splits, overlap=overlap, messages=()
+        )
+        self.scaling = {k: v for k, v in self.scaling.items() if k == party}
 
     def describe(self) -> tuple[list[PartySpec], TaskInfo]:
         """The participating parties and the task, loading the data if needed (protocols call this in `setup`)."""

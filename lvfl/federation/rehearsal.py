@@ -15,7 +15,6 @@ import threading
 from typing import Any
 
 import torch
-from torch import nn
 
 from lvfl.federation import FederationError
 from lvfl.federation.codec import conform
@@ -77,19 +76,7 @@ def party_view(module: Any, party: str, transport: Any) -> Any:
     """
     view = copy.deepcopy(module)
     view.wire = Wire(here=party, transport=transport)
-    others = {id(p) for name in view.party_names if name != party for p in view.party_parameters(name)}
-    for name in view.party_names:  # a model without parameters still holds its party's buffers
-        if name != party:
-            view.party_models[name].to("meta")
-    for submodule in view.modules():
-        direct = dict(submodule.named_parameters(recurse=False))
-        if not any(id(p) in others for p in direct.values()):
-            continue
-        for pname, p in direct.items():
-            if id(p) in others:
-                submodule._parameters[pname] = nn.Parameter(shadow(p), requires_grad=p.requires_grad)
-        for bname, b in submodule.named_buffers(recurse=False):
-            submodule._buffers[bname] = shadow(b)
+    view.hold_only(party)
     return view
 
 

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -47,7 +48,15 @@ from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
 from lvfl.wire import payload_nbytes
 
-__all__ = ["DEFAULT_MAX_MESSAGE_BYTES", "DEFAULT_TIMEOUT", "DELIVER", "Transport", "transports"]
+__all__ = [
+    "ABORT_TAG",
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_TIMEOUT",
+    "DELIVER",
+    "HELLO_TAG",
+    "Transport",
+    "transports",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,12 @@ _BACKOFF_OPTIONS = [
 ]
 
 Key = tuple[str, str, str]  # (src, dst, tag)
+#: seconds a receive whose sender is up waits past its deadline for an abort naming the party really missing
+ABORT_GRACE = 5.0
+#: the tag of the greeting every party sends every peer before set-up (`Transport.hello`)
+HELLO_TAG = "hello"
+#: the tag of a party's last message when it stops on an error (`Transport.abort`); it fails the peers' receives
+ABORT_TAG = "abort"
 
 
 class Transport:
@@ -122,6 +137,7 @@ class Transport:
         self._next_in: Counter[tuple[str, str]] = Counter()
         self._next_out: Counter[tuple[str, str]] = Counter()
         self._refusals: dict[str, str] = {}
+        self._aborted: str | None = None  # a peer's abort: every receive fails with it
         self._pins: dict[str, str] = {}
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -265,6 +281,28 @@ class Transport:
             )
         return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
 
+    def hello(self) -> None:
+        """Greet every peer and wait for each one's greeting: all are up, on this run and this configuration.
+
+        The greeting is an empty message under tag ``hello`` (not on the Wire's ledger); its header carries the run
+        ID and the configuration's fingerprint, which the peer checks (a refusal names the sections that differ).
+        """
+        for peer in self.peers:
+            self.send(peer, HELLO_TAG, -1, b"")
+        for peer in self.peers:
+            self.receive(peer, HELLO_TAG, -1)
+
+    def abort(self, reason: str) -> None:
+        """Tell every peer this party stops, and why, so that they stop at once (best effort: a second each)."""
+        for peer in self.peers:
+            call = self._calls.get(peer)
+            if call is None:
+                continue
+            header = Header(self.run_id, self.me, peer, ABORT_TAG, -1, 0, self.fingerprint)
+            data = encode_envelope(header, reason.encode("utf-8")[:500], self.records)
+            with contextlib.suppress(grpc.RpcError):  # the peer is gone too: its deadline or an abort stops it
+                call(data, timeout=1.0)
+
     # -- receiving -------------------------------------------------------------------------------------------------
     def receive(self, src: str, tag: str, step: int, expected: Any = None, timeout: float | None = None) -> Any:
         """The next message from `src` under `tag`, which must be for `step` and of the form `expected`.
@@ -284,8 +322,11 @@ class Transport:
         self._check_peer(src)
         wait = self.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + wait
+        grace_given = False
         with self._cond:
             while True:
+                if self._aborted is not None:
+                    raise FederationError(self._aborted)
                 if src in self._refusals:
                     raise FederationError(self._refusals[src])
                 queue = self._inbox.get((src, tag))
@@ -296,7 +337,26 @@ class Transport:
                     raise FederationError(f"{self.me} closed its transport while waiting for {tag!r} from {src}")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise FederationError(f"{src} did not send {tag!r} (step {step}) to {self.me} within {wait:g} s")
+                    address = self.federation.party(src).address
+                    self._cond.release()  # a probe takes up to a second: let the server file messages meanwhile
+                    try:
+                        answers = _port_answers(address)
+                    finally:
+                        self._cond.acquire()
+                    if not answers:  # it died, or its machine is out of reach
+                        raise FederationError(
+                            f"{src} is unreachable (nothing answers at {address}): {self.me} waited {wait:g} s for "
+                            f"{tag!r} (step {step})"
+                        )
+                    if grace_given:
+                        raise FederationError(
+                            f"{src} did not send {tag!r} (step {step}) to {self.me} within {wait:g} s"
+                        )
+                    # `src` is up, so it is waiting on someone else: that one's absence is being found by whoever
+                    # waits on it, whose abort names it; give it a moment to arrive
+                    grace_given = True
+                    deadline = time.monotonic() + min(ABORT_GRACE, wait)
+                    continue
                 self._cond.wait(remaining)
         if header.step != step:
             raise FederationError(f"{src} sent {tag!r} for step {header.step}; {self.me} expected step {step}")
@@ -310,6 +370,13 @@ class Transport:
             header, value = _parse_envelope(request, sender=sender)
             self._check_header(header, sender)
             payload = decode_value(value, sender=sender, tag=header.tag, records=self.records)
+            if header.tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
+                reason = " ".join(bytes(payload).decode("utf-8", errors="replace").split())[:500]
+                with self._cond:
+                    if self._aborted is None:
+                        self._aborted = f"{sender} stopped: {reason}"
+                    self._cond.notify_all()
+                return pb.Ack(seq=header.seq).SerializeToString()
             try:
                 nbytes = payload_nbytes(payload)
             except TypeError as err:
@@ -373,8 +440,8 @@ class Transport:
             raise FederationError(f"{sender} sent {tag!r} for run {header.run_id!r}; {self.me} runs {self.run_id!r}")
         if self.fingerprint and header.fingerprint and header.fingerprint != self.fingerprint:
             raise FederationError(
-                f"{sender} sent {tag!r} with configuration fingerprint {header.fingerprint!r}; {self.me} has "
-                f"{self.fingerprint!r}"
+                f"{sender} runs another configuration than {self.me}: "
+                + _differences(header.fingerprint, self.fingerprint)
             )
         if not tag:
             raise FederationError(f"{sender} sent a message without a tag")
@@ -392,6 +459,20 @@ class Transport:
         for (_, _, tag), n in (self.envelope_bytes if envelope else self.payload_bytes).items():
             out[tag] += n
         return dict(out)
+
+
+def _differences(theirs: str, ours: str) -> str:
+    """Which sections of two fingerprints differ, in words (both whole, where they have no sections).
+
+    A fingerprint is ``section=digest,...`` (`lvfl.federation.party.config_fingerprint`).
+    """
+    a, b = (dict(part.partition("=")[::2] for part in f.split(",")) for f in (theirs, ours))
+    if "" in a or "" in b or set(a) != set(b):
+        return f"fingerprint {theirs!r} vs {ours!r}"
+    differ = [name for name in b if a[name] != b[name]]
+    if len(differ) == 1:
+        return f"the {differ[0]} section of the config differs"
+    return f"the {', '.join(differ)} sections of the config differ"
 
 
 def _check_port_free(address: str, cannot_listen: str) -> None:

@@ -257,6 +257,10 @@ class VFLModule(LightningModule, ABC):
             self.wire.send(src, dst, payload, tag)  # the datamodule's own exchange (PSI, the split), first
         self.report_setup(dm, stage)
         self.build(dm.party_specs, dm.task, rank=self.trainer.global_rank)
+        if self.wire.here is not None:  # a party's own process (docs/federation.md): keep only what it holds
+            if hasattr(dm, "hold_only"):
+                dm.hold_only(self.wire.here)
+            self.hold_only(self.wire.here)
 
     def prepare_datamodule(self, datamodule: Any) -> None:
         """Tell `datamodule` what this protocol needs before it prepares: a label-free split with a label mechanism.
@@ -350,6 +354,30 @@ class VFLModule(LightningModule, ABC):
         if party == self.active and self.private_head is not None:
             params += list(self.private_head.parameters())
         return params
+
+    def hold_only(self, party: str) -> None:
+        """Turn every parameter and buffer `party` does not own into a shadow: `party`'s own process holds no more.
+
+        Ownership is what the protocol already declares for its optimizers (`party_parameters`); a party model's
+        buffers go with it, and a submodule's buffers with its parameters. The weights kept are the ones built from
+        the public config and seed, as in simulation (docs/federation.md).
+        """
+        if party not in self.party_names:
+            raise ValueError(f"there is no party {party!r} in this run (parties: {self.party_names})")
+        others = {id(p) for name in self.party_names if name != party for p in self.party_parameters(name)}
+        for name in self.party_names:  # a model without parameters still holds its party's buffers
+            if name != party:
+                self.party_models[name].to("meta")
+        for submodule in self.modules():
+            direct = dict(submodule.named_parameters(recurse=False))
+            if not any(id(p) in others for p in direct.values()):
+                continue
+            for pname, p in direct.items():
+                if id(p) in others:
+                    submodule._parameters[pname] = nn.Parameter(shadow(p), requires_grad=p.requires_grad)
+            for bname, b in submodule.named_buffers(recurse=False):
+                if b is not None:
+                    submodule._buffers[bname] = shadow(b)
 
     def check_backend(self) -> None:
         """Refuse backends that make no sense for this protocol (override in protocols that restrict them).
@@ -685,6 +713,8 @@ class VFLModule(LightningModule, ABC):
 
     def _eval_step(self, batch: VFLBatch, stage: str) -> None:
         logits = self.party_logits(batch)
+        if not self.wire.holds(self.active):  # a passive party's process: it sent its part; scores need the labels
+            return
         for name, out in logits.items():
             self.log(f"{stage}/loss/{name}", self.task_loss(out, batch.labels), sync_dist=True)
             for metric in metric_names(self.task):
@@ -701,6 +731,8 @@ class VFLModule(LightningModule, ABC):
         self._eval_step(batch, "test")
 
     def _log_mean(self, stage: str) -> None:
+        if not self.wire.holds(self.active):  # the metrics are the active party's (it holds the labels)
+            return
         for metric in metric_names(self.task) if self.task is not None else ():
             keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
             if keys and all(k in self.metrics for k in keys):

@@ -1,0 +1,210 @@
+"""`lvfl launch` and `lvfl pki`: every party as its own local process, and the certificates a federation needs.
+
+`lvfl launch --config C.yaml [lvfl fit options]` is the one-machine rehearsal of a federation: it writes a throw-away
+certificate authority, a certificate per party and a federation file on free localhost ports (into `--pki`, a fresh
+temporary folder by default), then starts `lvfl party` once per party of the config, each with its own log folder
+``<save_dir>/<party>`` (and on a host with several GPUs, its own GPU). The active party's output is the console's;
+every other party's goes to ``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first
+failing party's status and one line per failed party.
+
+`lvfl pki --parties A B ... --out DIR` writes the test CA, the parties' certificates and keys and a federation file,
+for trying a federation across machines (docs/two-organisations.md); an organisation's real PKI replaces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["launch", "main", "pki_main"]
+
+LAUNCH_HELP = (
+    "usage: lvfl launch [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml [lvfl fit options]\n\n"
+    "Run every party of the config as its own local process (lvfl party), over mutual-TLS gRPC on localhost with a "
+    "throw-away certificate authority: the federation rehearsed on one machine."
+)
+
+
+def launch_parser() -> argparse.ArgumentParser:
+    """The options of `lvfl launch` itself; every other argument is `lvfl fit`'s, passed to every party."""
+    parser = argparse.ArgumentParser(prog="lvfl launch", add_help=False, allow_abbrev=False)
+    parser.add_argument("--pki", type=Path, default=None, help="where to write the test PKI (default: a temp folder)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="each party's --timeout (default 60 s)")
+    parser.add_argument("--run_id", default=None, help="the run ID (default: a fresh random one)")
+    return parser
+
+
+def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
+    """The config's party names, its active party and its logger's save_dir (None: none), without loading data."""
+    from lvfl.cli import build_cli
+    from lvfl.datamodules.base import party_name
+
+    cli = build_cli(fit_args, run=False, exit_on_error=False)
+    participants = getattr(cli.datamodule, "participants", None)
+    if participants is None:
+        raise ValueError("lvfl launch needs a VerticalDataModule (data:) to know the parties")
+    if len(participants) < 2:
+        raise ValueError(f"lvfl launch needs at least two parties; the config has {len(participants)}")
+    logger = cli.trainer.logger
+    names = [party_name(i) for i in participants]
+    return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None)
+
+
+def launch(fit_args: list[str], pki: Path | None = None, timeout: float = 60.0, run_id: str | None = None) -> int:
+    """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded)."""
+    from lvfl.federation.federation_file import write_federation
+    from lvfl.federation.pki import write_test_pki
+
+    names, active, save_dir = _parties_and_logs(fit_args)
+    save_dir = save_dir or "runs"
+    pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
+    write_test_pki(pki_dir, names)
+    federation = pki_dir / "federation.yaml"
+    write_federation(federation, names)
+    run_id = run_id or f"launch-{uuid.uuid4().hex[:12]}"
+    gpus = _gpu_count()
+    processes: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+    print(f"lvfl launch: {len(names)} parties ({', '.join(names)}), run {run_id}, federation {federation}", flush=True)
+    for i, name in enumerate(names):
+        args = [
+            sys.executable,
+            "-m",
+            "lvfl",
+            "party",
+            "--party",
+            name,
+            "--federation",
+            str(federation),
+            "--run_id",
+            run_id,
+            "--timeout",
+            f"{timeout:g}",
+            *fit_args,
+            f"--trainer.logger.init_args.save_dir={Path(save_dir) / name}",
+        ]
+        env = dict(os.environ)
+        if gpus > 1:
+            env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        if name == active:
+            processes[name] = subprocess.Popen(args, env=env)  # noqa: S603 - lvfl's own command
+        else:
+            logs[name] = Path(save_dir) / f"{name}.log"
+            logs[name].parent.mkdir(parents=True, exist_ok=True)
+            with logs[name].open("w") as out:
+                processes[name] = subprocess.Popen(  # noqa: S603 - lvfl's own command
+                    [*args, "--trainer.enable_progress_bar=false"], env=env, stdout=out, stderr=subprocess.STDOUT
+                )
+    return _wait(processes, logs, grace=timeout + 30)
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 (no GPU runtime: no GPU)
+        return 0
+
+
+def _wait(processes: dict[str, subprocess.Popen], logs: dict[str, Path], grace: float) -> int:
+    """Wait for every party; once one fails, give the others `grace` seconds to stop by themselves, then kill them."""
+    failed_at: float | None = None
+    try:
+        while any(p.poll() is None for p in processes.values()):
+            if failed_at is None and any(p.returncode not in (None, 0) for p in processes.values()):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > grace:
+                for p in processes.values():
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        for p in processes.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in processes.values():
+            p.wait()
+    status = 0
+    for name, p in processes.items():
+        if p.returncode != 0:
+            status = status or p.returncode or 1
+            print(f"lvfl launch: {name} exited with status {p.returncode}{_last_line(logs.get(name))}", file=sys.stderr)
+    return status
+
+
+def _last_line(log: Path | None) -> str:
+    if log is None or not log.is_file():
+        return ""
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return f": {lines[-1]} (log: {log})" if lines else f" (log: {log})"
+
+
+def main(argv: list[str]) -> None:
+    """`lvfl launch`."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(LAUNCH_HELP)
+        print(launch_parser().format_help().split("\n", 1)[1])
+        return
+    from lvfl.errors import debug_requested, reported_errors
+
+    debug, argv = debug_requested(argv)
+    with reported_errors(debug):
+        own, rest = launch_parser().parse_known_args(argv)
+        if not own.timeout > 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
+        status = launch([*rest, *(["--debug"] if debug else [])], own.pki, own.timeout, own.run_id)
+    raise SystemExit(status)
+
+
+def pki_parser() -> argparse.ArgumentParser:
+    """`lvfl pki`'s options."""
+    parser = argparse.ArgumentParser(
+        prog="lvfl pki",
+        allow_abbrev=False,
+        description="Write a test certificate authority, a certificate and key per party, and a federation file.",
+    )
+    parser.add_argument("--parties", nargs="+", required=True, help="the party names (party0 party1 ...)")
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write into")
+    parser.add_argument(
+        "--address",
+        nargs="*",
+        default=[],
+        metavar="PARTY=HOST:PORT",
+        help="where a party listens (default: localhost on a free port)",
+    )
+    parser.add_argument(
+        "--hosts", nargs="*", default=None, help="extra names or IPs every party certificate is valid for"
+    )
+    parser.add_argument("--days", type=float, default=30, help="the certificates' validity in days (default 30)")
+    return parser
+
+
+def pki_main(argv: list[str]) -> None:
+    """`lvfl pki`: the test PKI and federation file for the named parties."""
+    from lvfl.errors import debug_requested, reported_errors
+    from lvfl.federation.federation_file import write_federation
+    from lvfl.federation.pki import DEFAULT_HOSTS, write_test_pki
+
+    debug, argv = debug_requested(argv)
+    with reported_errors(debug):
+        own = pki_parser().parse_args(argv)
+        addresses: dict[str, Any] = {}
+        for item in own.address:
+            name, sep, address = item.partition("=")
+            if not sep or name not in own.parties:
+                raise ValueError(f"--address {item!r}: write PARTY=HOST:PORT for one of --parties {own.parties}")
+            addresses[name] = address
+        hosts = [*DEFAULT_HOSTS, *(own.hosts or []), *(a.rpartition(":")[0].strip("[]") for a in addresses.values())]
+        files = write_test_pki(own.out, own.parties, hosts=list(dict.fromkeys(hosts)), days=own.days)
+        federation = write_federation(own.out / "federation.yaml", own.parties, addresses=addresses)
+        print(f"lvfl pki: wrote the CA {files.ca_certificate}, {len(own.parties)} party certificates and keys, and")
+        print(f"  the federation file {federation.path}; give each party its own <party>.key and no other")

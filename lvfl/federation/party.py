@@ -1,0 +1,191 @@
+"""`lvfl party`: one party of a federation as its own process, running the shared config's fit on what it holds.
+
+Every organisation runs the same config with its own party name::
+
+    lvfl party --config C.yaml --party party1 --federation federation.yaml
+
+The process builds the run exactly as `lvfl fit` does (the same LightningCLI, the same protocol file), with one
+difference: its protocol's wire is a party view (`lvfl.wire.Wire(here=party, transport=...)`) over a mutual-TLS
+gRPC `Transport`. The protocol's `setup` then keeps only what the party holds (`VFLModule.hold_only`,
+`VerticalDataModule.hold_only`), and its own Lightning `Trainer` keeps its own logs and checkpoints.
+
+Before set-up every party greets every peer (`Transport.hello`): the greeting's header carries the run ID and the
+config's fingerprint (`config_fingerprint`), so a peer on another run or another config is refused in one line
+naming the sections that differ. A party that stops on an error tells its peers (`Transport.abort`), which stop at
+once; a party that dies says nothing, and its peers' deadlines (`--timeout`) catch it. Either way every party exits
+non-zero with one line naming what went wrong and the checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lvfl.federation import FederationError
+
+__all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
+
+#: the trainer settings that change what a run computes: they must be equal at every party (logging, progress bars
+#: and checkpoint folders are each party's own)
+TRAINER_KEYS = (
+    "max_epochs",
+    "min_epochs",
+    "max_steps",
+    "min_steps",
+    "limit_train_batches",
+    "limit_val_batches",
+    "val_check_interval",
+    "check_val_every_n_epoch",
+    "num_sanity_val_steps",
+    "accumulate_grad_batches",
+    "precision",
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+    "deterministic",
+)
+
+PARTY_HELP = (
+    "usage: lvfl party --party NAME --federation F.yaml [--run_id ID] [--timeout S] [--key PATH] [--listen ADDR] "
+    "--config C.yaml [lvfl fit options]\n\n"
+    "Run one party of a federation: the shared config's fit, on what this party holds, talking to its peers over "
+    "mutual-TLS gRPC (docs/two-organisations.md)."
+)
+
+
+def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
+    """The options of `lvfl party` itself; every other argument is `lvfl fit`'s."""
+    parser = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
+    parser.add_argument("--party", required=True, help="this party's name in the federation file and the config")
+    parser.add_argument("--federation", required=True, type=Path, help="the federation file (same at every party)")
+    parser.add_argument(
+        "--run_id",
+        default=None,
+        help="names the run; every party must give the same (default: derived from the config's fingerprint)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for a peer's message (or for a peer to come up) before stopping (default 60)",
+    )
+    parser.add_argument("--key", type=Path, default=None, help="its private key (default: <party>.key beside F)")
+    parser.add_argument("--listen", default=None, help="the address to bind, when not the federation file's")
+    return parser
+
+
+def _digest(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def config_fingerprint(config: Mapping[str, Any]) -> str:
+    """A digest per section of what every party must agree on: ``model=...,data=...,seed=...,trainer=...``.
+
+    `config` is a fit's parsed config (`cli.config["fit"]` as a dict). Logging, progress bars, callbacks and the
+    checkpoint to resume from are each party's own and left out.
+    """
+    trainer = config.get("trainer") or {}
+    return ",".join(
+        f"{name}={_digest(value)}"
+        for name, value in (
+            ("model", config.get("model")),
+            ("data", config.get("data")),
+            ("seed", config.get("seed_everything")),
+            ("trainer", {k: trainer.get(k) for k in TRAINER_KEYS}),
+        )
+    )
+
+
+@dataclass
+class PartySession:
+    """One party's place in a federation: who it is, the federation file, and its transport once joined."""
+
+    party: str
+    federation: Path
+    run_id: str | None = None
+    timeout: float = 60.0
+    key: Path | None = None
+    listen: str | None = None
+    transport: Any = field(default=None, init=False)
+
+    def join(self, cli: Any) -> None:
+        """Start this party's transport, greet every peer, and put the protocol's wire on it (before fit)."""
+        from lvfl.federation.link import SocketLink, StepClock
+        from lvfl.federation.transport import Transport
+        from lvfl.wire import Wire
+
+        subcommand = cli.config.get("subcommand") or "fit"
+        config = cli.config.get(subcommand, cli.config)
+        fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
+        names = self.check_party(cli.datamodule)
+        missing = [n for n in names if n not in _federation_names(self.federation)]
+        if missing:
+            raise FederationError(
+                f"the config's parties {missing} are not in the federation file {self.federation} "
+                f"(it has {_federation_names(self.federation)})"
+            )
+        run_id = self.run_id or "run-" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+        self.transport = Transport(
+            self.party,
+            self.federation,
+            run_id,
+            key_path=self.key,
+            timeout=self.timeout,
+            fingerprint=fingerprint,
+            listen=self.listen,
+        ).start()
+        self.transport.hello()
+        link = SocketLink(self.transport)
+        cli.model.wire = Wire(here=self.party, transport=link)
+        cli.trainer.callbacks.append(StepClock(link))
+
+    def check_party(self, datamodule: Any) -> list[str]:
+        """The config's party names (without loading data); refuses a `--party` that is not one of them."""
+        from lvfl.datamodules.base import party_name
+
+        participants = getattr(datamodule, "participants", None)
+        if participants is None:
+            raise ValueError("lvfl party needs a VerticalDataModule (data:) to know the parties")
+        names = [party_name(i) for i in participants]
+        if self.party not in names:
+            raise ValueError(f"--party {self.party}: the config's parties are {names}")
+        return names
+
+    def abort(self, reason: str) -> None:
+        """Tell the peers this party stops, and why."""
+        if self.transport is not None:
+            self.transport.abort(reason)
+
+    def close(self) -> None:
+        """Close the transport (idempotent)."""
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _federation_names(path: Path) -> list[str]:
+    from lvfl.federation.federation_file import load_federation
+
+    return list(load_federation(path).parties)
+
+
+def main(argv: list[str]) -> None:
+    """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`lvfl.cli.main`)."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(PARTY_HELP)
+        print(party_parser().format_help().split("\n", 1)[1])
+        return
+    from lvfl.cli import main as cli_main
+    from lvfl.errors import debug_requested, reported_errors
+
+    debug, argv = debug_requested(argv)
+    with reported_errors(debug):
+        own, rest = party_parser().parse_known_args(argv)
+        if not own.timeout > 0:
+            raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
+    session = PartySession(own.party, own.federation, own.run_id, own.timeout, own.key, own.listen)
+    cli_main(["fit", *rest, *(["--debug"] if debug else [])], party=session)

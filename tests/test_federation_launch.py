@@ -1,0 +1,188 @@
+"""Every party its own process (`lvfl launch`, `lvfl party`, `lvfl pki`): the same config as `lvfl fit` ends
+bit-identical, party by party, with the same ledger tag by tag; each process holds only its own party's data; a
+party that dies stops the others with one line naming it, and a restart from `--ckpt_path last` resumes to the
+uninterrupted run's end; a peer of another run is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO
+
+from lvfl.checkpoints import load_checkpoint
+
+pytestmark = pytest.mark.slow  # several Python processes per test
+
+SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2"]
+CONFIGS = {
+    "EASTER DHMasking, 4 parties": "configs/easter/digits.yaml",
+    "SplitNN DHMasking sum": "configs/splitnn/digits_dh_sum.yaml",
+    "Agg_VFL DHMasking": "configs/aggvfl/digits_heter_dh.yaml",
+}
+
+
+def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m lvfl ARGS` from the repository root, output captured."""
+    return subprocess.run(  # noqa: S603 - our own command
+        [sys.executable, "-m", "lvfl", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def party_cmd(name: str, federation: Path, run_id: str, save_dir: Path, *fit: str, timeout: float = 20) -> list[str]:
+    """The `lvfl party` command line of party `name`."""
+    return [
+        sys.executable, "-m", "lvfl", "party", "--party", name, "--federation", str(federation), "--run_id", run_id,
+        "--timeout", f"{timeout:g}", *fit, f"--trainer.logger.init_args.save_dir={save_dir / name}",
+        "--trainer.enable_progress_bar=false",
+    ]  # fmt: skip
+
+
+def checkpoint(save_dir: Path, which: str = "last") -> dict:
+    (path,) = save_dir.glob(f"*/checkpoints/{which}.ckpt")
+    return load_checkpoint(path)
+
+
+def ledger(state: dict, sent_by: str | None = None) -> Counter:
+    """A checkpoint's ledger (`lvfl` section), keyed (src, dst, tag); only what `sent_by` sent, if given."""
+    rows = state["lvfl"]["wire"]["bytes"]
+    return Counter({(s, d, t): n for s, d, t, n in rows if sent_by is None or s == sent_by})
+
+
+def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last", resumed: bool = False) -> None:
+    """Every party's checkpoint holds data for its own parameters only, equal to the fit's; the fit's ledger is
+    the union of what the parties sent, tag by tag (a resume's repeated key set-up, `resume/*`, left aside)."""
+    fit = checkpoint(fit_dir, which)
+    sent = Counter()
+    owners = set()
+    for name, directory in party_dirs.items():
+        state = checkpoint(directory, which)
+        held = {k: t for k, t in state["state_dict"].items() if t.device.type != "meta"}
+        assert held, name
+        for key, tensor in held.items():
+            assert torch.equal(tensor, fit["state_dict"][key]), f"{name}: {key} differs from lvfl fit's"
+        assert not owners & set(held), f"{name} holds another party's tensors"
+        owners |= set(held)
+        sent += ledger(state, sent_by=name)
+    assert owners == set(fit["state_dict"]), set(fit["state_dict"]) - owners
+    if resumed:
+        sent = Counter({key: n for key, n in sent.items() if not key[2].startswith("resume/")})
+    assert dict(sent) == dict(ledger(fit)), "the ledgers differ"
+
+
+@pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
+def test_launch_ends_bit_identical_to_fit(tmp_path, config):
+    fit = lvfl("fit", "--config", config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    launch = lvfl(
+        "launch", "--pki", str(tmp_path / "pki"), "--timeout", "30", "--config", config, *SHORT,
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}",
+        '--trainer.callbacks+={"class_path": "federation_probe.StateProbe"}',
+        env={"PYTHONPATH": str(REPO / "tests"), "LVFL_PROBE_DIR": str(probes)},
+    )  # fmt: skip
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
+    names = [f"party{k}" for k in range(4)]
+    assert_parity(tmp_path / "fit", {k: tmp_path / "launch" / k for k in names})
+    assert "== communication during fit" in launch.stdout + launch.stderr  # the active party's console
+    for name in names:  # isolation: what each process held at the end of its fit
+        state = json.loads((probes / f"{name}.json").read_text())
+        assert state["tensors"], name
+        others = [t for t in state["tensors"] if not t.startswith(f"party_models.{name}.")]
+        assert others == [] or name == "party0", others  # the active party also owns e.g. a top model
+        assert not any(t.startswith("party_models.") for t in others), others
+        for split, held in state["splits"].items():
+            assert held["features"] == [name], (name, split)
+            assert held["labels"] == (name == "party0"), (name, split)
+        assert state["scaling"] in ([], [name])
+        assert state["key_peers"] == ([] if name == "party0" else [name])
+
+
+def start_parties(tmp_path: Path, config: list[str], timeout: float, *extra: str) -> dict[str, subprocess.Popen]:
+    """`lvfl pki` for the 4 digits parties, then each `lvfl party` started by hand (output to <party>.out)."""
+    names = [f"party{k}" for k in range(4)]
+    pki = tmp_path / "pki"
+    if not (pki / "federation.yaml").exists():
+        made = lvfl("pki", "--parties", *names, "--out", str(pki))
+        assert made.returncode == 0, made.stderr
+    processes = {}
+    for name in names:
+        with (tmp_path / f"{name}.out").open("a") as out:
+            processes[name] = subprocess.Popen(  # noqa: S603
+                [*party_cmd(name, pki / "federation.yaml", "kill-test", tmp_path / "run", *config, timeout=timeout),
+                 *extra],
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+    return processes
+
+
+def test_a_killed_party_stops_the_others_in_one_line_and_a_restart_resumes_bit_identical(tmp_path):
+    config = ["--config", "configs/easter/digits.yaml", "--trainer.max_epochs=2", "--data.init_args.batch_size=16",
+              "--trainer.limit_val_batches=2"]  # fmt: skip
+    fit = lvfl("fit", *config, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    timeout = 8.0
+    processes = start_parties(tmp_path, config, timeout)
+    first = tmp_path / "run" / "party2"
+    deadline = time.monotonic() + 240
+    while not list(first.glob("*/checkpoints/last.ckpt")):  # epoch 0 is checkpointed: kill party2 in epoch 1
+        assert time.monotonic() < deadline
+        assert all(p.poll() is None for p in processes.values())
+        time.sleep(0.1)
+    processes["party2"].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    for name, p in processes.items():
+        p.wait(timeout=timeout + 60)
+        if name == "party2":
+            continue
+        assert p.returncode == 2, name
+        lines = [line for line in (tmp_path / f"{name}.out").read_text().splitlines() if line.startswith("lvfl:")]
+        assert len(lines) == 1, (name, lines)
+        assert "party2" in lines[0], lines
+        assert "--ckpt_path last" in lines[0], lines
+    assert time.monotonic() - killed_at < 2 * timeout + 30  # the deadline, not a hang
+    restarted = start_parties(tmp_path, config, timeout, "--ckpt_path", "last")
+    for name, p in restarted.items():
+        assert p.wait(timeout=300) == 0, (tmp_path / f"{name}.out").read_text()[-3000:]
+    assert_parity(tmp_path / "fit", {k: tmp_path / "run" / k for k in restarted}, resumed=True)
+
+
+def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
+    names = ["party0", "party1"]
+    made = lvfl("pki", "--parties", *names, "--out", str(tmp_path / "pki"))
+    assert made.returncode == 0, made.stderr
+    federation = tmp_path / "pki" / "federation.yaml"
+    config = ["--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=2", *SHORT]
+    variants = {
+        "run": (["--run_id", "other"], "for run 'other'"),
+        "config": (["--model.init_args.embedding_dim=16"], "the model section of the config differs"),
+    }
+    for what, (change, message) in variants.items():
+        base = party_cmd("party0", federation, "kill-test", tmp_path / what, *config, timeout=10)
+        other = party_cmd("party1", federation, "kill-test", tmp_path / what, *config, timeout=10)
+        if what == "run":
+            other[other.index("--run_id") + 1] = "other"
+        else:
+            other += change
+        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # noqa: S603
+                 for cmd in (base, other)]  # fmt: skip
+        outputs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 2 for p in procs), outputs
+        errors = [line for _, err in outputs for line in err.splitlines() if line.startswith("lvfl: error:")]
+        assert len(errors) == 2, errors
+        assert any(message in line for line in errors), errors
