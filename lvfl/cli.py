@@ -254,6 +254,16 @@ class VFLCLI(LightningCLI):
         if self.trainer.is_global_zero:
             print(format_table(cost_rows(backend, run, twin, psi), note))
 
+    def before_validate(self) -> None:
+        """With `lvfl party`: join the federation (validate runs every party's part, scored at the active party)."""
+        if self.party_session is not None:
+            self.party_session.join(self)
+
+    def before_test(self) -> None:
+        """With `lvfl party`: join the federation (test runs every party's part, scored at the active party)."""
+        if self.party_session is not None:
+            self.party_session.join(self)
+
     def before_predict(self) -> None:
         """`lvfl predict` writes its predictions to a file (`lvfl.predict`, `lvfl.callbacks.PredictionWriter`)."""
         from lvfl.predict import before_predict

@@ -146,6 +146,7 @@ class Wire:
         self._parent: Wire | None = None  # set by `prefixed`: a view that sends on its parent
         self._prefix = ""
         self._held: list[Held] | None = None  # set inside `recording`
+        self._identities: Any = None  # simulated identities, drawn on first use (see `identities`)
 
     # -- views and recordings: the same wire, used another way -----------------------------------------------------
     def prefixed(self, prefix: str) -> Wire:
@@ -164,6 +165,24 @@ class Wire:
         view._parent, view._prefix = self, prefix
         view.here, view.transport = self.here, self.transport
         return view
+
+    @property
+    def identities(self) -> Any:
+        """Who each party is (`lvfl.crypto.signing.Identities`): signs for the parties held here, verifies anyone.
+
+        In a party's view, the transport's (its TLS identity and the peers' pinned certificates); in simulation, a
+        throw-away identity key per party, so that signed messages cost the same bytes in both.
+        """
+        if self._parent is not None:
+            return self._parent.identities
+        given = getattr(self.transport, "identities", None)
+        if given is not None:
+            return given
+        if self._identities is None:
+            from lvfl.crypto.signing import SimulatedIdentities
+
+            self._identities = SimulatedIdentities()
+        return self._identities
 
     def holds(self, party: str) -> bool:
         """Whether `party`'s own computations run in this process: every party in simulation, one in a party view."""

@@ -118,12 +118,15 @@ def split_ledger(dm) -> dict[tuple[str, str, str], int]:
 
 
 def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
-    """DHMasking's key exchange, once: each passive party's 32-byte public key up, the K - 1 others' keys down."""
+    """DHMasking's key exchange, once: each passive party's signed public key up (32 + 64 bytes), the K - 1 others'
+    keys down."""
+    from lvfl.privacy.masking import SIGNED_KEY_BYTES
+
     k_passive = len(model.passive)
     out = {}
     for k in model.passive:
-        out[(k, model.active, "keys")] = 32
-        out[(model.active, k, "keys")] = 32 * (k_passive - 1)
+        out[(k, model.active, "keys")] = SIGNED_KEY_BYTES
+        out[(model.active, k, "keys")] = SIGNED_KEY_BYTES * (k_passive - 1)
     return out
 
 

@@ -73,7 +73,7 @@ def test_the_same_run_loads_and_its_set_up_is_named_resume_traffic(tmp_path, dh_
     own, again = split_resume_traffic(model.wire.bytes)
     expected = dh_key_ledger(model) | split_ledger(dm)
     assert again == expected, "this process's key exchange and split message, named as re-done set-up"
-    assert own["party1", "party0", "keys"] == 32, "the written run's own key exchange, once"
+    assert own["party1", "party0", "keys"] == 96, "the written run's own key exchange, once"
 
 
 def test_another_backend_is_refused(tmp_path, dh_checkpoint):

@@ -175,7 +175,7 @@ def test_fit_then_resume_restores_everything(tmp_path):
     assert scheduler.last_epoch == 3
     assert scheduler.get_last_lr()[0] == pytest.approx(0.1 * 0.97**3)
     one_epoch = model.wire.total_bytes() - fit_bytes
-    keys = 3 * 32 + 3 * 2 * 32  # the resumed run agreed on fresh keys
+    keys = 3 * 96 + 3 * 2 * 96  # the resumed run agreed on fresh keys (each signed: 32 + 64 bytes)
     split = sum(split_ledger(resumed.datamodule).values())  # and got its rows of each split again
     assert split > 0
     assert one_epoch > keys + split

@@ -22,12 +22,18 @@ from lvfl.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.slow  # several Python processes per test
 
-SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2"]
+SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2"]
 CONFIGS = {
-    "EASTER DHMasking, 4 parties": "configs/easter/digits.yaml",
-    "SplitNN DHMasking sum": "configs/splitnn/digits_dh_sum.yaml",
-    "Agg_VFL DHMasking": "configs/aggvfl/digits_heter_dh.yaml",
-}
+    "EASTER DHMasking, 4 parties": ["--config", "configs/easter/digits.yaml"],
+    "SplitNN DHMasking sum": ["--config", "configs/splitnn/digits_dh_sum.yaml"],
+    "Agg_VFL DHMasking": ["--config", "configs/aggvfl/digits_heter_dh.yaml"],
+    # the label release is a secret draw: both runs pin the mechanism's own generator (its test-only seed, never the
+    # config's seed_everything) so that they draw the same release
+    "PraVFed LaplaceLabels DHMasking": [
+        "--config", "configs/pravfed/digits.yaml", "--model.init_args.local_epochs=1",
+        "--model.init_args.label_mechanism.init_args.seed=5",
+    ],
+}  # fmt: skip
 
 
 def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -86,19 +92,21 @@ def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last
 
 @pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
 def test_launch_ends_bit_identical_to_fit(tmp_path, config):
-    fit = lvfl("fit", "--config", config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+    fit = lvfl("fit", *config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
     assert fit.returncode == 0, fit.stderr[-3000:]
     probes = tmp_path / "probes"
     probes.mkdir()
     launch = lvfl(
-        "launch", "--pki", str(tmp_path / "pki"), "--timeout", "30", "--config", config, *SHORT,
+        "launch", "--pki", str(tmp_path / "pki"), "--timeout", "30", *config, *SHORT,
         f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}",
         '--trainer.callbacks+={"class_path": "federation_probe.StateProbe"}',
         env={"PYTHONPATH": str(REPO / "tests"), "LVFL_PROBE_DIR": str(probes)},
     )  # fmt: skip
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
     names = [f"party{k}" for k in range(4)]
-    assert_parity(tmp_path / "fit", {k: tmp_path / "launch" / k for k in names})
+    parties = {k: tmp_path / "launch" / k for k in names}
+    assert_parity(tmp_path / "fit", parties)
+    assert_parity(tmp_path / "fit", parties, which="best")  # every party kept the epoch the active party chose
     assert "== communication during fit" in launch.stdout + launch.stderr  # the active party's console
     for name in names:  # isolation: what each process held at the end of its fit
         state = json.loads((probes / f"{name}.json").read_text())
@@ -111,6 +119,22 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
             assert held["labels"] == (name == "party0"), (name, split)
         assert state["scaling"] in ([], [name])
         assert state["key_peers"] == ([] if name == "party0" else [name])
+
+
+def test_a_deployed_runs_best_checkpoints_test_as_lvfl_test_does(tmp_path):
+    """`lvfl launch test --ckpt_path best` on the parties' own checkpoints reports `lvfl test`'s metrics."""
+    config = ["--config", "configs/splitnn/digits_dh_sum.yaml", *SHORT, "--trainer.limit_test_batches=3"]
+    runs = {"fit": ["fit"], "launch": ["launch", "--pki", str(tmp_path / "pki")]}
+    for name, command in runs.items():
+        done = lvfl(*command, *config, f"--trainer.logger.init_args.save_dir={tmp_path / name}")
+        assert done.returncode == 0, done.stderr[-3000:]
+    tested = {}
+    for name, command in {"fit": ["test"], "launch": ["launch", "test"]}.items():
+        done = lvfl(*command, *config, "--ckpt_path", "best", f"--trainer.logger.init_args.save_dir={tmp_path / name}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        tested[name] = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("test/")]
+    assert tested["fit"], tested
+    assert tested["launch"] == tested["fit"]
 
 
 def start_parties(tmp_path: Path, config: list[str], timeout: float, *extra: str) -> dict[str, subprocess.Popen]:

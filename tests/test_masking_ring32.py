@@ -68,7 +68,7 @@ def test_the_64_bit_ring_still_costs_8_bytes_and_the_key_exchange_is_the_same():
     wide, narrow = DHMasking(ring_bits=64), DHMasking()
     _, wide_wire = set_up(wide, 4)
     _, narrow_wire = set_up(narrow, 4)
-    assert wide_wire.bytes_by_tag() == narrow_wire.bytes_by_tag() == {"keys": 4 * 32 + 4 * 3 * 32}
+    assert wide_wire.bytes_by_tag() == narrow_wire.bytes_by_tag() == {"keys": 4 * 96 + 4 * 3 * 96}
     share = wide.protect("p1", x, step=0)
     assert share.dtype == torch.int64
     assert payload_nbytes(share) == 8 * x.numel() == 2 * payload_nbytes(narrow.protect("p1", x, step=0))

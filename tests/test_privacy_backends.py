@@ -21,6 +21,7 @@ from hypothesis.extra import numpy as hnp
 from lvfl.crypto import fixedpoint, keys, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy import AggregationBackend, DHMasking, Plain
+from lvfl.privacy.masking import SIGNED_KEY_BYTES
 from lvfl.wire import Wire
 
 RING = 2**64
@@ -118,7 +119,7 @@ def test_pair_keys_agree_and_never_cross_the_wire():
 
     class RecordingWire(Wire):
         def send(self, src, dst, payload, tag):
-            sent.append(bytes(payload))
+            sent.append(bytes(payload["key"]))
             return super().send(src, dst, payload, tag)
 
     backend.setup(parties, "a", RecordingWire())
@@ -138,17 +139,40 @@ def test_pair_keys_agree_and_never_cross_the_wire():
     assert all(len(m) == keys.PUBLIC_KEY_BYTES for m in sent)
 
 
+def test_an_active_party_that_swaps_a_relayed_key_is_caught_by_the_passive_party():
+    """The man in the middle of the README's threat model: the relay replaces p2's key by one of its own (signed by
+    itself, or re-signed by nobody); p1 refuses it, naming both, and derives no pair key."""
+    from lvfl.crypto import keys
+
+    class SwappingRelay(Wire):
+        def send(self, src, dst, payload, tag):
+            if src == "a" and tag == "keys" and dst == "p1":
+                _, own = keys.generate_keypair()  # the active party's key, in p2's place
+                payload = {"key": own, "signature": self.identities.sign("a", own)}
+            return super().send(src, dst, payload, tag)
+
+    backend = DHMasking()
+    parties = [PartySpec("a", "active", (4,)), *(PartySpec(f"p{i}", "passive", (4,), i) for i in (1, 2))]
+    with pytest.raises(
+        ValueError, match="p1 received p2's X25519 public key, relayed by the active party a, without a valid"
+    ):
+        backend.setup(parties, "a", SwappingRelay())
+    assert backend._peers is None
+
+
 @pytest.mark.parametrize("num_passive", [2, 3, 4, 7])
 def test_setup_puts_exact_key_bytes_on_the_wire(num_passive):
     backend = DHMasking()
     parties, wire = set_up(backend, num_passive)
     k = num_passive
-    assert wire.bytes_by_tag() == {"keys": k * 32 + k * (k - 1) * 32}
+    n = SIGNED_KEY_BYTES  # a 32-byte X25519 public key and its 64-byte signature
+    assert n == 96
+    assert wire.bytes_by_tag() == {"keys": k * n + k * (k - 1) * n}
     assert wire.total_messages() == k + k * (k - 1)
     links = wire.bytes_by_link()
     for p in passive_names(parties):
-        assert links[f"{p}->a"] == 32
-        assert links[f"a->{p}"] == (k - 1) * 32
+        assert links[f"{p}->a"] == n
+        assert links[f"a->{p}"] == (k - 1) * n
     assert all("a" in link.split("->") for link in links)  # every key goes through the active party
 
 
@@ -228,7 +252,9 @@ def test_one_passive_party_runs_only_when_allowed_and_warns():
     backend = DHMasking(allow_insecure=True)
     with pytest.warns(UserWarning, match="allow_insecure=True"):
         _, wire = set_up(backend, 1)
-    assert wire.bytes_by_tag() == {"keys": 32}  # its public key still goes to the active party; nothing comes back
+    assert wire.bytes_by_tag() == {
+        "keys": SIGNED_KEY_BYTES
+    }  # its signed public key still goes to the active party; nothing comes back
     x = torch.tensor([0.5, -0.25])
     share = backend.protect("p1", x, step=0)
     assert torch.equal(share, fixedpoint.encode(x, 16, ring_bits=32))  # no peer, no mask: what the refusal warns of

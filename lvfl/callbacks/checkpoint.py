@@ -32,6 +32,17 @@ from lvfl.runs import derive_seed
 
 #: the file name (without .ckpt) of the best epoch that `ExperimentCheckpoint` keeps beside last.ckpt
 BEST_NAME = "best"
+#: what a passive party's own process selects its best epoch by: the running count of epochs the active party
+#: found best (`lvfl.protocols.base.VFLModule.share_best_epoch`), since it holds no labels to score one itself
+BEST_EPOCHS_METRIC = "val/best_epochs"
+
+
+def keeps_best_epoch(trainer: Trainer) -> bool:
+    """Whether `trainer` keeps a best checkpoint selected by the task's main validation metric."""
+    return any(
+        isinstance(cb, ExperimentCheckpoint) and cb.auto_monitor and cb.save_top_k != 0
+        for cb in trainer.checkpoint_callbacks
+    )
 
 
 def main_validation_metric(task: Any) -> str:
@@ -111,9 +122,16 @@ class ExperimentCheckpoint(ModelCheckpoint):
         if self.auto_monitor and self.monitor is None:
             from lvfl.parties import TaskInfo
 
-            task = getattr(getattr(trainer, "datamodule", None), "task", None)
+            datamodule = getattr(trainer, "datamodule", None)
+            task = getattr(datamodule, "task", None)
             if isinstance(task, TaskInfo):
                 self.monitor = main_validation_metric(task)
+            wire = getattr(pl_module, "wire", None)
+            if wire is not None and getattr(datamodule, "active_party", None) is not None:
+                from lvfl.datamodules.base import party_name
+
+                if not wire.holds(party_name(datamodule.active_party)):  # a passive party's own process
+                    self.monitor = BEST_EPOCHS_METRIC
         super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -3,7 +3,8 @@
 `lvfl launch --config C.yaml [lvfl fit options]` is the one-machine rehearsal of a federation: it writes a throw-away
 certificate authority, a certificate per party and a federation file on free localhost ports (into `--pki`, a fresh
 temporary folder by default), then starts `lvfl party` once per party of the config, each with its own log folder
-``<save_dir>/<party>`` (and on a host with several GPUs, its own GPU). The active party's output is the console's;
+``<save_dir>/<party>`` (and on a host with several GPUs, its own GPU; the machine's cores are shared out among the
+parties with ``OMP_NUM_THREADS`` unless it is set). The active party's output is the console's;
 every other party's goes to ``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first
 failing party's status and one line per failed party.
 
@@ -24,10 +25,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lvfl.federation.party import SUBCOMMANDS
+
 __all__ = ["launch", "main", "pki_main"]
 
 LAUNCH_HELP = (
-    "usage: lvfl launch [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml [lvfl fit options]\n\n"
+    "usage: lvfl launch [fit|validate|test] [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml [options]\n\n"
     "Run every party of the config as its own local process (lvfl party), over mutual-TLS gRPC on localhost with a "
     "throw-away certificate authority: the federation rehearsed on one machine."
 )
@@ -47,7 +50,13 @@ def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
     from lvfl.cli import build_cli
     from lvfl.datamodules.base import party_name
 
-    cli = build_cli(fit_args, run=False, exit_on_error=False)
+    config_args, skip = [], False
+    for arg in fit_args:  # the subcommand's own options (--ckpt_path) are not the config's
+        if skip or arg.startswith("--ckpt_path"):
+            skip = arg == "--ckpt_path"
+            continue
+        config_args.append(arg)
+    cli = build_cli(config_args, run=False, exit_on_error=False)
     participants = getattr(cli.datamodule, "participants", None)
     if participants is None:
         raise ValueError("lvfl launch needs a VerticalDataModule (data:) to know the parties")
@@ -63,6 +72,9 @@ def launch(fit_args: list[str], pki: Path | None = None, timeout: float = 60.0, 
     from lvfl.federation.federation_file import write_federation
     from lvfl.federation.pki import write_test_pki
 
+    subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
+    if subcommand is not None:
+        fit_args = fit_args[1:]
     names, active, save_dir = _parties_and_logs(fit_args)
     save_dir = save_dir or "runs"
     pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
@@ -80,6 +92,7 @@ def launch(fit_args: list[str], pki: Path | None = None, timeout: float = 60.0, 
             "-m",
             "lvfl",
             "party",
+            *([subcommand] if subcommand else []),
             "--party",
             name,
             "--federation",
@@ -92,6 +105,9 @@ def launch(fit_args: list[str], pki: Path | None = None, timeout: float = 60.0, 
             f"--trainer.logger.init_args.save_dir={Path(save_dir) / name}",
         ]
         env = dict(os.environ)
+        # the parties share this machine's cores: torch's default (a thread per core in every process) would run
+        # parties x cores threads, whose contention costs more than the threads give on small steps
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(names))))
         if gpus > 1:
             env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
         if name == active:

@@ -38,6 +38,7 @@ class SocketLink:
 
     def __init__(self, transport: Transport) -> None:
         self.transport = transport
+        self.identities = transport.identities  # this party's TLS identity, and its peers' pinned certificates
         self.step = -1  # set-up (key agreement, PSI) runs before the first training step
 
     def post(self, src: str, dst: str, tag: str, payload: Any) -> None:

@@ -49,9 +49,12 @@ TRAINER_KEYS = (
     "deterministic",
 )
 
+#: the subcommands a party runs (`lvfl party [SUBCOMMAND] ...`; fit by default)
+SUBCOMMANDS = ("fit", "validate", "test")
+
 PARTY_HELP = (
-    "usage: lvfl party --party NAME --federation F.yaml [--run_id ID] [--timeout S] [--key PATH] [--listen ADDR] "
-    "--config C.yaml [lvfl fit options]\n\n"
+    "usage: lvfl party [fit|validate|test] --party NAME --federation F.yaml [--run_id ID] [--timeout S] "
+    "[--key PATH] [--listen ADDR] --config C.yaml [lvfl fit options]\n\n"
     "Run one party of a federation: the shared config's fit, on what this party holds, talking to its peers over "
     "mutual-TLS gRPC (docs/two-organisations.md)."
 )
@@ -123,6 +126,7 @@ class PartySession:
         config = cli.config.get(subcommand, cli.config)
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
         names = self.check_party(cli.datamodule)
+        check_deployable(cli.model, cli.datamodule, cli.trainer)
         missing = [n for n in names if n not in _federation_names(self.federation)]
         if missing:
             raise FederationError(
@@ -139,7 +143,10 @@ class PartySession:
             fingerprint=fingerprint,
             listen=self.listen,
         ).start()
-        self.transport.hello()
+        # every lvfl protocol is a star around the active party (the DH keys are relayed by it): the active party
+        # greets every passive one and each passive party the active one, so only those connections must open
+        active = names[cli.datamodule.participants.index(cli.datamodule.active_party)]
+        self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
         link = SocketLink(self.transport)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))
@@ -167,6 +174,37 @@ class PartySession:
             self.transport.close()
 
 
+def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
+    """Refuse, by name, what does not run across processes yet (docs/two-organisations.md), before anything moves.
+
+    Run by every party in its own process: the protocols whose steps are the shared moves, PraVFed with its label
+    release, and the Plain and DHMasking backends do; the set-up of the HE backends, the label mechanisms of the
+    other protocols, a datamodule whose
+    samples are the parties' own files (`PartyTables`: its PSI) and the callbacks that read every party's data
+    (the student, the leakage audit) do not yet.
+    """
+    from lvfl.privacy import DHMasking, Plain
+    from lvfl.protocols import PraVFed
+
+    backend = type(model.aggregation).__name__
+    if not isinstance(model.aggregation, Plain | DHMasking):
+        raise ValueError(
+            f"lvfl party runs the Plain and DHMasking backends; {backend}'s set-up does not run across "
+            "processes yet (use lvfl fit)"
+        )
+    if getattr(model, "label_mechanism", None) is not None and not isinstance(model, PraVFed):
+        mechanism = type(model.label_mechanism).__name__
+        raise ValueError(f"lvfl party does not run a label mechanism ({mechanism}) across processes yet (use lvfl fit)")
+    if not getattr(datamodule, "rows_are_public", True):
+        raise ValueError(
+            f"lvfl party does not run {type(datamodule).__name__} (each party's own file, aligned by PSI) across "
+            "processes yet (use lvfl fit)"
+        )
+    for callback in trainer.callbacks:
+        if type(callback).__name__ in ("StudentDistillation", "LabelLeakageAudit"):
+            raise ValueError(f"lvfl party does not run the {type(callback).__name__} callback yet (use lvfl fit)")
+
+
 def _federation_names(path: Path) -> list[str]:
     from lvfl.federation.federation_file import load_federation
 
@@ -183,9 +221,12 @@ def main(argv: list[str]) -> None:
     from lvfl.errors import debug_requested, reported_errors
 
     debug, argv = debug_requested(argv)
+    subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "fit"
     with reported_errors(debug):
+        if argv and argv[0] in ("predict", "export", "bench"):
+            raise ValueError(f"lvfl party runs {'/'.join(SUBCOMMANDS)}; {argv[0]} is not yet run across parties")
         own, rest = party_parser().parse_known_args(argv)
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
     session = PartySession(own.party, own.federation, own.run_id, own.timeout, own.key, own.listen)
-    cli_main(["fit", *rest, *(["--debug"] if debug else [])], party=session)
+    cli_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from lvfl.crypto.signing import SimulatedIdentities
 from lvfl.federation import FederationError
 from lvfl.federation.codec import conform
 from lvfl.federation.link import template
@@ -36,6 +37,7 @@ class MemoryTransport:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self.timeout = timeout
         self._boxes: dict[tuple[str, str, str], queue.Queue] = {}
+        self.identities = SimulatedIdentities()  # one throw-away identity per party, shared by the views
         self._lock = threading.Lock()
 
     def _box(self, src: str, dst: str, tag: str) -> queue.Queue:

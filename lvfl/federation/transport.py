@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -144,6 +144,7 @@ class Transport:
         self._channels: dict[str, grpc.Channel] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._closed = False
+        self.identities: Any = None  # this party's TLS identity (`lvfl.federation.identity`), once started
 
     # -- life cycle ------------------------------------------------------------------------------------------------
     def start(self) -> Transport:
@@ -157,6 +158,9 @@ class Transport:
             )
         if len(set(self._pins.values())) != len(self._pins):
             raise FederationError(f"federation file {self.federation.path}: two parties have the same certificate")
+        from lvfl.federation.identity import TLSIdentities
+
+        self.identities = TLSIdentities(self.me, self.federation, self.key_path)
         ca_pem = self.federation.ca.read_bytes()
         cert_pem = self.federation.party(self.me).certificate.read_bytes()
         key_pem = check_key(self.key_path, self.federation.party(self.me).certificate)
@@ -227,6 +231,8 @@ class Transport:
             TypeError: `payload` holds something that cannot be sent or metered.
         """
         self._check_peer(dst)
+        if self._aborted is not None:  # a peer stopped: sending on would only wait for it
+            raise FederationError(self._aborted)
         nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
         with self._cond:
             seq = self._next_out[(dst, tag)]
@@ -281,15 +287,16 @@ class Transport:
             )
         return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
 
-    def hello(self) -> None:
-        """Greet every peer and wait for each one's greeting: all are up, on this run and this configuration.
+    def hello(self, peers: Sequence[str] | None = None) -> None:
+        """Greet `peers` (default: every peer) and wait for each one's greeting: up, on this run and configuration.
 
         The greeting is an empty message under tag ``hello`` (not on the Wire's ledger); its header carries the run
         ID and the configuration's fingerprint, which the peer checks (a refusal names the sections that differ).
         """
-        for peer in self.peers:
+        peers = self.peers if peers is None else tuple(peers)
+        for peer in peers:
             self.send(peer, HELLO_TAG, -1, b"")
-        for peer in self.peers:
+        for peer in peers:
             self.receive(peer, HELLO_TAG, -1)
 
     def abort(self, reason: str) -> None:

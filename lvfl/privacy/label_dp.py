@@ -197,6 +197,15 @@ class LabelMechanism(ABC):
     def _release(self, labels: torch.Tensor, num_classes: int, generator: torch.Generator) -> torch.Tensor:
         """Draw the release from `generator` (the mechanism itself; `release` picks the generator)."""
 
+    def release_shadow(self, num_labels: int, num_classes: int) -> torch.Tensor:
+        """The dtype and shape of a release of `num_labels` labels, on the meta device (no data, no secret drawn).
+
+        What a passive party's own process holds in place of a release before it receives it (docs/federation.md):
+        found by releasing one label from a throw-away generator, never the mechanism's own.
+        """
+        one = self._release(torch.zeros(1, dtype=torch.long), num_classes, torch.Generator().manual_seed(0))
+        return torch.empty((int(num_labels), *one.shape[1:]), dtype=one.dtype, device="meta")
+
     @abstractmethod
     def keep_probability(self, num_classes: int) -> float:
         """Probability that the best single guess from one protected label is the true label."""

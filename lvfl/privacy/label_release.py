@@ -128,11 +128,17 @@ class LabelRelease:
         return self.labels[pos]
 
     def state_dict(self) -> dict[str, Any]:
-        """The release and its ledger (the labels are already DP: checkpointing them spends nothing)."""
+        """The release and its ledger (the labels are already DP: checkpointing them spends nothing).
+
+        In a passive party's own process the labels are a shadow of the active party's draw: saved as they are.
+        """
+        labels = self.labels
+        if labels is not None and not labels.is_meta:
+            labels = labels.cpu()
         return {
             "ledger": self.ledger.state_dict(),
             "ids": None if self.ids is None else self.ids.cpu(),
-            "labels": None if self.labels is None else self.labels.cpu(),
+            "labels": labels,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -3,10 +3,13 @@
 Protocol (VFedMH Eq. 5, with the static float blinding factor replaced by fresh per-step masks in the ring
 Z_2^R, R = `ring_bits`: 32 by default, 64 on request):
 
-1. Setup. Each passive party k draws an X25519 key pair and sends its 32-byte public key to the active party
-   (`tag="keys"`), which forwards every other passive party's public key to k, one message per key. Each pair
-   (k, j) derives a pair key `HKDF-SHA256(X25519(sk_k, pk_j), info=sorted names)`. The active party relays public
-   keys only and learns no pair key. Key bytes on the wire: `K * 32 + K * (K - 1) * 32` for K passive parties.
+1. Setup. Each passive party k draws an X25519 key pair and sends its 32-byte public key, signed with its identity
+   key (64 bytes, ECDSA P-256: `lvfl.crypto.signing`), to the active party (`tag="keys"`), which forwards every
+   other passive party's signed key to k, one message per key. k checks each signature against that party's
+   identity (in a federation, the certificate pinned for it in the federation file) and refuses a key that does not
+   carry it. Each pair (k, j) derives a pair key `HKDF-SHA256(X25519(sk_k, pk_j), info=sorted names)`. The active
+   party relays public keys only and learns no pair key. Key bytes on the wire: `K * 96 + K * (K - 1) * 96` for K
+   passive parties.
 2. Protect. Passive party k checks that its embedding E_k is in range (refusing, naming k, otherwise), encodes it
    to fixed point in Z_2^R and adds, for every other passive party j, `+PRG(key_kj, step, rank, index)` if k
    precedes j in the party list and `-PRG(...)` otherwise. Every mask is added once and subtracted once, so the
@@ -14,16 +17,15 @@ Z_2^R, R = `ring_bits`: 32 by default, 64 on request):
 3. Combine. The active party sums the shares in the ring (exact, wrapping mod 2**R), where the masks cancel,
    decodes, and adds its own float embedding.
 
-What the active party learns: the sum of the passive embeddings (which the protocol needs), not the individual
-ones, provided at least two passive parties do not collude with it and it is *semi-honest*. The public keys are
-relayed by the active party and not authenticated, so an active party that deviates from the protocol and swaps
-them (a man in the middle: it gives each passive party a public key of its own) shares a pair key with every
-passive party and unmasks every embedding. The guarantee therefore holds against a semi-honest active party only;
-against a malicious one the keys would need authenticating (e.g. signed by long-term keys the parties exchanged out
-of band). With a single passive party there is no mask at all, so the "share" is that party's embedding;
-`DHMasking` refuses that unless `allow_insecure=True`. Masking protects shares on their way up, not what the
-protocol sends down: EASTER's global embedding E tells a passive party k the sum of the other parties' embeddings,
-C*E - E_k (with C = 2, the active party's E_a itself).
+What the active party learns: the sum of the passive embeddings (which the protocol needs), not the individual ones,
+provided at least two passive parties do not collude with it. The public keys are relayed by the active party and
+signed by their owners, so an active party that swaps them (a man in the middle: it gives each passive party a
+public key of its own) is caught: the passive party refuses the key, naming the relay, and derives no pair key. In a
+federation the signing keys are the parties' TLS keys, certified by the federation's CA; in simulation they are
+throw-away keys per party (one process holds every party anyway). With a single passive party there is no mask at
+all, so the "share" is that party's embedding; `DHMasking` refuses that unless `allow_insecure=True`. Masking
+protects shares on their way up, not what the protocol sends down: EASTER's global embedding E tells a passive party
+k the sum of the other parties' embeddings, C*E - E_k (with C = 2, the active party's E_a itself).
 
 The masks are fresh per (step, rank, index): reusing one would reveal the difference of two embeddings of the same
 party (the flaw of a static blinding factor), so `protect` refuses a (step, index) a party has already used.
@@ -37,10 +39,15 @@ from typing import Any
 
 import torch
 
-from lvfl.crypto import fixedpoint, keys, prg
+from lvfl.crypto import fixedpoint, keys, prg, signing
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Absent, Wire
+
+#: what a passive party's signature of its X25519 public key binds it to (`lvfl.crypto.signing.signed_message`)
+KEY_CONTEXT = b"lvfl/dh-masking/public-key/v1"
+#: bytes of one key message: the 32-byte X25519 public key and its 64-byte signature
+SIGNED_KEY_BYTES = keys.PUBLIC_KEY_BYTES + signing.SIGNATURE_BYTES
 
 
 class DHMasking(AggregationBackend):
@@ -86,8 +93,8 @@ class DHMasking(AggregationBackend):
         ...            PartySpec("p2", "passive", (4,), 2)]
         >>> backend, wire = DHMasking(), Wire()
         >>> backend.setup(parties, "a", wire)
-        >>> wire.bytes_by_tag()
-        {'keys': 128}
+        >>> wire.bytes_by_tag()  # two signed public keys up, each relayed to the other passive party
+        {'keys': 384}
         >>> x = torch.tensor([0.5, -1.25])
         >>> shares = {p: backend.protect(p, x, step=0) for p in ("p1", "p2")}
         >>> shares["p1"].dtype
@@ -171,23 +178,28 @@ class DHMasking(AggregationBackend):
         self._forget_keys()
         private = {}
         public_at_active = {}
-        for k in passive:  # each passive party -> active: its public key (a party's view draws only its own)
+        for k in passive:  # each passive party -> active: its signed public key (a view draws only its own)
             if wire.holds(k):
                 private[k], public = keys.generate_keypair()
+                signature = wire.identities.sign(k, signing.signed_message(KEY_CONTEXT, k, public))
+                signed = {"key": public, "signature": signature}
             else:
-                public = Absent("an X25519 public key")
-            public_at_active[k] = wire.send(k, active, public, tag="keys")
+                signed = {"key": Absent("an X25519 public key"), "signature": Absent("its signature")}
+            public_at_active[k] = wire.send(k, active, signed, tag="keys")
         public_at = {k: {} for k in passive}
         for k in passive:  # active -> each passive party: every other passive party's public key, one per message
             for j in passive:
                 if j != k:
                     public_at[k][j] = wire.send(active, k, public_at_active[j], tag="keys")
         peers = {}
-        for pos_k, k in enumerate(passive):  # each party derives its own copy of each pair key
+        for pos_k, k in enumerate(passive):  # each party checks the relayed keys, then derives its pair keys
             if not wire.holds(k):
                 continue
+            for j in passive:
+                if j != k:
+                    self._check_signed(wire, k, j, active, public_at[k][j])
             peers[k] = tuple(
-                (keys.shared_pair_key(private[k], public_at[k][j], keys.pair_info(k, j)), pos_k < pos_j)
+                (keys.shared_pair_key(private[k], public_at[k][j]["key"], keys.pair_info(k, j)), pos_k < pos_j)
                 for pos_j, j in enumerate(passive)
                 if j != k
             )
@@ -196,6 +208,20 @@ class DHMasking(AggregationBackend):
         self._passive = passive
         self._num_parties = len(passive) + 1  # C: the active party and the passive ones hold embeddings
         self._range_remedy = self._remedy()
+
+    @staticmethod
+    def _check_signed(wire: Wire, receiver: str, owner: str, active: str, signed: Any) -> None:
+        """Refuse a relayed public key that does not carry its owner's signature (a man in the middle)."""
+        ok = isinstance(signed, dict) and set(signed) == {"key", "signature"}
+        ok = ok and isinstance(signed["key"], bytes) and isinstance(signed["signature"], bytes)
+        if not ok or not wire.identities.verify(
+            owner, signing.signed_message(KEY_CONTEXT, owner, signed["key"]), signed["signature"]
+        ):
+            raise ValueError(
+                f"DHMasking: {receiver} received {owner}'s X25519 public key, relayed by the active party {active}, "
+                f"without a valid signature by {owner}'s identity: the relayed key was changed (a man in the middle) "
+                "or is not the one it signed; no pair key is derived from it"
+            )
 
     def _require_setup(self) -> None:
         if self._peers is None:

@@ -209,6 +209,8 @@ class VFLModule(LightningModule, ABC):
         self._train_loss_sum: torch.Tensor | None = None
         self._train_loss_count = 0
         self._train_loss_names: list[str] = []
+        #: the best validation value so far (active party) and how many epochs set a new best (`share_best_epoch`)
+        self._best_epoch: dict[str, Any] = {"value": None, "count": 0}
 
     def _apply(self, fn: Any, recurse: bool = True) -> VFLModule:
         """Moves and casts (`.to`, `.cpu`, `.half`) pass over shadows: another party's model stays a shadow.
@@ -436,7 +438,7 @@ class VFLModule(LightningModule, ABC):
                 means = self.trainer.strategy.reduce(means, reduce_op="mean")
             names = [f"train/loss_epoch/{n}" for n in self._train_loss_names]
             metrics.update(zip(names, means.tolist(), strict=True))
-        if self.label_mechanism is not None or len(self.privacy_ledger):
+        if (self.label_mechanism is not None or len(self.privacy_ledger)) and self.wire.holds(self.active):
             metrics["privacy/label_epsilon"] = self.privacy_ledger.total_epsilon  # basic composition, all releases
         if metrics:
             log_to_loggers(self.trainer, metrics, epoch=True)
@@ -450,8 +452,30 @@ class VFLModule(LightningModule, ABC):
         return step
 
     def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Every party embeds its own feature slice with its encoder, locally (no message)."""
-        return {k: self.party_models[k].encoder(batch.features[k]) for k in self.party_names}
+        """Every party embeds its own feature slice with its encoder, locally (no message).
+
+        In a party's own process another party's embedding is a shadow of the shape its encoder gives, worked out
+        once per input shape (`shadow_call`) rather than by running the encoder on the meta device every step.
+        """
+        return {
+            k: self.party_models[k].encoder(x) if self.wire.holds(k) else self.shadow_call(k, "encoder", x)
+            for k, x in ((k, batch.features[k]) for k in self.party_names)
+        }
+
+    def shadow_call(self, party: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """The shadow of `party_models[party].<part>(x)` for another party's shadow input `x`, from a cache.
+
+        Only for a call whose input is data (no gradient is ever taken through it): the shadow is a fresh leaf with
+        the output's dtype, shape and `requires_grad`, found by running the module on the meta device the first
+        time an input of this shape (and grad mode) comes; meta kernels cost milliseconds per layer in Python.
+        """
+        cache = self.__dict__.setdefault("_shadow_shapes", {})
+        key = (party, part, tuple(x.shape), x.dtype, torch.is_grad_enabled())
+        if key not in cache:
+            out = getattr(self.party_models[party], part)(x)
+            cache[key] = (tuple(out.shape), out.dtype, out.requires_grad)
+        shape, dtype, requires_grad = cache[key]
+        return torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
 
     def begin_step(self) -> dict[str, Any]:
         """Clear every party's gradients; returns the optimizers keyed by party (for `end_step`)."""
@@ -470,7 +494,9 @@ class VFLModule(LightningModule, ABC):
         if held:
             self.manual_backward(torch.stack(held).sum())
         for opt in optimizers.values():
-            opt.step()  # a parameter without a gradient (another party's shadow) is left as it is
+            # another party's parameters (shadows) have no gradient here, so its optimizer leaves them as they are
+            # and keeps no state; stepping it keeps the trainer's step count the simulation's
+            opt.step()
 
     def gradient_down(self, party: str, output: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """Send dloss/d`output` (computed at the active party) down to `party`; returns party's surrogate term.
@@ -615,6 +641,12 @@ class VFLModule(LightningModule, ABC):
             return
         if self.task is None:
             raise RuntimeError("release_labels needs the task: call it after setup/build")
+        if not self.wire.holds(self.active):  # a passive party's process: the release is the active party's draw
+            release = self.label_release
+            if release.ids is None:
+                release.ids = torch.sort(ids.detach().long().cpu()).values
+                release.labels = self.label_mechanism.release_shadow(len(ids), self.task.num_classes)
+            return
         trainer = self._trainer
         distributed = trainer is not None and trainer.world_size > 1
         self.label_release.draw(
@@ -733,16 +765,50 @@ class VFLModule(LightningModule, ABC):
     def _log_mean(self, stage: str) -> None:
         if not self.wire.holds(self.active):  # the metrics are the active party's (it holds the labels)
             return
+        self._epoch_means = {}
         for metric in metric_names(self.task) if self.task is not None else ():
             keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
             if keys and all(k in self.metrics for k in keys):
                 values = torch.stack([self.metrics[k].compute() for k in keys])
+                self._epoch_means[f"{stage}/{metric}/mean"] = float(values.mean())
                 # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
                 self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        """Log the mean over party models."""
+        """Log the mean over party models; tell the passive parties whether this epoch is the best so far."""
         self._log_mean("val")
+        self.share_best_epoch()
+
+    def share_best_epoch(self) -> None:
+        """One byte to each passive party after a validation epoch: 1 if it is the best so far, else 0.
+
+        Where the run keeps a best checkpoint (`ExperimentCheckpoint`, selecting by the task's main validation
+        metric), every party must keep the same epoch, but only the active party holds the labels that score it.
+        So the active party sends each passive party whether this epoch beat every earlier one (strictly, as the
+        checkpoint compares), and a passive party's own process selects its best epoch by the running count of
+        such epochs (`lvfl.callbacks.checkpoint.BEST_EPOCHS_METRIC`). The byte is a function of the validation
+        labels; it is metered (tag `best_epoch`) in simulation too, since a deployment sends it.
+        """
+        from lvfl.callbacks.checkpoint import BEST_EPOCHS_METRIC, keeps_best_epoch, main_validation_metric
+
+        trainer = self._trainer
+        if trainer is None or trainer.sanity_checking or not self.passive or not keeps_best_epoch(trainer):
+            return
+        flag = torch.zeros(1, dtype=torch.uint8)
+        if self.wire.holds(self.active):
+            value = getattr(self, "_epoch_means", {}).get(main_validation_metric(self.task))
+            best = self._best_epoch["value"]
+            improved = value is not None and value == value and (best is None or value > best)  # NaN never wins
+            if improved:
+                self._best_epoch["value"] = value
+            flag[0] = int(improved)
+        else:
+            flag = shadow(flag)
+        for party in self.passive:
+            received = self.wire.send(self.active, party, flag, "best_epoch")
+            if party == self.wire.here:  # a passive party's own process: what it selects its best epoch by
+                self._best_epoch["count"] += int(received.item())
+                self.log(BEST_EPOCHS_METRIC, float(self._best_epoch["count"]), on_epoch=True)
 
     def on_test_epoch_end(self) -> None:
         """Log the mean over party models."""
@@ -787,6 +853,7 @@ class VFLModule(LightningModule, ABC):
             "label_privacy": self.label_release.state_dict(),
             "run": run_fingerprint(self, datamodule),
             "writer": self._checkpoint_writer,
+            "best_epoch": dict(self._best_epoch),
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -830,6 +897,8 @@ class VFLModule(LightningModule, ABC):
             self.wire.load_state_dict({key: resume_rows(rows) for key, rows in own.items()})
             self.wire.merge_state_dict(state["wire"])
         self.aggregation.load_state_dict(state.get("aggregation", {}))
+        if "best_epoch" in state:
+            self._best_epoch = dict(state["best_epoch"])
         label_state = state.get("label_privacy")
         if label_state is not None:
             self.label_release.load_state_dict(label_state)

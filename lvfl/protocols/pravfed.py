@@ -54,6 +54,7 @@ from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels
 from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.wire import is_shadow
 
 Weighting = Literal["accuracy", "average"]
 
@@ -117,6 +118,7 @@ class PraVFed(VFLModule):
         self._labels_ids: torch.Tensor | None = None  # the training IDs, ascending (known to every party)
         self._ep_ids = torch.empty(0, dtype=torch.long)  # active party: sample IDs with an uploaded E_p, ascending
         self._ep = torch.empty(0, embedding_dim)  # active party: E_p of those samples, same order
+        self._pretrained = False  # steps 1-2 done (every party knows: the weights came down)
 
     # ------------------------------------------------------------------------------------------------ building
     @property
@@ -127,7 +129,7 @@ class PraVFed(VFLModule):
     @property
     def pretrained(self) -> bool:
         """Whether steps 1-2 are done (or restored from a checkpoint)."""
-        return len(self.passive_weights) == len(self.passive)
+        return self._pretrained
 
     def configure_optimizers(self) -> Any:
         """Only the active party's optimizer (and scheduler): passive parties never step during Lightning's epochs.
@@ -163,9 +165,11 @@ class PraVFed(VFLModule):
         super().on_fit_start()  # the base draws the release Y' once (or keeps a checkpointed one)
         if not self.pretrained:
             self.send_labels()  # step 1
-            for k in self.passive:  # step 2
-                self.pretrain_passive(k)
+            for k in self.passive:  # step 2, each at its own party
+                if self.wire.holds(k):
+                    self.pretrain_passive(k)
             self.exchange_weights()
+            self._pretrained = True
         self.freeze_passive()
         self.upload([self.trainer.datamodule.train_set])  # step 3 (a no-op when E_p is cached or restored)
 
@@ -175,8 +179,9 @@ class PraVFed(VFLModule):
         if release.ids is None or release.labels is None:
             raise RuntimeError("PraVFed sends the label release drawn at fit start; release_labels has not run")
         self._labels_ids = release.ids.cpu()
+        labels = release.labels if is_shadow(release.labels) else release.labels.cpu()
         for k in self.passive:
-            self._labels_at[k] = self.wire.send(self.active, k, release.labels.cpu(), "labels")
+            self._labels_at[k] = self.wire.send(self.active, k, labels, "labels")
 
     def passive_labels(self, party: str, ids: torch.Tensor) -> torch.Tensor:
         """Y' of training samples `ids` as passive `party` holds it (what it received in step 1)."""
@@ -227,10 +232,17 @@ class PraVFed(VFLModule):
 
     def exchange_weights(self) -> None:
         """Step 2 (end): acc_k up, w_k = acc_k / sum acc (or 1/K) down, each a float32 scalar (tag "weights")."""
-        acc_at_active = {
-            k: self.wire.send(k, self.active, torch.tensor(self.passive_accuracy_on_release(k)), "weights")
-            for k in self.passive
-        }
+        acc_at_active = {}
+        for k in self.passive:  # acc_k, computed at party k (elsewhere: its shadow)
+            acc = self.passive_accuracy_on_release(k) if self.wire.holds(k) else None
+            up = torch.tensor(acc) if acc is not None else torch.empty((), device="meta")
+            acc_at_active[k] = self.wire.send(k, self.active, up, "weights")
+        if not self.wire.holds(self.active):  # a passive party's process: its own weight comes down
+            for k in self.passive:
+                w = self.wire.send(self.active, k, torch.empty((), device="meta"), "weights")
+                if not is_shadow(w):
+                    self.passive_weights[k] = float(w)
+            return
         self.passive_accuracy = {k: float(v) for k, v in acc_at_active.items()}
         accs = torch.stack([acc_at_active[k] for k in self.passive]).to(torch.float64)
         if self.weighting == "average" or float(accs.sum()) <= 0.0:
@@ -239,8 +251,9 @@ class PraVFed(VFLModule):
             weights = torch.full_like(accs, 1.0 / len(self.passive))
         else:
             weights = accs / accs.sum()  # Eq. 8/9
-        for k, w in zip(self.passive, weights, strict=True):
-            self.passive_weights[k] = float(self.wire.send(self.active, k, w.to(torch.float32), "weights"))
+        for k, w in zip(self.passive, weights, strict=True):  # as party k receives it (the active party keeps it too)
+            received = self.wire.send(self.active, k, w.to(torch.float32), "weights")
+            self.passive_weights[k] = float(w.to(torch.float32)) if is_shadow(received) else float(received)
 
     def freeze_passive(self) -> None:
         """After pre-training nothing may change a passive model: no optimizer holds it, and it needs no gradient."""
@@ -277,20 +290,29 @@ class PraVFed(VFLModule):
             step = self.next_mask_step()
             shares = {}
             for k in self.passive:  # at passive party k: weight first, then protect (see the module docstring)
-                if isinstance(split, VFLBatch):  # a batch is model input already
+                if not self.wire.holds(k):  # another party's share: its shadow
+                    weighted = torch.empty(new.numel(), self.embedding_dim, device="meta")
+                elif isinstance(split, VFLBatch):  # a batch is model input already
                     x = split.features[k].index_select(0, new.to(split.features[k].device))
+                    weighted = self.passive_weights[k] * self.embed(k, x)
                 else:  # a dataset: decode only the new rows (uint8 image slices decode on access)
                     x = split.decode({k: split.stored[k].index_select(0, new)})[k]
-                weighted = self.passive_weights[k] * self.embed(k, x)
+                    weighted = self.passive_weights[k] * self.embed(k, x)
                 shares[k] = self.wire.send(k, self.active, self.protected(k, weighted, step), "embeddings")
             zeros = torch.zeros(new.numel(), self.embedding_dim, device=self.device)
-            e_p = self.combined(zeros, shares).detach().cpu()  # at the active party
-            all_ids = torch.cat([self._ep_ids, ids[new]])
+            e_p = self.combined(zeros, shares).detach()  # at the active party (a shadow elsewhere)
+            all_ids = torch.cat([self._ep_ids.cpu(), ids[new]])  # which samples have an E_p: known to every party
             order = torch.argsort(all_ids)
-            self._ep_ids, self._ep = all_ids[order], torch.cat([self._ep, e_p])[order]
+            if is_shadow(e_p):
+                self._ep = torch.empty(len(all_ids), self.embedding_dim, device="meta")
+            else:
+                self._ep = torch.cat([self._ep.cpu(), e_p.cpu()])[order]
+            self._ep_ids = all_ids[order]
 
     def combined_embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """E_p of samples `ids`, as the active party holds it (raises for samples never uploaded)."""
+        if is_shadow(self._ep):  # another party's process: E_p is the active party's
+            return torch.empty(ids.numel(), self.embedding_dim, device="meta")
         if self._ep_ids.device != ids.device:  # move the table once, not every step
             self._ep_ids, self._ep = self._ep_ids.to(ids.device), self._ep.to(ids.device)
         try:
@@ -302,6 +324,10 @@ class PraVFed(VFLModule):
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
         """Step 4: the active party trains its own model on E_a + E_p against its true labels; nothing is sent."""
         (opt,) = self.party_optimizers().values()
+        if not self.wire.holds(self.active):  # a passive party's process: nothing of this step is its own
+            opt.zero_grad(set_to_none=True)
+            opt.step()  # no parameter has a gradient: nothing changes, but the trainer counts the step as everywhere
+            return
         opt.zero_grad(set_to_none=True)
         # true labels: the active model's outputs and parameters never leave the active party (the passive parties
         # receive nothing during training), so it is the kind of model `private_labels` is for
@@ -372,7 +398,8 @@ class PraVFed(VFLModule):
             "accuracy": dict(self.passive_accuracy),
             "weights": dict(self.passive_weights),
             "ep_ids": self._ep_ids.cpu(),
-            "ep": self._ep.cpu(),
+            "ep": self._ep if is_shadow(self._ep) else self._ep.cpu(),
+            "pretrained": self._pretrained,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -383,3 +410,4 @@ class PraVFed(VFLModule):
             self.passive_accuracy = dict(state["accuracy"])
             self.passive_weights = dict(state["weights"])
             self._ep_ids, self._ep = state["ep_ids"], state["ep"]
+            self._pretrained = bool(state.get("pretrained", len(self.passive_weights) == len(self.passive)))

@@ -1,0 +1,160 @@
+"""What every party its own process costs: `lvfl launch` beside `lvfl fit` on the same config, in one run.
+
+    .venv/bin/python benchmarks/federation_cost.py [--epochs 2] [--batch-size 32] [--config configs/easter/digits.yaml]
+
+Both runs are fresh processes on this machine (`lvfl fit`: one process; `lvfl launch`: one per party, mutual-TLS
+gRPC on localhost). Printed side by side:
+
+- the median training step (the active party's, from batch start to batch end) and their ratio;
+- the bytes: the ledger (payload bytes every party sent, equal to `lvfl fit`'s by construction and checked here),
+  the encoded envelopes (protobuf: header, schema, raw tensor buffers; `Transport.envelope_bytes`), and the bytes the
+  loopback interface carried during the launch (HTTP/2 framing, TLS records and TCP/IP headers included; read from
+  /proc/net/dev, so any other loopback traffic on the machine during the run is counted too), each over the ledger;
+- the `NetworkSimulator`'s predicted step time for the in-process run's schedule on a loopback-like link (10 Gbps,
+  0.05 ms one way), beside the step time measured across processes.
+
+The launch's processes share this machine's cores (4 parties on 2 cores here), so its step time includes that
+contention as well as the messages' serialization, TLS and gRPC.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+REPO = Path(__file__).resolve().parents[1]
+#: a loopback-like access link for the simulator: 10 Gbps each way, 0.05 ms one way
+LOOPBACK = {"up_mbps": 10_000.0, "down_mbps": 10_000.0, "latency_ms": 0.05}
+
+
+class Record(Callback):
+    """Writes what a process measured (its step times, its ledger, its transport's bytes) to $LVFL_COST_DIR."""
+
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self._started = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: D102
+        self.steps.append(time.perf_counter() - self._started)
+
+    def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
+        from lvfl.callbacks import NetworkSimulator
+        from lvfl.network import simulate
+
+        wire = pl_module.wire
+        here = wire.here or "fit"
+        record = {"steps": self.steps, "ledger": [[*k, n] for k, n in wire.bytes.items()]}
+        link = getattr(wire.transport, "transport", None)
+        if link is not None:
+            record["envelope"] = [[*k, n] for k, n in link.envelope_bytes.items()]
+        for cb in trainer.callbacks:
+            if isinstance(cb, NetworkSimulator):
+                record["simulated_steps"] = [
+                    simulate(p.schedule, cb._links, cb._scale, p.tail_s).step_s for p in cb.trace if p.kind == "step"
+                ]
+        Path(os.environ["LVFL_COST_DIR"], f"{here}.json").write_text(json.dumps(record))
+
+
+def loopback_bytes() -> int:
+    """Bytes the loopback interface has transmitted since boot (each byte on lo is sent once and received once)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, counters = line.partition(":")
+        if name.strip() == "lo":
+            return int(counters.split()[8])
+    raise RuntimeError("no loopback interface in /proc/net/dev")
+
+
+def run(command: list[str], out: Path) -> float:
+    """Run `python -m lvfl COMMAND` with the Record callback; its wall time in seconds."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "LVFL_COST_DIR": str(out)}
+    started = time.perf_counter()
+    done = subprocess.run(  # noqa: S603 - lvfl's own command
+        [sys.executable, "-m", "lvfl", *command], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:2])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/easter/digits.yaml")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import machine
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        common_args = [
+            "--config", args.config, f"--trainer.max_epochs={args.epochs}",
+            f"--data.init_args.batch_size={args.batch_size}", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0",
+            '--trainer.callbacks+={"class_path": "federation_cost.Record"}',
+        ]  # fmt: skip
+        simulator = {"class_path": "lvfl.callbacks.NetworkSimulator", "init_args": {"links": LOOPBACK}}
+        simulator["init_args"].update(keep_trace=True, print_summary=False)
+        fit_dir, launch_dir = tmp / "fit", tmp / "launch"
+        fit_dir.mkdir()
+        launch_dir.mkdir()
+        fit_s = run(
+            ["fit", *common_args, f"--trainer.callbacks+={json.dumps(simulator)}",
+             f"--trainer.logger.init_args.save_dir={tmp / 'fit_logs'}"],
+            fit_dir,
+        )  # fmt: skip
+        before = loopback_bytes()
+        launch_s = run(
+            ["launch", "--pki", str(tmp / "pki"), *common_args,
+             f"--trainer.logger.init_args.save_dir={tmp / 'launch_logs'}"],
+            launch_dir,
+        )  # fmt: skip
+        loopback = loopback_bytes() - before
+        fit = json.loads((fit_dir / "fit.json").read_text())
+        parties = {p.stem: json.loads(p.read_text()) for p in sorted(launch_dir.glob("*.json"))}
+    active = min(parties)  # party0 in the configs here
+    sent: dict[tuple, int] = {}
+    for name, record in parties.items():
+        for src, dst, tag, n in record["ledger"]:
+            if src == name:
+                sent[(src, dst, tag)] = n
+    fit_ledger = {(s, d, t): n for s, d, t, n in fit["ledger"]}
+    ledger = sum(sent.values())
+    envelope = sum(n for name, r in parties.items() for src, _, _, n in r["envelope"] if src == name)
+    step_fit = statistics.median(fit["steps"][1:])
+    step_launch = statistics.median(parties[active]["steps"][1:])
+    step_sim = statistics.median(fit["simulated_steps"][1:])
+    print(f"# lvfl launch vs lvfl fit: {args.config}, {len(parties)} parties, {args.epochs} epochs, batch "
+          f"{args.batch_size} ({len(fit['steps'])} steps); {machine()}")  # fmt: skip
+    print(f"ledgers equal, tag by tag: {sent == fit_ledger}")
+    print()
+    print("| | lvfl fit (1 process) | lvfl launch (1 process per party) | ratio |")
+    print("|---|---|---|---|")
+    print(f"| median training step | {step_fit * 1e3:.2f} ms | {step_launch * 1e3:.2f} ms | "
+          f"{step_launch / step_fit:.2f}x |")  # fmt: skip
+    print(f"| whole command (start-up included) | {fit_s:.1f} s | {launch_s:.1f} s | {launch_s / fit_s:.2f}x |")
+    simulated = f"{step_sim * 1e3:.2f} ms (predicted from the fit)"
+    measured = f"{step_launch * 1e3:.2f} ms (measured)"
+    print(f"| NetworkSimulator's step, loopback link | {simulated} | {measured} | {step_launch / step_sim:.2f}x |")
+    print()
+    print("| bytes | count | over the ledger |")
+    print("|---|---|---|")
+    print(f"| ledger (payload bytes sent, every party) | {ledger:,} | 1.000 |")
+    print(f"| protobuf envelopes (header, schema, raw buffers) | {envelope:,} | {envelope / ledger:.3f} |")
+    print(f"| loopback interface during the launch (HTTP/2, TLS, TCP/IP) | {loopback:,} | {loopback / ledger:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
