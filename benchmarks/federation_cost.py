@@ -13,6 +13,8 @@ gRPC on localhost). Printed side by side:
 - the `NetworkSimulator`'s predicted step time for the in-process run's schedule on a loopback-like link (10 Gbps,
   0.05 ms one way), beside the step time measured across processes.
 
+Both runs use one torch thread per process (`OMP_NUM_THREADS=1`: the same count in both, which keeps them
+bit-identical; with torch's default of a thread per core in each of 4 processes the launched step is slower still).
 The launch's processes share this machine's cores (4 parties on 2 cores here), so its step time includes that
 contention as well as the messages' serialization, TLS and gRPC.
 """
@@ -77,8 +79,8 @@ def loopback_bytes() -> int:
 
 
 def run(command: list[str], out: Path) -> float:
-    """Run `python -m lvfl COMMAND` with the Record callback; its wall time in seconds."""
-    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "LVFL_COST_DIR": str(out)}
+    """Run `python -m lvfl COMMAND` with the Record callback, one torch thread per process; its wall time (s)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "LVFL_COST_DIR": str(out), "OMP_NUM_THREADS": "1"}
     started = time.perf_counter()
     done = subprocess.run(  # noqa: S603 - lvfl's own command
         [sys.executable, "-m", "lvfl", *command], cwd=REPO, env=env, capture_output=True, text=True, check=False
@@ -137,7 +139,8 @@ def main() -> None:
     step_launch = statistics.median(parties[active]["steps"][1:])
     step_sim = statistics.median(fit["simulated_steps"][1:])
     print(f"# lvfl launch vs lvfl fit: {args.config}, {len(parties)} parties, {args.epochs} epochs, batch "
-          f"{args.batch_size} ({len(fit['steps'])} steps); {machine()}")  # fmt: skip
+          f"{args.batch_size} ({len(fit['steps'])} steps), OMP_NUM_THREADS=1 in every process")  # fmt: skip
+    print(f"# {machine()}")
     print(f"ledgers equal, tag by tag: {sent == fit_ledger}")
     print()
     print("| | lvfl fit (1 process) | lvfl launch (1 process per party) | ratio |")

@@ -95,6 +95,8 @@ class VFLCLI(LightningCLI):
         self.ckpt_file = self._checkpoint_file(subcommand)
         try:
             super()._run_subcommand(subcommand)
+            if self.party_session is not None:
+                self.party_session.finish()  # every message this party sent is delivered before it exits
         except (KeyboardInterrupt, SystemExit) as stop:
             if self.party_session is not None:
                 self.party_session.abort(f"stopped by {stop!r}")

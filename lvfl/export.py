@@ -243,8 +243,13 @@ def export_parties(
     config: dict[str, Any],
     out: str | Path,
     student_folder: str | Path | None = None,
+    only: str | None = None,
 ) -> dict[str, Path]:
     """Write every party's folder (see the module docstring) for a built, loaded `model`; returns the folders.
+
+    With `only`, the folder of that party alone, from a model that holds only that party's tensors (a deployed
+    run's own checkpoint, `VFLModule.hold_only`): the active party's completion is traced on stand-in
+    contributions of the passive parties' output shapes, drawn from a fixed seed, since their models are not here.
 
     Args:
         model: the protocol, built and with the checkpoint's weights.
@@ -253,6 +258,7 @@ def export_parties(
         out: the folder to write one sub-folder per party into.
         student_folder: where the run's student is saved; None: beside the checkpoint `model`'s trainer loaded
             (`trainer.ckpt_path`, as `lvfl export` sets it), else in the run's checkpoint folder.
+        only: the one party to export (see above); None: every party.
 
     Raises:
         TypeError: the protocol has no split prediction (`describe_combination` names it); nothing is written.
@@ -272,16 +278,26 @@ def export_parties(
 
     def features(count: int) -> dict[str, torch.Tensor]:
         batch = datamodule.on_after_batch_transfer(datamodule.train_set.gather(torch.arange(min(count, rows))), 0)
-        return {k: v.to(model.device) for k, v in batch.features.items()}
+        return {k: v if v.is_meta else v.to(model.device) for k, v in batch.features.items()}
+
+    stand_in = torch.Generator().manual_seed(0)
+
+    def contribution(party: str, features: torch.Tensor) -> torch.Tensor:
+        """What `party` sends for these rows; a stand-in of its shape where its model is not here (`only`)."""
+        out = model.passive_contribution(party, features)
+        if not out.is_meta:
+            return out
+        return torch.randn(out.shape, generator=stand_in, dtype=out.dtype).to(model.device)
 
     example, check = features(8), features(5)  # traced on one number of rows, checked on another
     folder_of = {party: out / party for party in model.party_names}
     traced: dict[str, torch.jit.ScriptModule] = {}
     shapes: dict[str, list[int]] = {}
+    exported = [only] if only is not None else list(model.party_names)
     with _tracing(model):
-        for party in model.party_names:
+        for party in exported:
             parts = _owned_parts(model, keys[party])
-            foreign = [state[k] for p in model.party_names if p != party for k in keys[p]]
+            foreign = [state[k] for p in model.party_names if p != party for k in keys[p] if not state[k].is_meta]
             if party != active:
                 step = _contribution_step(model, party)
                 traced[party] = _trace(
@@ -295,8 +311,8 @@ def export_parties(
                 shapes[party] = list(step(example[party]).shape[1:])
                 continue
             with torch.no_grad():
-                ex = (example[party], *(model.passive_contribution(k, example[k]) for k in passive))
-                ch = (check[party], *(model.passive_contribution(k, check[k]) for k in passive))
+                ex = (example[party], *(contribution(k, example[k]) for k in passive))
+                ch = (check[party], *(contribution(k, check[k]) for k in passive))
             traced[party] = _trace(
                 f"{party}'s completion ({type(model).__name__}.complete_prediction)",
                 _completion_step(model, passive),
@@ -305,6 +321,9 @@ def export_parties(
                 ch,
                 foreign,
             )
+            for k in passive:  # the output shapes the active party's party.json names, where not traced here
+                if k not in shapes:
+                    shapes[k] = list(model.passive_contribution(k, example[k]).shape[1:])
         saved_in = student_folder if student_folder is not None else _run_checkpoint_folder(model)
         student = load_student(saved_in) if saved_in is not None else None
         student_file = None
@@ -319,6 +338,8 @@ def export_parties(
     label_names = list(getattr(datamodule, "label_names", None) or [])
     folders = {}
     for index, party in enumerate(model.party_names):
+        if party not in exported:
+            continue
         folder = folder_of[party]
         folder.mkdir(parents=True, exist_ok=True)
         for stale in ("encoder.pt", "head.pt", "model.pt", "top.pt"):  # an earlier export's per-module traces
@@ -416,6 +437,26 @@ def _completion_step(model: Any, order: Sequence[str]) -> Callable[..., torch.Te
     return step
 
 
+def _load_party_state(model: Any, datamodule: Any, state: Mapping[str, torch.Tensor], party: str, path: Path) -> None:
+    """Load `party`'s own checkpoint of a deployed run, then keep only what it holds (model and data).
+
+    Raises:
+        ValueError: `party` is not one of the run's, or the checkpoint does not hold its tensors (another party's).
+    """
+    if party not in model.party_names:
+        raise ValueError(f"--party {party}: the run's parties are {model.party_names}")
+    mine = owned_keys(model)[party]
+    missing = [k for k in mine if k not in state or state[k].is_meta]
+    if missing:
+        raise ValueError(
+            f"--party {party}: checkpoint {path} does not hold {party}'s tensors ({missing[0]} is "
+            f"{'absent' if missing[0] not in state else 'a shape without data'}): it is another party's"
+        )
+    model.load_state_dict({k: v for k, v in state.items() if not v.is_meta}, strict=False)
+    model.hold_only(party)
+    datamodule.hold_only(party)
+
+
 def main(argv: Sequence[str]) -> None:
     """`lvfl export --config C [overrides] --ckpt_path P --out DIR`.
 
@@ -438,6 +479,11 @@ def main(argv: Sequence[str]) -> None:
         "the epoch with the best main validation metric); loaded with weights_only=True",
     )
     parser.add_argument("--out", help="the folder to write one sub-folder per party into")
+    parser.add_argument(
+        "--party",
+        help="export this party's folder alone, from its own checkpoint of a deployed run (lvfl party / launch: "
+        "its other parties' tensors are shapes without data)",
+    )
     with reported_errors(debug):
         args, rest = parser.parse_known_args(argv)
         for option, what in (("ckpt_path", "the checkpoint to export (a path, 'last' or 'best')"), ("out", "a folder")):
@@ -459,8 +505,11 @@ def main(argv: Sequence[str]) -> None:
         datamodule.setup("predict")
         model.setup("predict")
         model.on_load_checkpoint(checkpoint)  # refuses a checkpoint of another run, naming the first difference
-        model.load_state_dict(checkpoint["state_dict"])
+        if args.party is None:
+            model.load_state_dict(checkpoint["state_dict"])
+        else:
+            _load_party_state(model, datamodule, checkpoint["state_dict"], args.party, path)
         config = cli.config.as_dict() if hasattr(cli.config, "as_dict") else dict(cli.config)
-        folders = export_parties(model, datamodule, config, args.out)
+        folders = export_parties(model, datamodule, config, args.out, only=args.party)
     for party, folder in folders.items():
         print(f"lvfl export: {party} -> {folder}")

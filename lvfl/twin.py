@@ -78,8 +78,9 @@ class Measured:
 def twin_args(argv: Sequence[str], save_dir: str) -> list[str]:
     """The CLI arguments (no subcommand) of the Plain twin of the run `argv` (`fit` and its options).
 
-    Drops `--twin` (as `--twin=true` or `--twin true`), then adds the Plain backend, logs under `save_dir`, no
-    checkpoints or progress bar.
+    Drops `--twin` (as `--twin=true` or `--twin true`), then adds the Plain backend, logs and checkpoints under
+    `save_dir`, no progress bar. The twin keeps the run's best checkpoint (`ExperimentCheckpoint`), since keeping one
+    puts the best-epoch byte on the wire (`VFLModule.share_best_epoch`), which is no cost of privacy.
     """
     args = list(argv[1:] if argv and not argv[0].startswith("-") else argv)
     kept, skip = [], False
@@ -97,9 +98,10 @@ def twin_args(argv: Sequence[str], save_dir: str) -> list[str]:
         *kept,
         f"--model.init_args.aggregation={PLAIN}",
         f"--trainer.logger.init_args.save_dir={save_dir}",
-        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_checkpointing=true",
+        '--trainer.callbacks+={"class_path": "lvfl.callbacks.ExperimentCheckpoint"}',
         "--trainer.enable_progress_bar=false",
-        "--default_callbacks=false",  # no checkpoint and no second communication summary
+        "--default_callbacks=false",  # no second communication summary
     ]
 
 

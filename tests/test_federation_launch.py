@@ -19,6 +19,8 @@ import torch
 from helpers import REPO
 
 from lvfl.checkpoints import load_checkpoint
+from lvfl.federation.federation_file import write_federation
+from lvfl.federation.pki import write_test_pki
 
 pytestmark = pytest.mark.slow  # several Python processes per test
 
@@ -107,6 +109,8 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
     parties = {k: tmp_path / "launch" / k for k in names}
     assert_parity(tmp_path / "fit", parties)
     assert_parity(tmp_path / "fit", parties, which="best")  # every party kept the epoch the active party chose
+    if config == CONFIGS["EASTER DHMasking, 4 parties"]:  # each party exports its own folder from its own checkpoint
+        assert_exports_equal(tmp_path, config, names)
     assert "== communication during fit" in launch.stdout + launch.stderr  # the active party's console
     for name in names:  # isolation: what each process held at the end of its fit
         state = json.loads((probes / f"{name}.json").read_text())
@@ -119,6 +123,40 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
             assert held["labels"] == (name == "party0"), (name, split)
         assert state["scaling"] in ([], [name])
         assert state["key_peers"] == ([] if name == "party0" else [name])
+
+
+def assert_exports_equal(tmp_path: Path, config: list[str], names: list[str]) -> None:
+    """`lvfl export` of the fit, and `lvfl export --party P` of each party's own checkpoint of the launch, give equal
+    tensors: the same state dicts, and traced files that compute the same outputs on the same inputs."""
+    out = tmp_path / "exports"
+    done = lvfl("export", *config, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}", "--ckpt_path", "best",
+                "--out", str(out / "fit"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in names:
+        done = lvfl("export", *config, f"--trainer.logger.init_args.save_dir={tmp_path / 'launch' / name}",
+                    "--ckpt_path", "best", "--out", str(out / "launch"), "--party", name)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+    generator = torch.Generator().manual_seed(0)
+    for name in names:
+        fit, launched = out / "fit" / name, out / "launch" / name
+        a, b = (torch.load(d / "state_dict.pt", weights_only=True) for d in (fit, launched))
+        assert a.keys() == b.keys(), name
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+        info = json.loads((fit / "party.json").read_text())
+        x = torch.randn(5, *info["input_shape"], generator=generator)
+        if "serving" in info:  # the active party's completion, on the same stand-in contributions
+            serving = info["serving"]
+            shapes = [serving["contributions"][k]["output_shape"] for k in serving["contribution_order"]]
+            inputs = (x, *(torch.randn(5, *s, generator=generator) for s in shapes))
+            file = "completion.pt"
+        else:
+            inputs, file = (x,), "contribution.pt"
+        outputs = [torch.jit.load(str(d / file))(*inputs) for d in (fit, launched)]
+        assert torch.equal(*outputs), name
+    other = lvfl("export", *config, f"--trainer.logger.init_args.save_dir={tmp_path / 'launch' / 'party1'}",
+                 "--ckpt_path", "best", "--out", str(out / "wrong"), "--party", "party2")  # fmt: skip
+    assert other.returncode == 2
+    assert "does not hold party2's tensors" in other.stderr
 
 
 def test_a_deployed_runs_best_checkpoints_test_as_lvfl_test_does(tmp_path):
@@ -210,3 +248,26 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
         errors = [line for _, err in outputs for line in err.splitlines() if line.startswith("lvfl: error:")]
         assert len(errors) == 2, errors
         assert any(message in line for line in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--config", "configs/easter/digits_ckks.yaml"], "lvfl party runs the Plain and DHMasking backends; CKKS's"),
+        (["--config", "configs/easter/digits_rr.yaml"], "does not run a label mechanism (RandomizedResponse)"),
+        (["--config", "configs/easter/digits.yaml", "--party", "party9"], "--party party9: the config's parties are"),
+        (["predict", "--config", "configs/easter/digits.yaml"], "lvfl party runs fit/validate/test; predict is not"),
+    ],
+)
+def test_what_does_not_run_across_processes_yet_is_refused_in_one_line(tmp_path, args, message):
+    names = [f"party{k}" for k in range(4)]
+    write_test_pki(tmp_path, names)
+    write_federation(tmp_path / "federation.yaml", names)
+    party = [] if "--party" in args else ["--party", "party0"]
+    head = [args[0]] if args[0] == "predict" else []
+    rest = args[1:] if head else args
+    done = lvfl("party", *head, *party, "--federation", str(tmp_path / "federation.yaml"), *rest, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
+    assert len(errors) == 1, done.stderr[-2000:]
+    assert message in errors[0]

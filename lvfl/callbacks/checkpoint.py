@@ -28,32 +28,11 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
+from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 from lvfl.runs import derive_seed
 
 #: the file name (without .ckpt) of the best epoch that `ExperimentCheckpoint` keeps beside last.ckpt
 BEST_NAME = "best"
-#: what a passive party's own process selects its best epoch by: the running count of epochs the active party
-#: found best (`lvfl.protocols.base.VFLModule.share_best_epoch`), since it holds no labels to score one itself
-BEST_EPOCHS_METRIC = "val/best_epochs"
-
-
-def keeps_best_epoch(trainer: Trainer) -> bool:
-    """Whether `trainer` keeps a best checkpoint selected by the task's main validation metric."""
-    return any(
-        isinstance(cb, ExperimentCheckpoint) and cb.auto_monitor and cb.save_top_k != 0
-        for cb in trainer.checkpoint_callbacks
-    )
-
-
-def main_validation_metric(task: Any) -> str:
-    """The metric the best epoch of a `task` (`lvfl.parties.TaskInfo`) is selected by; every one is maximised.
-
-    Accuracy for a multiclass task, AUROC for a binary one (accuracy hides a minority class), R^2 for a regression
-    (in the target's units, and higher is better like the others).
-    """
-    if task.is_regression:
-        return "val/r2/mean"
-    return "val/auroc/mean" if task.kind == "binary" else "val/acc/mean"
 
 
 class ExperimentCheckpoint(ModelCheckpoint):

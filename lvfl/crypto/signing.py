@@ -5,8 +5,8 @@ others. Unsigned, an active party could swap them for its own (a man in the midd
 passive party. Each passive party therefore signs its public key with its identity key, and a receiver checks the
 signature against the sender's identity before deriving a pair key.
 
-Identities (`Identities`): in a federation, a party's identity is its TLS key and the certificate pinned for it in
-the federation file (`lvfl.federation.identity.TLSIdentities`); in simulation, `SimulatedIdentities` draws a
+Identities (`Identities`): when every party runs its own process, a party's identity is its TLS key and the
+certificate pinned for it (the transport's `TLSIdentities`); in simulation, `SimulatedIdentities` draws a
 throw-away P-256 key per party from the OS, so that the signatures, their checks and their bytes on the wire are
 the same in both. A signature is encoded as r || s, 32 bytes each (not DER, whose length varies), so the ledger
 counts the same bytes in every run.

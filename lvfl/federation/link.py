@@ -45,7 +45,7 @@ class SocketLink:
         """Send `payload` to `dst`; `src` is this party (a view sends only its own messages)."""
         if src != self.transport.me:
             raise ValueError(f"party {self.transport.me!r} cannot send a message as {src!r}")
-        self.transport.send(dst, tag, self.step, payload)
+        self.transport.send(dst, tag, self.step, payload, wait=False)  # in order per peer; failures raise later
 
     def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
         """The next message from `src` under `tag`, for this step, of the form of `expected`."""

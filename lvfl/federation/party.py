@@ -168,6 +168,11 @@ class PartySession:
         if self.transport is not None:
             self.transport.abort(reason)
 
+    def finish(self) -> None:
+        """Wait until every message this party queued is delivered (raises the failure of one that was not)."""
+        if self.transport is not None:
+            self.transport.flush()
+
     def close(self) -> None:
         """Close the transport (idempotent)."""
         if self.transport is not None:

@@ -28,6 +28,7 @@ import contextlib
 import errno
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -138,6 +139,9 @@ class Transport:
         self._next_out: Counter[tuple[str, str]] = Counter()
         self._refusals: dict[str, str] = {}
         self._aborted: str | None = None  # a peer's abort: every receive fails with it
+        self._outbox: dict[str, queue.Queue] = {}  # per peer, messages queued by `send(wait=False)`
+        self._pending = 0  # queued messages not yet delivered (or dropped after a failure)
+        self._send_failure: str | None = None  # the first failure of a queued message
         self._pins: dict[str, str] = {}
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -202,7 +206,14 @@ class Transport:
         return self
 
     def close(self) -> None:
-        """Stop the server and close the channels; a `receive` still waiting fails. Safe to call twice."""
+        """Deliver what is queued (within the timeout), stop the server, close the channels. Safe to call twice.
+
+        A `receive` still waiting fails; the failure of a queued message is `flush`'s to raise, not this one's.
+        """
+        with contextlib.suppress(FederationError):
+            self.flush()
+        for outbox in self._outbox.values():
+            outbox.put(None)  # the sender threads stop
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -222,8 +233,13 @@ class Transport:
         self.close()
 
     # -- sending ---------------------------------------------------------------------------------------------------
-    def send(self, dst: str, tag: str, step: int, payload: Any) -> None:
+    def send(self, dst: str, tag: str, step: int, payload: Any, wait: bool = True) -> None:
         """Deliver `payload` to `dst` under `tag` at `step`; returns once `dst` has checked and stored it.
+
+        With `wait=False` the encoded message is queued for `dst`'s sender thread, which delivers that peer's
+        messages one at a time in the order they were sent, and this returns at once (a party does not wait for
+        each acknowledgement before it computes on); a failure is then raised by this transport's next `send`,
+        `receive` or `flush`, with the same line.
 
         Raises:
             FederationError: `dst` refused the message (its reason), or did not come up and answer within the
@@ -231,8 +247,7 @@ class Transport:
             TypeError: `payload` holds something that cannot be sent or metered.
         """
         self._check_peer(dst)
-        if self._aborted is not None:  # a peer stopped: sending on would only wait for it
-            raise FederationError(self._aborted)
+        self._raise_failure()
         nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
         with self._cond:
             seq = self._next_out[(dst, tag)]
@@ -244,13 +259,72 @@ class Transport:
                 f"{self.me} cannot send {tag!r} to {dst}: its envelope is {len(data)} bytes, over "
                 f"max_message_bytes={self.max_message_bytes}"
             )
+        if wait:
+            self._deliver_to(dst, tag, seq, data, nbytes)
+        else:
+            self._outbox_of(dst).put((tag, seq, data, nbytes))
+
+    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
         ack = self._post(dst, tag, data)
         if ack.seq != seq:
             raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
         key = (self.me, dst, tag)
-        self.payload_bytes[key] += nbytes
-        self.envelope_bytes[key] += len(data)
-        self.messages[key] += 1
+        with self._cond:
+            self.payload_bytes[key] += nbytes
+            self.envelope_bytes[key] += len(data)
+            self.messages[key] += 1
+
+    def _outbox_of(self, dst: str) -> queue.Queue:
+        """`dst`'s queue of messages to deliver, and its sender thread (started on first use); counts one pending."""
+        with self._cond:
+            if dst not in self._outbox:
+                self._outbox[dst] = queue.Queue()
+                thread = threading.Thread(
+                    target=self._sender, args=(dst, self._outbox[dst]), name=f"lvfl-{self.me}-to-{dst}", daemon=True
+                )
+                thread.start()
+            self._pending += 1
+            return self._outbox[dst]
+
+    def _sender(self, dst: str, outbox: queue.Queue) -> None:
+        """Deliver `dst`'s queued messages in order; after a failure, drop the rest (the failure is raised here)."""
+        while (item := outbox.get()) is not None:
+            try:
+                if self._send_failure is None:
+                    self._deliver_to(dst, *item)
+            except Exception as err:  # noqa: BLE001 (reported to the protocol's thread, which raises it)
+                reason = str(err) if isinstance(err, FederationError) else f"{type(err).__name__}: {err}"
+                with self._cond:
+                    self._send_failure = self._send_failure or reason
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _raise_failure(self) -> None:
+        """Raise a peer's abort, or the failure of a message queued earlier."""
+        if self._aborted is not None:  # a peer stopped: sending on would only wait for it
+            raise FederationError(self._aborted)
+        if self._send_failure is not None:
+            raise FederationError(self._send_failure)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued message is delivered (at most `timeout`, default the transport's); raise a failure.
+
+        Raises:
+            FederationError: a queued message failed, a peer aborted, or the queue did not empty in time.
+        """
+        wait = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while self._pending and self._send_failure is None and self._aborted is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise FederationError(
+                        f"{self.me} could not deliver its last {self._pending} messages in {wait:g} s"
+                    )
+                self._cond.wait(remaining)
+        self._raise_failure()
 
     def _post(self, dst: str, tag: str, data: bytes) -> pb.Ack:
         """One Deliver call with `data` as the request, its failures in one line (tests post crafted bytes here)."""
@@ -332,8 +406,8 @@ class Transport:
         grace_given = False
         with self._cond:
             while True:
-                if self._aborted is not None:
-                    raise FederationError(self._aborted)
+                if self._aborted is not None or self._send_failure is not None:
+                    self._raise_failure()
                 if src in self._refusals:
                     raise FederationError(self._refusals[src])
                 queue = self._inbox.get((src, tag))

@@ -270,15 +270,21 @@ class AggVFL(VFLModule):
         }
 
     def _log_aggregate_as_mean(self, stage: str) -> None:
+        if not self.wire.holds(self.active):  # the metrics are the active party's (it holds the labels)
+            return
+        self._epoch_means = {}
         for metric in metric_names(self.task) if self.task is not None else ():
             key = f"{stage}_{metric}_{AGGREGATE}"
             if key in self.metrics:
                 # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
-                self.log(f"{stage}/{metric}/mean", self.metrics[key].compute(), on_epoch=True, sync_dist=True)
+                value = self.metrics[key].compute()
+                self._epoch_means[f"{stage}/{metric}/mean"] = float(value)
+                self.log(f"{stage}/{metric}/mean", value, on_epoch=True, sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        """`val/acc/mean` is the aggregate's accuracy (see the module docstring for why)."""
+        """`val/acc/mean` is the aggregate's accuracy (see the module docstring for why); the best-epoch byte."""
         self._log_aggregate_as_mean("val")
+        self.share_best_epoch()
 
     def on_test_epoch_end(self) -> None:
         """`test/acc/mean` is the aggregate's accuracy (see the module docstring for why)."""

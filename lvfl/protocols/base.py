@@ -31,7 +31,13 @@ from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
-from lvfl.protocols.task_metrics import make_metric, metric_names, update_metric
+from lvfl.protocols.task_metrics import (
+    BEST_EPOCHS_METRIC,
+    main_validation_metric,
+    make_metric,
+    metric_names,
+    update_metric,
+)
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 
@@ -786,13 +792,17 @@ class VFLModule(LightningModule, ABC):
         metric), every party must keep the same epoch, but only the active party holds the labels that score it.
         So the active party sends each passive party whether this epoch beat every earlier one (strictly, as the
         checkpoint compares), and a passive party's own process selects its best epoch by the running count of
-        such epochs (`lvfl.callbacks.checkpoint.BEST_EPOCHS_METRIC`). The byte is a function of the validation
+        such epochs (`lvfl.protocols.task_metrics.BEST_EPOCHS_METRIC`). The byte is a function of the validation
         labels; it is metered (tag `best_epoch`) in simulation too, since a deployment sends it.
         """
-        from lvfl.callbacks.checkpoint import BEST_EPOCHS_METRIC, keeps_best_epoch, main_validation_metric
-
         trainer = self._trainer
-        if trainer is None or trainer.sanity_checking or not self.passive or not keeps_best_epoch(trainer):
+        if trainer is None or trainer.sanity_checking or not self.passive:
+            return
+        keeps_best = any(  # an `ExperimentCheckpoint` (lvfl.callbacks) choosing its own monitor, keeping a best file
+            getattr(cb, "auto_monitor", False) and getattr(cb, "save_top_k", 0) != 0
+            for cb in trainer.checkpoint_callbacks
+        )
+        if not keeps_best:
             return
         flag = torch.zeros(1, dtype=torch.uint8)
         if self.wire.holds(self.active):

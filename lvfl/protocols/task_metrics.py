@@ -49,3 +49,19 @@ def update_metric(
         metric(out.softmax(-1)[:, 1], labels)
     else:
         metric(out, labels)
+
+
+#: what a passive party's own process selects its best epoch by: the running count of epochs the active party
+#: found best (`lvfl.protocols.base.VFLModule.share_best_epoch`), since it holds no labels to score one itself
+BEST_EPOCHS_METRIC = "val/best_epochs"
+
+
+def main_validation_metric(task: TaskInfo) -> str:
+    """The metric the best epoch of a `task` (`lvfl.parties.TaskInfo`) is selected by; every one is maximised.
+
+    Accuracy for a multiclass task, AUROC for a binary one (accuracy hides a minority class), R^2 for a regression
+    (in the target's units, and higher is better like the others).
+    """
+    if task.is_regression:
+        return "val/r2/mean"
+    return "val/auroc/mean" if task.kind == "binary" else "val/acc/mean"
