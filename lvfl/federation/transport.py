@@ -248,6 +248,8 @@ class Transport:
         """
         self._check_peer(dst)
         self._raise_failure()
+        if dst in self._refusals:  # this party refused `dst`'s messages: that, not silence, is why they stop
+            raise FederationError(self._refusals[dst])
         nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
         with self._cond:
             seq = self._next_out[(dst, tag)]
@@ -265,7 +267,12 @@ class Transport:
             self._outbox_of(dst).put((tag, seq, data, nbytes))
 
     def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
-        ack = self._post(dst, tag, data)
+        try:
+            ack = self._post(dst, tag, data)
+        except FederationError:
+            if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
+                raise FederationError(self._refusals[dst]) from None
+            raise
         if ack.seq != seq:
             raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
         key = (self.me, dst, tag)
