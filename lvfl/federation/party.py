@@ -127,11 +127,11 @@ class PartySession:
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
         names = self.check_party(cli.datamodule)
         check_deployable(cli.model, cli.datamodule, cli.trainer)
-        missing = [n for n in names if n not in _federation_names(self.federation)]
+        known = _federation_names(self.federation)  # read once: it loads and checks the file
+        missing = [n for n in names if n not in known]
         if missing:
             raise FederationError(
-                f"the config's parties {missing} are not in the federation file {self.federation} "
-                f"(it has {_federation_names(self.federation)})"
+                f"the config's parties {missing} are not in the federation file {self.federation} (it has {known})"
             )
         run_id = self.run_id or "run-" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
         self.transport = Transport(
