@@ -491,6 +491,11 @@ def main(argv: Sequence[str]) -> None:
                 raise ValueError(f"lvfl export needs --{option}: {what}")
         cli = build_cli(rest, run=False, exit_on_error=False)
         model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
+        if args.party is not None and hasattr(datamodule, "exchange_on"):
+            raise ValueError(
+                f"lvfl export --party does not export {type(datamodule).__name__} runs yet: each party's encoders are "
+                "fitted in a set-up that runs between the parties (the PSI, the split), which export does not repeat"
+            )
         path = resolve_ckpt_path(trainer, args.ckpt_path)
         special = args.ckpt_path in SPECIAL_CKPT_PATHS
         what = f"--ckpt_path {args.ckpt_path} ({path})" if special else f"--ckpt_path {path}"

@@ -2,7 +2,9 @@
 
 At the end of fit it writes `<LVFL_PROBE_DIR>/<party>.json`: every parameter and buffer of the protocol that holds
 data, which party slices and labels of every split hold data, whose scaling statistics it has, and with which peers
-it shares DH pair keys. `tests/test_federation_launch.py` reads it to check a party holds only its own.
+it shares DH pair keys, whose tables it read (`PartyTables`) and its ledger (after the callbacks before it, e.g. a
+student's messages); `lvfl fit` writes `fit.json`. `tests/test_federation_launch.py` reads it to check a party
+holds only its own.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class StateProbe(Callback):
             "splits": splits,
             "scaling": sorted(dm.scaling),
             "key_peers": None if peers is None else sorted(peers),
+            "tables": sorted(getattr(dm, "encoders", {})),  # `PartyTables`: whose tables this process read
+            "ledger": [[*key, n] for key, n in pl_module.wire.bytes.items()],  # after every earlier on_fit_end
         }
-        out = Path(os.environ["LVFL_PROBE_DIR"]) / f"{pl_module.wire.here}.json"
+        out = Path(os.environ["LVFL_PROBE_DIR"]) / f"{pl_module.wire.here or 'fit'}.json"
         out.write_text(json.dumps(state))

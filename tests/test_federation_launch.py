@@ -175,6 +175,99 @@ def test_a_deployed_runs_best_checkpoints_test_as_lvfl_test_does(tmp_path):
     assert tested["launch"] == tested["fit"]
 
 
+STUDENT = (
+    '--trainer.callbacks+={"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 3, '
+    '"model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [8]}}}}'
+)
+PROBE = '--trainer.callbacks+={"class_path": "federation_probe.StateProbe"}'
+
+
+def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
+    """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
+    (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
+    student and its figures, and the ledger up to the student's last message equal `lvfl fit`'s; each process read
+    its own table only and holds labels only at the bank."""
+    sys.path.insert(0, str(REPO / "examples" / "bank_retailer"))
+    from make_data import main as make_tables
+
+    sys.path.pop(0)
+    everything = tmp_path / "both"
+    everything.mkdir()
+    make_tables(everything)
+    config = tmp_path / "bank_retailer.yaml"
+    text = (REPO / "examples" / "bank_retailer" / "config.yaml").read_text()
+    config.write_text(text.replace("examples/bank_retailer/", ""))  # paths relative to each party's own folder
+    sites = {"party0": "bank.csv", "party1": "retailer.csv"}
+    for name, table in sites.items():  # each organisation's disk: its own table, nothing of the other's
+        (tmp_path / name).mkdir()
+        (tmp_path / name / table).write_bytes((everything / table).read_bytes())
+    run = ["--config", str(config), *SHORT, STUDENT, PROBE, "--trainer.enable_progress_bar=false"]
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    fit = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "lvfl", "fit", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}"],
+        cwd=everything, capture_output=True, text=True, timeout=300, check=False,
+        env={**env, "LVFL_PROBE_DIR": str(probes)},
+    )  # fmt: skip
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    made = lvfl("pki", "--parties", *sites, "--out", str(tmp_path / "pki"))
+    assert made.returncode == 0, made.stderr
+    processes = {
+        name: subprocess.Popen(  # noqa: S603
+            party_cmd(
+                name, tmp_path / "pki" / "federation.yaml", "bank-retailer", tmp_path / "launch", *run, timeout=60
+            ),
+            cwd=tmp_path / name,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, "LVFL_PROBE_DIR": str(probes)},
+        )  # fmt: skip
+        for name in sites
+    }
+    for name, process in processes.items():
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, (name, err[-3000:])
+    parties = {name: tmp_path / "launch" / name for name in sites}
+    assert_parity(tmp_path / "fit", parties)
+    assert_parity(tmp_path / "fit", parties, which="best")
+    students = [next(d.glob("*/checkpoints/student.pt")) for d in (tmp_path / "fit", parties["party0"])]
+    fitted, launched = (torch.load(path, weights_only=True) for path in students)
+    assert fitted.keys() == launched.keys()
+    assert all(torch.equal(fitted[k], launched[k]) for k in fitted)
+    assert not list(parties["party1"].glob("*/checkpoints/student.*"))  # the student is the bank's alone
+    figures = [student_figures(d) for d in (tmp_path / "fit", parties["party0"])]
+    assert figures[0]
+    assert figures[0] == figures[1]
+    state = {name: json.loads((probes / f"{name}.json").read_text()) for name in ("fit", *sites)}
+    sent = Counter()
+    for name in sites:
+        sent += Counter({(s, d, t): n for s, d, t, n in state[name]["ledger"] if s == name})
+    whole = Counter({(s, d, t): n for s, d, t, n in state["fit"]["ledger"]})
+    assert dict(sent) == dict(whole), "the ledgers differ"
+    tags = {t for _, _, t in whole}
+    assert {"psi/blinded", "split", "task", "inputs", "teacher/embeddings", "soft_labels"} <= tags, tags
+    for name in sites:
+        assert state[name]["tables"] == [name], state[name]["tables"]
+        for split, held in state[name]["splits"].items():
+            assert held["features"] == [name], (name, split)
+            assert held["labels"] == (name == "party0"), (name, split)
+
+
+def student_figures(save_dir: Path) -> dict[str, str]:
+    """The `student/...` figures a run's CSV logger wrote (as text: equal means bit-equal)."""
+    (path,) = save_dir.glob("*/version_0/metrics.csv")
+    lines = path.read_text().splitlines()
+    header = lines[0].split(",")
+    out = {}
+    for line in lines[1:]:
+        for key, value in zip(header, line.split(","), strict=True):
+            if key.startswith("student/") and value:
+                out[key] = value
+    return out
+
+
 def start_parties(tmp_path: Path, config: list[str], timeout: float, *extra: str) -> dict[str, subprocess.Popen]:
     """`lvfl pki` for the 4 digits parties, then each `lvfl party` started by hand (output to <party>.out)."""
     names = [f"party{k}" for k in range(4)]
@@ -257,6 +350,10 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
         (["--config", "configs/easter/digits_rr.yaml"], "does not run a label mechanism (RandomizedResponse)"),
         (["--config", "configs/easter/digits.yaml", "--party", "party9"], "--party party9: the config's parties are"),
         (["predict", "--config", "configs/easter/digits.yaml"], "lvfl party runs fit/validate/test; predict is not"),
+        (
+            ["--config", "configs/easter/digits.yaml", STUDENT.replace('"epochs": 3', '"epochs": 3, "cross_fit": 2')],
+            "StudentDistillation with the PlainSoftLabels channel and no cross_fit; cross_fit does not run",
+        ),
     ],
 )
 def test_what_does_not_run_across_processes_yet_is_refused_in_one_line(tmp_path, args, message):

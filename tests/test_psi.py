@@ -226,3 +226,49 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
     seeded = np.random.default_rng(0).permutation(len(ids["retailer"]))  # the shuffle `seed: 0` gave before
     correct = sum(truth_row[x] == seeded[pos] for x, pos in at.items())
     assert correct <= 8, f"{correct} of 604 rows recovered from the config seed"
+
+
+def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docstring_says() -> None:
+    """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
+    gets the simulation's rows for itself, nothing for the others; a passive party learns the bank's list size and
+    the intersection, not the pairwise counts; each party's ledger is its share of the simulation's."""
+    import threading
+
+    from lvfl.federation.rehearsal import MemoryTransport
+
+    ids = parties()
+    names = list(ids)
+    keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
+    whole = Wire()
+    expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE)
+    transport = MemoryTransport(timeout=60)
+    views = {name: Wire(here=name, transport=transport) for name in names}
+    results, errors = {}, []
+
+    def run(name: str) -> None:
+        try:
+            results[name] = private_intersection(
+                {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
+            )
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append((name, err))
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    for name in names:
+        got = results[name]
+        assert list(got.rows) == [name]
+        assert np.array_equal(got.rows[name], expected.rows[name]), name
+        assert got.ids == expected.ids, name
+        for end in (0, 1):  # what it sent, and what it received: its share of the simulation's ledger
+            share = {key: n for key, n in whole.bytes.items() if key[end] == name}
+            assert {key: n for key, n in views[name].bytes.items() if key[end] == name} == share, (name, end)
+    assert results["bank"].sizes == expected.sizes
+    assert results["bank"].pairwise == expected.pairwise
+    for name in ("retailer", "insurer"):
+        assert results[name].sizes == {name: len(ids[name]), "bank": len(ids["bank"])}
+        assert results[name].pairwise == {}

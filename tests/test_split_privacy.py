@@ -73,7 +73,7 @@ DATAMODULES: dict[str, Callable[[bool, Path], VerticalDataModule]] = {
 def passive_view(dm: VerticalDataModule) -> dict[str, Any]:
     """Everything a passive party sees before training: its rows of each split (by the IDs it knows them by),
     its features as served (scaled with what it fitted on its training rows), its fitted statistics and encoders, and
-    the set-up messages it receives (the PSI's by size: fresh keys; the split's exactly)."""
+    the set-up messages it receives (the PSI's by size: fresh keys; the split, task and input columns exactly)."""
     view: dict[str, Any] = {}
     active = dm.active_party_name
     names = [s.name for s in dm.party_specs if s.name != active]
@@ -88,11 +88,16 @@ def passive_view(dm: VerticalDataModule) -> dict[str, Any]:
         view[(party, "encoders")] = repr(getattr(dm, "encoders", {}).get(party))
         view[(party, "decoder")] = repr(dm.train_set.decoders.get(party))
         view[(party, "inbox")] = [
-            (src, tag, payload if tag == SPLIT_TAG else len(payload))
+            (src, tag, len(payload) if tag.startswith("psi/") else exact(payload))
             for src, dst, payload, tag in dm.setup_messages()
             if dst == party
         ]
     return view
+
+
+def exact(payload: Any) -> bytes:
+    """A deterministic set-up message (the split, `PartyTables`' task and input columns) as its bytes."""
+    return payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else bytes(payload)
 
 
 def prepared(make: Callable[[bool, Path], VerticalDataModule], relabel: bool, root: Path, label_free: bool):

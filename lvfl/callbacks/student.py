@@ -189,6 +189,10 @@ class StudentDistillation(Callback):
         # the teacher's inference: the soft labels' parts, each at its holder, before the channel
         data = student_data(pl_module, dm, "train", self.teacher_batch_size, producer, parts=parts)
         self.channel.setup(pl_module.wire, active, producer)  # keys, if the channel has any, on the protocol's wire
+        if not pl_module.wire.holds(active):  # a passive party's own process: its part of the channel, no student
+            if self.lam > 0 and bool(data.overlap.any()) and data.parts is not None:
+                self.channel.send_soft_labels(data.parts)  # as `fit_student` has the active party receive them
+            return
 
         input_shape = tuple(data.features.shape[1:])
         student = build_student(self.model_factory, input_shape, self.embedding_dim, data.num_classes, self.seed)

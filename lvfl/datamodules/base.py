@@ -441,6 +441,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
 
     def split_key(self, y: np.ndarray) -> np.ndarray | None:
         """What the split is drawn on: `stratify_key(y)` (checked) when the split may use the labels, else None."""
+        if self.task_from_peers() is not None:  # no labels here: the split was received (`fixed_splits`)
+            return None
         key = self.stratify_key(y)
         return key if self.split_uses_labels else None
 
@@ -521,6 +523,15 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         Default: by sample ID (row numbers of a public dataset). `PartyTables`: the PSI's agreed order.
         """
         return shared
+
+    def task_from_peers(self) -> TaskInfo | None:
+        """The task as the active party told this process, where it holds no labels; None where `load()`'s are real.
+
+        Default None. `PartyTables` in a passive party's own process (`exchange_on`): its `load()` returns filler
+        labels, the split comes from the active party's `split` message (`fixed_splits`), and the task from its
+        `task` message, so nothing here is derived from labels it does not hold.
+        """
+        return None
 
     def categories(self, num_columns: int) -> list[int] | None:
         """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.
@@ -964,7 +975,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 )
 
         rows = self._split(len(y), self.split_key(y))
-        if self.regression:
+        known = self.task_from_peers()
+        if known is not None:  # a passive party's own process: no labels here (filler, shadowed by `hold_only`)
+            labels, task = np.zeros(len(y), dtype=np.float32 if known.is_regression else np.int64), known
+        elif self.regression:
             labels, task = self._regression_labels(y, rows["train"])
         else:
             labels = np.asarray(self.labels_from_targets(y, rows["train"]))

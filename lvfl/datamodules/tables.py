@@ -7,10 +7,20 @@ set-up traffic (`setup_messages`). The samples are the active party's rows (it h
 is what every party holds (`held_by_every_party`): the VFL loaders serve those, the rest exist at the active party
 only (the `overlap` machinery: `active_only_set`, the student callbacks).
 
-The split is drawn first, by the active party, over its own rows in an order keyed by their IDs (not their place in
-its file), stratified on the labels unless the split must be label-free (`stratify`, a label mechanism); each
-passive party learns its rows of each split from the active party's `split` message (`lvfl.datamodules.split`) and
-fits on those. The PSI's passive shuffle is keyed from the OS, never from the config's public seed.
+The samples are numbered by what every party can name: the shared ones first, in the PSI's agreed order (by ID
+text), then the active party's others by ID text; nothing depends on the order of the rows in a file. The split is
+drawn first, by the active party, over its own rows in an order keyed by their IDs, stratified on the labels unless
+the split must be label-free (`stratify`, a label mechanism); each passive party learns its rows of each split from
+the active party's `split` message (`lvfl.datamodules.split`) and fits on those, and the number of classes from its
+`task` message (8 bytes). Then every party's encoded column count and categorical cardinalities go to the active
+party and from it to every passive party (`inputs`), so that every process builds every party's model with the same
+shapes (the models are initialized in party order from one seeded generator). The PSI's passive shuffle is keyed
+from the OS, never from the config's public seed.
+
+Each party's part of that set-up runs where the wire holds it: all of it in simulation, on a recording wire whose
+messages the protocol then sends (`setup_messages`); one party's in its own process (`lvfl party`, `exchange_on`),
+live on its wire, reading its own table only. A passive party's process never holds a label: its split and task are
+the messages it received (`task_from_peers`).
 
 Encoding, per party and fitted on the training rows only:
 
@@ -35,6 +45,7 @@ of any sample. `feature_names` lists every party's encoded columns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -46,12 +57,13 @@ from torch.utils.data import SequentialSampler
 
 from lvfl.datamodules.base import VerticalDataModule, VerticalTensorDataset, party_name
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
-from lvfl.datamodules.split import decode_split, encode_split, keyed_order
+from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split, keyed_order
 from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
 from lvfl.datamodules.table_files import PartyTable, read_table
+from lvfl.parties import TaskInfo
 from lvfl.privacy.psi import private_intersection
 from lvfl.runs import digest_array, digest_json
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire
 
 __all__ = ["PartyTable", "PartyTables", "read_table"]
 
@@ -115,6 +127,8 @@ class PartyTables(VerticalDataModule):
         self._new_keys: list[str] = []
         self.encoding = encoding
         self._messages: list[tuple[str, str, Any, str]] = []
+        self._party_wire: Wire | None = None  # a party's own wire (`exchange_on`): the set-up runs live on it
+        self._peer_task: TaskInfo | None = None  # in a passive party's process: the task the active party sent
         self._ids: list[str] = []
         self._held: np.ndarray | None = None
         self._splits: dict[str, np.ndarray] | None = None
@@ -134,66 +148,172 @@ class PartyTables(VerticalDataModule):
         """Placeholder until `load` knows each table's encoded width (then the columns follow the tables exactly)."""
         return ExplicitColumns([[k] for k in range(len(self.tables))])
 
+    def exchange_on(self, wire: Wire) -> None:
+        """Run the set-up exchanges live on a party's own wire (`lvfl party`), before `load`.
+
+        The protocol calls it in a party's own process (`VFLModule.prepare_datamodule`): `load` then reads only that
+        party's table, runs its part of the PSI, and sends or receives the split and the task on `wire`, where they
+        are metered as they happen (`setup_messages` has nothing left to send). A passive party's process holds no
+        labels: `task_from_peers` gives the task the active party sent, and the other parties' columns are one
+        placeholder column each (shadows once `hold_only` runs).
+        """
+        if self._party_wire is wire:
+            return
+        if self._prepared is not None:
+            raise RuntimeError("PartyTables.exchange_on must come before the data is loaded")
+        self._party_wire = wire
+
     def load(self) -> tuple[np.ndarray, np.ndarray]:
-        """Read each table, align the IDs by PSI, split, fit each party's encoders on its training rows, lay out."""
-        tables = [read_table(source) for source in self.tables]  # each by its own party
-        names = [party_name(k) for k in range(len(tables))]
-        active = self.active_party
-        wire = Wire()
+        """Read each table, align the IDs by PSI, split, fit each party's encoders on its training rows, lay out.
+
+        Each party's part runs where the wire holds it (every part in simulation, one party's in its own process).
+        The samples are numbered by what every party can name: the shared samples first, in the PSI's agreed order
+        (by ID text), then the active party's other rows by ID text; so a passive party knows the sample IDs of its
+        rows, and no numbering depends on the order of the rows in a file.
+        """
+        names = [party_name(k) for k in range(len(self.tables))]
+        active = names[self.active_party]
+        live = self._party_wire is not None
+        wire = self._party_wire if live else Wire()
+        tables = {n: read_table(source) for n, source in zip(names, self.tables, strict=True) if wire.holds(n)}
+        passive = [names[k] for k in self.participants if k != self.active_party]
         started = time.perf_counter()
-        with wire.recording() as held:  # sent for real by the protocol, on its wire (`setup_messages`)
+        with contextlib.nullcontext([]) if live else wire.recording() as held:
+            # sent for real by the protocol, on its wire (`setup_messages`); in a party's process, live
             alignment = private_intersection(
-                {name: table.ids for name, table in zip(names, tables, strict=True)},
-                active=names[active],
-                wire=wire,
+                {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire
             )
+            if not alignment.ids:
+                raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
+            shared_count, num_rows = len(alignment.ids), alignment.sizes[active]
+            shared_order = np.arange(shared_count, dtype=np.int64)
+            y, perm, payload, task = self._active_part(tables.get(active), alignment, shared_count)
+            received: dict[str, np.ndarray] = {}
+            for name in passive:  # the split each passive party fits on, and the task its model learns
+                got = wire.send(active, name, payload, SPLIT_TAG)
+                told = wire.send(active, name, task, TASK_TAG)
+                if wire.holds(name):
+                    received = decode_split(_split_bytes(got, active), shared_order)
+                    self._peer_task = None if wire.holds(active) else _task(told, active, self.regression)
+        if not received and wire.holds(active):  # no passive participant (Local): the tables' split all the same
+            received = decode_split(payload, shared_order)
         self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         self.psi_seconds = time.perf_counter() - started  # `lvfl fit --twin` reports it
-        if not alignment.ids:
-            raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
-        if self.regression:
-            y = numeric_labels(tables[active], self.tables[active].label_column or "")
-        else:
-            self.label_names = sorted(set(tables[active].labels or []))
-            code = {name: i for i, name in enumerate(self.label_names)}
-            y = np.asarray([code[label] for label in tables[active].labels or []], dtype=np.int64)
-        self._splits = None
-        # drawn first (the encoders see training rows only), over the active party's rows in an order keyed by their
-        # IDs (`keyed_order`), so that the split does not depend on the order of the rows in its file
-        self._splits = self._split(len(y), self.split_key(y), order=keyed_order(tables[active].ids, self.seed))
-        num_rows = len(y)
-        rows_active = alignment.rows[names[active]]
-        self._held_order = rows_active
-        # what each passive party learns of the split: the message the active party sends it (`setup_messages`)
-        shared = {split: np.intersect1d(rows, rows_active) for split, rows in self._splits.items()}
-        received = decode_split(encode_split(shared, rows_active), rows_active)
-        train_shared = np.isin(rows_active, received["train"])
+        if not wire.holds(active):  # the active party's split of the shared samples, all this process knows
+            self._splits = {"val": received["val"], "test": received["test"]}
+            y = np.zeros(num_rows, dtype=np.float32 if self.regression else np.int64)  # filler: no labels here
 
-        blocks, cats = [], []
-        for k, (table, source) in enumerate(zip(tables, self.tables, strict=True)):
-            own = np.arange(num_rows) if k == active else alignment.rows[names[k]]  # this party's row of each
-            at = np.arange(num_rows) if k == active else rows_active  # ... and the sample it belongs to
-            fit_rows = np.sort(self._splits["train"]) if k == active else own[train_shared]
-            encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
-            self.encoders[names[k]] = encoders
-            self._table_digests[names[k]] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
+        blocks: dict[str, np.ndarray] = {}
+        own_columns: dict[str, list[int]] = {}  # per party held here: each encoded column's cardinality (0: numeric)
+        for name, table in tables.items():
+            if name == active:  # its row of each sample, and the training rows it fits on
+                own, at = perm, np.arange(num_rows)
+                fit_rows = np.sort(perm[self._splits["train"]])
+            else:
+                own, at = alignment.rows[name], shared_order
+                fit_rows = own[received["train"]]
+            encoders = fit_encoders(table, self.tables[names.index(name)], fit_rows, onehot=self.encoding == "onehot")
+            self.encoders[name] = encoders
+            self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
             origins = [table.origins[r] for r in own]
             block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
             parts = [e.encode([table.values[r][j] for r in own], origins) for j, e in enumerate(encoders)]
             block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
-            blocks.append(block)
-            cats += [c for e in encoders for c in e.cardinalities]
+            blocks[name] = block
+            own_columns[name] = [c for e in encoders for c in e.cardinalities]
+        columns = self._exchange_inputs(wire, live, active, passive, own_columns)
+        for name in names:  # another party's columns: zeros of its width (shadows after `hold_only`)
+            if name not in blocks:
+                blocks[name] = np.zeros((num_rows, len(columns.get(name, [0]))), dtype=np.float32)
+        cats = [c for name in names for c in columns.get(name, [0])]
+        blocks = [blocks[name] for name in names]
         widths = np.cumsum([0, *(b.shape[1] for b in blocks)])
         self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(blocks))])
         self._categories = cats if any(cats) else None
         self._held = np.zeros(num_rows, dtype=bool)
-        self._held[rows_active] = True
-        self._ids = tables[active].ids
-        self._table_digests[names[active]]["labels"] = digest_array(y)
+        self._held[:shared_count] = True
+        self._held_order = shared_order
+        self._ids = [tables[active].ids[r] for r in perm] if active in tables else list(alignment.ids)
+        if active in tables:
+            self._table_digests[active]["labels"] = digest_array(y)
         self._content = None
-        self.psi_counts = {**{f"{n}/ids": alignment.sizes[n] for n in names}, "intersection": len(alignment.ids)}
+        self.psi_counts = {f"{n}/ids": alignment.sizes[n] for n in names if n in alignment.sizes}
+        self.psi_counts |= {"intersection": shared_count}
         self.psi_counts |= {f"{n}/shared_with_active": alignment.pairwise[n] for n in names if n in alignment.pairwise}
         return np.concatenate(blocks, axis=1), y
+
+    def _exchange_inputs(
+        self, wire: Wire, live: bool, active: str, passive: list[str], own: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """Every participant's input columns (their cardinalities, 0 numeric), as each party learns them: `inputs`.
+
+        Each passive party tells the active party its own, and the active party tells each passive party every
+        participant's, so that every process builds every party's model with the same shapes: the models are
+        initialized in party order from one seeded generator, and a shape another process got wrong would change
+        the draws of every party built after it. What it reveals: each party's number of encoded columns and the
+        number of levels of each categorical one (the shapes of its model's input), nothing of any value.
+        """
+        known = dict(own)
+        with contextlib.nullcontext([]) if live else wire.recording() as held:
+            for name in passive:
+                got = wire.send(name, active, _encode_inputs([own[name]]) if name in own else _UNKNOWN, INPUTS_TAG)
+                if wire.holds(active):
+                    (known[name],) = _decode_inputs(got, name, 1)
+            order = [active, *passive]
+            every = _encode_inputs([known[n] for n in order]) if wire.holds(active) else _UNKNOWN
+            for name in passive:
+                got = wire.send(active, name, every, INPUTS_TAG)
+                if wire.holds(name) and not wire.holds(active):
+                    told = dict(zip(order, _decode_inputs(got, active, len(order)), strict=True))
+                    if told[name] != own[name]:
+                        raise ValueError(f"{active} relayed {name}'s input columns as {told[name]}, not {own[name]}")
+                    known |= told
+        self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
+        return known
+
+    def _active_part(
+        self, table: PartyTable | None, alignment: Any, shared_count: int
+    ) -> tuple[np.ndarray, np.ndarray, Any, torch.Tensor]:
+        """The active party's part: its labels and row of each sample, the split, and what it tells the others.
+
+        Returns (labels per sample, its row per sample, the `split` message, the `task` message); where the active
+        party is not held here, placeholders and the shadows the messages are received against.
+        """
+        if table is None:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, Absent("the split"), torch.empty(1, dtype=torch.int64, device="meta")
+        active = party_name(self.active_party)
+        shared = alignment.rows[active]
+        others = sorted(set(range(len(table.ids))) - set(shared.tolist()), key=lambda r: table.ids[r])
+        perm = np.concatenate([shared, np.asarray(others, dtype=np.int64)]).astype(np.int64)
+        if self.regression:
+            y = numeric_labels(table, self.tables[self.active_party].label_column or "")[perm]
+            num_classes = 0
+        else:
+            self.label_names = sorted(set(table.labels or []))
+            code = {name: i for i, name in enumerate(self.label_names)}
+            y = np.asarray([code[label] for label in table.labels or []], dtype=np.int64)[perm]
+            num_classes = len(self.label_names)
+        self._splits = None
+        # drawn first (the encoders see training rows only), over the active party's rows in an order keyed by their
+        # IDs (`keyed_order`), so that the split does not depend on the order of the rows in its file
+        ids = [table.ids[r] for r in perm]
+        self._splits = self._split(len(y), self.split_key(y), order=keyed_order(ids, self.seed))
+        in_shared = {split: rows[rows < shared_count] for split, rows in self._splits.items()}
+        payload = encode_split(in_shared, np.arange(shared_count, dtype=np.int64))
+        return y, perm, payload, torch.tensor([num_classes], dtype=torch.int64)
+
+    def task_from_peers(self) -> TaskInfo | None:
+        """In a passive party's own process, the task the active party sent (`task` message); else None."""
+        return self._peer_task
+
+    def setup_messages(self) -> list[tuple[str, str, Any, str]]:
+        """The PSI's, the split's and the task's messages, held back for the protocol to send on its wire.
+
+        None in a party's own process (`exchange_on`), where they were exchanged live while loading.
+        """
+        self._prepare()
+        return [] if self._party_wire is not None else list(self._messages)
 
     def setup(self, stage: str | None = None) -> None:
         """Load (once); for `lvfl predict` with `new_rows`, also align and encode the new rows (once)."""
@@ -287,7 +407,7 @@ class PartyTables(VerticalDataModule):
     def alignment_messages(self) -> list[tuple[str, str, Any, str]]:
         """The PSI's messages (tags `psi/...`), held back for the protocol to send on its wire."""
         self._prepare()
-        return list(self._messages)
+        return [m for m in self._messages if m[3] not in (SPLIT_TAG, TASK_TAG)]
 
     def shared_order(self, shared: np.ndarray) -> np.ndarray:
         """The samples every party holds in the PSI's agreed order (by ID text): how passive parties know them."""
@@ -341,3 +461,55 @@ class PartyTables(VerticalDataModule):
         """The business IDs (as the active party's table writes them) of samples given by their lvfl sample IDs."""
         self._prepare()
         return [self._ids[int(i)] for i in np.asarray(sample_ids).reshape(-1)]
+
+
+TASK_TAG = "task"  #: the wire tag of the task message: the number of classes (0: a regression), 8 bytes
+INPUTS_TAG = "inputs"  #: the wire tag of the input-columns messages (`PartyTables._exchange_inputs`)
+_UNKNOWN = Absent("another party's message")
+_INT = np.dtype(">i8")
+
+
+def _encode_inputs(parties: list[list[int]]) -> bytes:
+    """Each party's columns as 8-byte integers: its column count, then each column's cardinality."""
+    return np.asarray([v for columns in parties for v in (len(columns), *columns)], dtype=_INT).tobytes()
+
+
+def _decode_inputs(payload: Any, sender: str, count: int) -> list[list[int]]:
+    """`count` parties' columns off an `inputs` message from `sender` (refused by name when malformed)."""
+    bad = ValueError(f"{sender}'s 'inputs' message does not hold the input columns of {count} parties")
+    if not isinstance(payload, bytes) or len(payload) % _INT.itemsize:
+        raise bad
+    values = np.frombuffer(payload, dtype=_INT).tolist()
+    out, at = [], 0
+    for _ in range(count):
+        if at >= len(values) or values[at] < 1 or at + 1 + values[at] > len(values):
+            raise bad
+        columns = values[at + 1 : at + 1 + values[at]]
+        if any(c < 0 for c in columns):
+            raise bad
+        out.append(columns)
+        at += 1 + values[at]
+    if at != len(values):
+        raise bad
+    return out
+
+
+def _split_bytes(payload: Any, sender: str) -> bytes:
+    if not isinstance(payload, bytes):
+        raise ValueError(f"{sender} sent the split as {type(payload).__name__}; it is bytes")
+    return payload
+
+
+def _task(told: torch.Tensor, sender: str, regression: bool) -> TaskInfo:
+    """The task a passive party learns from the active party's `task` message, checked against its own config."""
+    num_classes = int(told.reshape(-1)[0])
+    if regression != (num_classes == 0):
+        raise ValueError(
+            f"{sender} sent a task with {num_classes} classes, but this party's config says task: "
+            f"{'regression' if regression else 'classification'}"
+        )
+    if regression:
+        return TaskInfo(num_classes=0, kind="regression")
+    if num_classes < 2:
+        raise ValueError(f"{sender} sent a task with {num_classes} classes; a classification has at least 2")
+    return TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")

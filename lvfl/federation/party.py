@@ -200,14 +200,23 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     if getattr(model, "label_mechanism", None) is not None and not isinstance(model, PraVFed):
         mechanism = type(model.label_mechanism).__name__
         raise ValueError(f"lvfl party does not run a label mechanism ({mechanism}) across processes yet (use lvfl fit)")
-    if not getattr(datamodule, "rows_are_public", True):
+    if not getattr(datamodule, "rows_are_public", True) and not hasattr(datamodule, "exchange_on"):
         raise ValueError(
-            f"lvfl party does not run {type(datamodule).__name__} (each party's own file, aligned by PSI) across "
-            "processes yet (use lvfl fit)"
+            f"lvfl party does not run {type(datamodule).__name__} (the parties' own rows, aligned without a live "
+            "exchange) across processes (use lvfl fit)"
         )
     for callback in trainer.callbacks:
-        if type(callback).__name__ in ("StudentDistillation", "LabelLeakageAudit"):
-            raise ValueError(f"lvfl party does not run the {type(callback).__name__} callback yet (use lvfl fit)")
+        name = type(callback).__name__
+        if name == "LabelLeakageAudit":
+            raise ValueError(f"lvfl party does not run the {name} callback yet (use lvfl fit)")
+        if name == "StudentDistillation":
+            channel = type(callback.channel).__name__
+            if channel != "PlainSoftLabels" or callback.cross_fit is not None:
+                what = f"its {channel} channel" if channel != "PlainSoftLabels" else "cross_fit"
+                raise ValueError(
+                    f"lvfl party runs StudentDistillation with the PlainSoftLabels channel and no cross_fit; {what} "
+                    "does not run across processes yet (use lvfl fit)"
+                )
 
 
 def _federation_names(path: Path) -> list[str]:

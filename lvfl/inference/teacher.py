@@ -67,11 +67,12 @@ def teacher_predictions(logits: dict[str, torch.Tensor], party_names: Sequence[s
 def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None = None) -> SoftLabelParts:
     """The teacher's soft labels for `batch` in the parts the producer and the active party hold (on CPU, float32).
 
-    Runs `teacher.party_logits` in eval mode (restoring the mode after) and meters its messages on the teacher's wire
-    under `teacher/<tag>`, except that a prediction a passive party sends to the active party goes to `producer`
-    instead (not at all when it is the producer's own). Predictions the active party computes are never sent: they
-    make the active part. Each prediction enters as its softmax, or, for a regression teacher (`teacher.task`), as
-    its predicted value (N x 1). See the module docstring for who learns what.
+    Runs `teacher.party_logits` in eval mode (restoring the mode after), every message live on the teacher's wire
+    under `teacher/<tag>`, with the passive parties' own predictions delivered to `producer`
+    (`VFLModule.predictions_delivered_to`; not at all when it is the producer's own). Predictions the active party
+    computes are never sent: they make the active part. Each part is summed in its holder's process (in a party's
+    own process the other part is zeros). Each prediction enters as its softmax, or, for a regression teacher
+    (`teacher.task`), as its predicted value (N x 1). See the module docstring for who learns what.
 
     Args:
         teacher: a fitted protocol (`party_logits`, `party_names`, `active`, `passive`, `wire`).
@@ -83,36 +84,36 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
     producer = default_producer(teacher) if producer is None else producer
     if producer not in teacher.party_names:
         raise ValueError(f"producer must be one of the parties {list(teacher.party_names)}, got producer={producer!r}")
-    was_training = teacher.training
+    was_training, wire = teacher.training, teacher.wire
     teacher.eval()
+    teacher.wire = wire.prefixed(TEACHER_TAG)  # every message of the inference, live, under teacher/<tag>
     try:
-        with teacher.wire.recording() as held:
+        with teacher.predictions_delivered_to(producer):
             logits = teacher.party_logits(batch.to(teacher.device))
     finally:
+        teacher.wire = wire
         teacher.train(was_training)
     predictions = teacher_predictions(logits, teacher.party_names)
-    # a passive party's message whose arrival *is* one of the predictions delivered that party's own prediction
-    wanted = {id(v) for v in predictions.values()}
-    from_passive = {
-        id(received) for src, dst, _, _, received in held if dst == active and src != active and id(received) in wanted
-    }
-    at_producer = from_passive if producer != active else set()
-    for src, dst, payload, tag, received in held:
-        if id(received) in at_producer:
-            dst = producer
-        if src != dst:  # the producer's own prediction, delivered to itself, does not cross the wire
-            teacher.wire.send(src, dst, payload, TEACHER_TAG + tag)
-    task = getattr(teacher, "task", None)
-    if task is not None and task.is_regression:  # the predicted values themselves, (B, 1)
-        probs = {k: v.float().reshape(v.shape[0], -1).cpu() for k, v in predictions.items()}
-    else:
-        probs = {k: v.float().softmax(-1).cpu() for k, v in predictions.items()}
-    shape = next(iter(probs.values())).shape
-    producer_keys = [k for k, v in predictions.items() if id(v) in at_producer]
+    # the passive parties' own predictions went to the producer (`predictions_delivered_to`); the rest is the
+    # active party's (its own, a top model's output, a joint aggregate)
+    producer_keys = [k for k in predictions if k in teacher.passive] if producer != active else []
     active_keys = [k for k in predictions if k not in producer_keys]
+    task = getattr(teacher, "task", None)
+    regression = task is not None and task.is_regression
+    first = next(iter(predictions.values()))
+    shape = (first.shape[0], first.numel() // max(first.shape[0], 1))
+
+    def part(keys: list[str], holder: str) -> torch.Tensor:
+        """The sum of `keys`' predictions at `holder` (softmax, or the values of a regression); zeros elsewhere."""
+        if not keys or not wire.holds(holder):  # nothing to sum, or it is summed in another party's process
+            return torch.zeros(shape)
+        if regression:  # the predicted values themselves, (B, 1)
+            return _sum(predictions[k].float().reshape(shape).cpu() for k in keys)
+        return _sum(predictions[k].float().softmax(-1).cpu() for k in keys)
+
     return SoftLabelParts(
-        producer=_sum(probs[k] for k in producer_keys) if producer_keys else torch.zeros(shape),
-        active=_sum(probs[k] for k in active_keys) if active_keys else torch.zeros(shape),
+        producer=part(producer_keys, producer),
+        active=part(active_keys, active),
         num_producer=len(producer_keys),
         num_active=len(active_keys),
     )

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points, worker_pool
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire
 
 __all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
 
@@ -87,11 +87,16 @@ def private_intersection(
     keys: Mapping[str, bytes] | None = None,
     shuffle_keys: Mapping[str, bytes] | None = None,
     workers: int | None = None,
+    parties: Sequence[str] | None = None,
 ) -> Alignment:
     """Align the parties' IDs by ECDH-PSI (see the module docstring for the messages and what each party learns).
 
+    Each party's part runs where the wire holds it (`Wire.holds`): every part in simulation, one party's in its own
+    process, where `ids` holds that party's list only and the returned `Alignment` what that party learns (its own
+    rows; at a passive party, the active party's list size; at the active party, every size and pairwise count).
+
     Args:
-        ids: each party's IDs, in its row order (party name -> list), the active party among them.
+        ids: the IDs of each party held here, in its row order (party name -> list).
         active: the active party's name.
         wire: every message goes on it under `<tag>/...`, so the ledger and `setup_bytes` count them.
         tag: the wire tag prefix.
@@ -99,16 +104,21 @@ def private_intersection(
         shuffle_keys: 32-byte keys of the passive parties' secret shuffles (tests); default: drawn from the OS
             (`os.urandom`). There is deliberately no seed: a config's seed is public.
         workers: processes for large lists (`PSIKey`); None: every CPU core.
+        parties: every party's name, in order (default: the keys of `ids`, which then hold every party's list).
 
     Raises:
-        ValueError: a party holds no IDs, or one ID twice (named).
+        ValueError: a party holds no IDs, or one ID twice (named); a party held here is missing from `ids`.
         TypeError: an ID that is neither a string nor an integer (named).
     """
-    if active not in ids:
-        raise ValueError(f"the active party {active!r} is not among the parties {sorted(ids)}")
+    parties = list(ids) if parties is None else list(parties)
+    if active not in parties:
+        raise ValueError(f"the active party {active!r} is not among the parties {sorted(parties)}")
+    missing = [p for p in parties if wire.holds(p) and p not in ids]
+    if missing:
+        raise ValueError(f"the IDs of {missing} are held here but not given")
     keys = keys or {}
-    texts = {party: _texts(values, party) for party, values in ids.items()}
-    passive = [p for p in ids if p != active]
+    texts = {party: _texts(ids[party], party) for party in parties if wire.holds(party)}
+    passive = [p for p in parties if p != active]
     shuffle_keys = shuffle_keys or {}
 
     pool = worker_pool(workers) if sum(len(t) for t in texts.values()) >= PARALLEL_FROM else None
@@ -129,41 +139,76 @@ def _run(
     shuffle_keys: Mapping[str, bytes],
     pool: ProcessPoolExecutor | None,
 ) -> Alignment:
+    """Each party's part where the wire holds it; what crosses between parties goes on `wire` only."""
+    held = wire.holds
+    unknown = Absent("PSI points")  # a message another party computes: its size is its sender's
     # the active party blinds its IDs once; every passive party gets the same message
-    mine = PSIKey(keys.get(active), pool)
-    blinded = mine.blind([t.encode() for t in texts[active]])
+    mine = PSIKey(keys.get(active), pool) if held(active) else None
+    blinded = mine.blind([t.encode() for t in texts[active]]) if mine else unknown
     matched: dict[str, dict[int, int]] = {}  # the active party's view: k -> {its row: position in k's message 3}
     shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
+    sizes = {party: len(rows) for party, rows in texts.items()}
     for party in passive:
-        theirs = PSIKey(keys.get(party), pool)
-        incoming = wire.send(active, party, blinded, f"{tag}/blinded")
-        reblinded = wire.send(party, active, theirs.reblind(incoming), f"{tag}/reblinded")
-        shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
-        own = theirs.blind([texts[party][row].encode() for row in shuffles[party]])
-        peer = wire.send(party, active, own, f"{tag}/peer")
-        row_of = {point: row for row, point in enumerate(split_points(reblinded))}
-        both = enumerate(split_points(mine.reblind(peer)))
-        matched[party] = {row_of[point]: position for position, point in both if point in row_of}
+        theirs = PSIKey(keys.get(party), pool) if held(party) else None
+        incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
+        if theirs:
+            sizes[active] = len(split_points(incoming))  # what the passive party learns: the active list's size
+        reblinded = wire.send(party, active, theirs.reblind(incoming) if theirs else unknown, f"{tag}/reblinded")
+        reblinded = _bytes(reblinded, party, f"{tag}/reblinded", mine)
+        if theirs:
+            shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
+        own = theirs.blind([texts[party][row].encode() for row in shuffles[party]]) if theirs else unknown
+        peer = _bytes(wire.send(party, active, own, f"{tag}/peer"), party, f"{tag}/peer", mine)
+        if mine:
+            row_of = {point: row for row, point in enumerate(split_points(reblinded))}
+            if len(row_of) != len(texts[active]):
+                raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
+            both = enumerate(split_points(mine.reblind(peer)))
+            matched[party] = {row_of[point]: position for position, point in both if point in row_of}
+            sizes[party] = len(peer) // POINT_BYTES
 
     # the active party: the rows every passive party holds, in the agreed order (sorted by ID text)
-    common = set(range(len(texts[active])))
+    ids_agreed: list[str] = []
+    rows: dict[str, np.ndarray] = {}
+    if mine:
+        common = set(range(len(texts[active])))
+        for party in passive:
+            common &= matched[party].keys()
+        agreed = sorted(common, key=lambda row: texts[active][row])
+        ids_agreed = [texts[active][row] for row in agreed]
+        rows[active] = np.asarray(agreed, dtype=np.int64)
     for party in passive:
-        common &= matched[party].keys()
-    agreed = sorted(common, key=lambda row: texts[active][row])
-    ids_agreed = [texts[active][row] for row in agreed]
-    rows = {active: np.asarray(agreed, dtype=np.int64)}
-    for party in passive:
-        positions = np.sort(np.asarray([matched[party][row] for row in agreed], dtype=np.int64))
-        received = wire.send(active, party, positions.astype(MATCH_DTYPE).tobytes(), f"{tag}/matches")
+        positions = (
+            np.sort(np.asarray([matched[party][row] for row in agreed], dtype=np.int64)).astype(MATCH_DTYPE).tobytes()
+            if mine
+            else unknown
+        )
+        received = wire.send(active, party, positions, f"{tag}/matches")
+        if not held(party):
+            continue
+        received = _bytes(received, active, f"{tag}/matches", True)
         # passive party k: its rows at the matched positions, put in the agreed order by their own ID text
-        mine_rows = shuffles[party][np.frombuffer(received, dtype=MATCH_DTYPE).astype(np.int64)]
+        if len(received) % MATCH_DTYPE.itemsize:
+            raise ValueError(f"{active}'s PSI matches ({len(received)} bytes) are not whole {MATCH_DTYPE} positions")
+        matches = np.frombuffer(received, dtype=MATCH_DTYPE).astype(np.int64)
+        if matches.size and (matches.max() >= len(texts[party]) or np.any(np.diff(matches) <= 0)):
+            raise ValueError(f"{active}'s PSI matches are not distinct positions in {party}'s {len(texts[party])} IDs")
+        mine_rows = shuffles[party][matches]
         order = sorted(mine_rows.tolist(), key=lambda row: texts[party][row])
-        if [texts[party][row] for row in order] != ids_agreed:  # cannot happen unless a hash collides
+        theirs_agreed = [texts[party][row] for row in order]
+        if mine and theirs_agreed != ids_agreed:  # cannot happen unless a hash collides
             raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
+        ids_agreed = ids_agreed if mine else theirs_agreed
         rows[party] = np.asarray(order, dtype=np.int64)
-    sizes = {party: len(texts[party]) for party in texts}
-    pairwise = {party: len(matched[party]) for party in passive}
+    pairwise = {party: len(matched[party]) for party in passive if party in matched}
     return Alignment(ids_agreed, rows, sizes, pairwise)
+
+
+def _bytes(payload: object, sender: str, tag: str, used_here: object) -> object:
+    """A received PSI message, which must be bytes where this process uses it (a peer's tensor is refused)."""
+    if used_here and not isinstance(payload, bytes):
+        raise ValueError(f"{sender} sent {tag!r} as {type(payload).__name__}; a PSI message is bytes")
+    return payload
 
 
 def message_bytes(sizes: Mapping[str, int], active: str, common: int) -> dict[str, int]:

@@ -342,6 +342,8 @@ class PlainSoftLabels(SoftLabelChannel):
             if self.producer == self.active:
                 raise ValueError("the producer's part must come from a passive producer, not the active party")
             at_active = wire.send(self.producer, self.active, parts.producer.float(), "soft_labels")
+            if not wire.holds(self.active):  # a passive party's own process: y~ is formed at the active party only
+                return at_active
         else:
             at_active = torch.zeros_like(parts.active)
         self._held = (at_active + parts.active) / parts.count

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +207,7 @@ class VFLModule(LightningModule, ABC):
         self.label_mechanism = label_mechanism
         self.label_release = LabelRelease(label_mechanism)
         self.wire = Wire()
+        self._prediction_recipient: str | None = None  # set by `predictions_delivered_to` (a teacher's inference)
         self.mask_step = 0
         self.party_specs: list[PartySpec] = []
         self.task: TaskInfo | None = None
@@ -276,6 +278,8 @@ class VFLModule(LightningModule, ABC):
         `setup` calls it; so does code that sets a datamodule up before the trainer does (`lvfl predict`, `lvfl
         export`). A datamodule prepared earlier with a split drawn from the labels is refused by name.
         """
+        if self.wire.here is not None and hasattr(datamodule, "exchange_on"):
+            datamodule.exchange_on(self.wire)  # a party's own process: the data's set-up exchanges run live
         if self.label_mechanism is not None and hasattr(datamodule, "require_label_free_split"):
             mechanism = type(self.label_mechanism).__name__
             datamodule.require_label_free_split(f"the protocol's label mechanism ({mechanism})")
@@ -687,7 +691,31 @@ class VFLModule(LightningModule, ABC):
     # ------------------------------------------------------------------------------------------------ evaluation
     @abstractmethod
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
-        """Each predicting party's logits for the batch, as the active party holds them, every move on the wire."""
+        """Each predicting party's logits for the batch, as the active party holds them, every move on the wire.
+
+        A passive party's own prediction (EASTER's) goes to `prediction_recipient`: the active party, except in a
+        teacher's inference for student distillation, where it goes to the producer (`predictions_delivered_to`).
+        """
+
+    @property
+    def prediction_recipient(self) -> str:
+        """Who receives a passive party's own prediction in `party_logits`: the active party unless redirected."""
+        return self._prediction_recipient or self.active
+
+    @contextmanager
+    def predictions_delivered_to(self, party: str) -> Iterator[None]:
+        """Inside the block, `party_logits` delivers the passive parties' own predictions to `party`.
+
+        The teacher's inference (`lvfl.inference.teacher`) sends them to the producer, who sums them, so that the
+        active party never sees one passive party's prediction; a party's own prediction then stays where it is.
+        """
+        if party not in self.party_names:
+            raise ValueError(f"there is no party {party!r} to deliver predictions to (parties: {self.party_names})")
+        before, self._prediction_recipient = self._prediction_recipient, party
+        try:
+            yield
+        finally:
+            self._prediction_recipient = before
 
     # ------------------------------------------------------------------------------------------------ inference
     # ID-private inference (`lvfl.inference.router`) splits a prediction in two: each passive party precomputes its

@@ -118,12 +118,14 @@ class EASTER(VFLModule):
         """Each party's model on the global embedding; passive predictions travel to the active party."""
         local = self.local_embeddings(batch)
         e_at = self.global_embedding(local)
+        to = self.prediction_recipient  # the active party, or a teacher's producer
         out = {}
         for k in self.party_names:
             if k == self.active:
                 out[k] = self.active_prediction(self.party_models[k].head, e_at[k])
             else:
-                out[k] = self.wire.send(k, self.active, self.party_models[k].head(e_at[k]), "predictions")
+                r_k = self.party_models[k].head(e_at[k])
+                out[k] = r_k if k == to else self.wire.send(k, to, r_k, "predictions")
         return out
 
     def complete_prediction(
