@@ -1,6 +1,7 @@
 """What every party its own process costs: `lvfl launch` beside `lvfl fit` on the same config, in one run.
 
-    .venv/bin/python benchmarks/federation_cost.py [--epochs 2] [--batch-size 32] [--config configs/easter/digits.yaml]
+    .venv/bin/python benchmarks/federation_cost.py [--epochs 2] [--batch-size 32] [--parties N]
+        [--config configs/easter/digits.yaml]
 
 Both runs are fresh processes on this machine (`lvfl fit`: one process; `lvfl launch`: one per party, mutual-TLS
 gRPC on localhost). Printed side by side:
@@ -90,19 +91,40 @@ def run(command: list[str], out: Path) -> float:
     return time.perf_counter() - started
 
 
+def first_parties(config: Path, count: int, folder: Path) -> Path:
+    """`config` with its first `count` parties only (data `num_parties`, model `parties`), written into `folder`."""
+    import yaml
+
+    data = yaml.safe_load((REPO / config).read_text())
+    data["data"]["init_args"]["num_parties"] = count
+    parties = data["model"]["init_args"]["parties"]
+    data["model"]["init_args"]["parties"] = parties[:count] if len(parties) > 1 else parties
+    out = folder / f"{config.stem}_{count}_parties.yaml"
+    out.write_text(yaml.safe_dump(data))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/easter/digits.yaml")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--parties",
+        type=int,
+        default=None,
+        help="keep the config's first N parties (its data num_parties and model parties cut to N): with as many "
+        "cores as parties, the launch's processes do not share cores",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
     from common import machine
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        config = args.config if args.parties is None else str(first_parties(Path(args.config), args.parties, tmp))
         common_args = [
-            "--config", args.config, f"--trainer.max_epochs={args.epochs}",
+            "--config", config, f"--trainer.max_epochs={args.epochs}",
             f"--data.init_args.batch_size={args.batch_size}", "--trainer.enable_progress_bar=false",
             "--trainer.enable_checkpointing=false", "--trainer.limit_val_batches=0",
             '--trainer.callbacks+={"class_path": "federation_cost.Record"}',

@@ -267,9 +267,14 @@ class VFLCLI(LightningCLI):
             self.party_session.join(self)
 
     def before_predict(self) -> None:
-        """`lvfl predict` writes its predictions to a file (`lvfl.predict`, `lvfl.callbacks.PredictionWriter`)."""
+        """`lvfl predict` writes its predictions to a file (`lvfl.predict`, `lvfl.callbacks.PredictionWriter`).
+
+        With `lvfl party`: join the federation first; the active party decides the rows and writes the file.
+        """
         from lvfl.predict import before_predict
 
+        if self.party_session is not None:
+            self.party_session.join(self)
         before_predict(self)
 
     def after_predict(self) -> None:

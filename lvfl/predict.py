@@ -31,6 +31,7 @@ __all__ = [
     "read_ids",
     "requested_rows",
     "routed_answers",
+    "rows_to_serve",
     "student_answers",
 ]
 
@@ -41,6 +42,8 @@ NO_STUDENT = (
 )
 #: the reason written for an ID that is not the active party's
 UNKNOWN_ID = "not an ID of the active party"
+#: the wire tag of the rows the active party asks the passive parties to serve (`rows_to_serve`)
+PREDICT_IDS_TAG = "predict_ids"
 
 Answer = tuple[Any, str, str]  # (probabilities or value, or None; path; reason)
 
@@ -50,11 +53,15 @@ def before_predict(cli: Any) -> None:
     from lvfl.callbacks.predictions import PredictionWriter
 
     config = cli.config.get(str(cli.subcommand), cli.config)
-    path = config.get("output") or str(Path(cli.trainer.log_dir or ".") / "predictions.csv")
-    cli.prediction_writer = writer = PredictionWriter(path)
     datamodule = cli.datamodule
     cli.model.prepare_datamodule(datamodule)  # set up here, before the trainer attaches it
     datamodule.setup("predict")
+    if not cli.model.wire.holds(datamodule.active_party_name):  # a passive party's own process (`lvfl party`)
+        cli.prediction_writer = None  # the active party decides the rows and writes the file
+        datamodule.predict_ids = rows_to_serve(cli.model, datamodule, None)
+        return
+    path = config.get("output") or str(Path(cli.trainer.log_dir or ".") / "predictions.csv")
+    cli.prediction_writer = writer = PredictionWriter(path)
     student = load_student(checkpoint_folder(cli, config.get("ckpt_path")), datamodule.task)
     new_rows = getattr(datamodule, "new_rows_active_only", None)
     new = new_rows() if new_rows is not None else None
@@ -77,7 +84,7 @@ def before_predict(cli: Any) -> None:
     else:
         keys = read_ids(config["ids"]) if config.get("ids") is not None else default_keys(datamodule)
         vfl, answered = requested_rows(datamodule, keys, student, cli.model.task)
-        datamodule.predict_ids = vfl
+        datamodule.predict_ids = rows_to_serve(cli.model, datamodule, vfl)
         writer.request(keys, answered)
     cli.trainer.callbacks.append(writer)
     in_loop = len(datamodule.new_row_ids()) - len(new[0]) if new is not None else len(datamodule.predict_ids or [])
@@ -85,6 +92,35 @@ def before_predict(cli: Any) -> None:
         import warnings  # no batch is wanted (every row is answered outside the loop): Lightning's warning is no news
 
         warnings.filterwarnings("ignore", message=r"Total length of `DataLoader` across ranks is zero")
+
+
+def rows_to_serve(model: Any, datamodule: Any, samples: list[int] | None) -> list[int]:
+    """The samples the predict loop serves, as each party learns them: the active party's `samples`, sent.
+
+    The active party decides which rows are predicted (from `--ids` or its test split) and tells every passive
+    participant their sample IDs (tag `predict_ids`, 8 bytes each, metered in simulation too): a passive party serves
+    its features of exactly those rows, so it learns which of the samples it shares are predicted (what answering
+    without `--oblivious` reveals). In a passive party's own process `samples` is None and the message is received,
+    refused unless it names samples that party holds.
+    """
+    import numpy as np
+
+    from lvfl.wire import Absent
+
+    wire = model.wire
+    active = datamodule.active_party_name
+    payload = np.asarray(samples, dtype=">i8").tobytes() if wire.holds(active) else Absent("the rows to predict")
+    served = samples
+    for party in [s.name for s in datamodule.party_specs if s.name != active]:
+        received = wire.send(active, party, payload, PREDICT_IDS_TAG)
+        if wire.holds(party) and not wire.holds(active):
+            if not isinstance(received, bytes) or len(received) % 8:
+                raise ValueError(f"{active} sent {PREDICT_IDS_TAG!r} that is not a list of 8-byte sample IDs")
+            served = np.frombuffer(received, dtype=">i8").astype(np.int64).tolist()
+            unknown = sorted(set(served) - set(datamodule.overlap_ids().tolist()))
+            if unknown:
+                raise ValueError(f"{active} asked {party} to predict samples it does not hold: {unknown[:10]}")
+    return list(served or [])
 
 
 def default_keys(datamodule: Any) -> list[str]:
@@ -104,6 +140,8 @@ def checkpoint_folder(cli: Any, ckpt_path: str | None) -> Path | None:
 def after_predict(cli: Any) -> None:
     """Answer the `--oblivious` rows through the Router, write what is pending, say how many rows each path answered."""
     writer = cli.prediction_writer
+    if writer is None:  # a passive party's own process: it served its features; the active party writes
+        return
     if cli._routed is not None:
         from lvfl.wire import Wire
 

@@ -57,7 +57,7 @@ RUNTIME_ONLY_SETTINGS = frozenset({"batch_size", "num_workers", "workers", "n_th
 #: lacks one is compared as having that value (DHMasking's ring was Z_2^64 before `ring_bits` existed).
 ADDED_SETTINGS = {"ring_bits": 64, "stratify": "auto"}
 
-_PURPOSES = {"shuffle": 0x5F0FF1E, "global_rng": 0x61DB41, "loader": 0x10AD}
+_PURPOSES = {"shuffle": 0x5F0FF1E, "global_rng": 0x61DB41, "loader": 0x10AD, "dropout": 0xD120}
 _MAX_DIFFERENCES = 8  # differences listed in an error message
 _DEPTH = 4  # nesting followed when describing settings that are objects
 _NOT_SET = "<not set>"

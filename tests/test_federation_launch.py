@@ -27,7 +27,12 @@ pytestmark = pytest.mark.slow  # several Python processes per test
 SHORT = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2"]
 CONFIGS = {
     "EASTER DHMasking, 4 parties": ["--config", "configs/easter/digits.yaml"],
-    "SplitNN DHMasking sum": ["--config", "configs/splitnn/digits_dh_sum.yaml"],
+    # with randomized response (the release stays at the active party; its generator pinned as PraVFed's below)
+    "SplitNN DHMasking sum, randomized response": [
+        "--config", "configs/splitnn/digits_dh_sum.yaml",
+        '--model.init_args.label_mechanism={"class_path": "lvfl.privacy.RandomizedResponse", '
+        '"init_args": {"epsilon": 1.0, "seed": 5}}',
+    ],
     "Agg_VFL DHMasking": ["--config", "configs/aggvfl/digits_heter_dh.yaml"],
     # the label release is a secret draw: both runs pin the mechanism's own generator (its test-only seed, never the
     # config's seed_everything) so that they draw the same release
@@ -186,7 +191,8 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
     student and its figures, and the ledger up to the student's last message equal `lvfl fit`'s; each process read
-    its own table only and holds labels only at the bank."""
+    its own table only and holds labels only at the bank. `lvfl party predict` of the run writes, at the bank,
+    the file `lvfl predict` writes."""
     sys.path.insert(0, str(REPO / "examples" / "bank_retailer"))
     from make_data import main as make_tables
 
@@ -253,6 +259,37 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
         for split, held in state[name]["splits"].items():
             assert held["features"] == [name], (name, split)
             assert held["labels"] == (name == "party0"), (name, split)
+
+    # lvfl predict of the deployed run: the bank asks for its IDs (shared, its own alone, unknown), the retailer serves
+    bank_ids = [line.split(",")[0] for line in (everything / "bank.csv").read_text().splitlines()[1:]]
+    shared = set(bank_ids) & {line.split(",")[0] for line in (everything / "retailer.csv").read_text().splitlines()}
+    asked = tmp_path / "ids.csv"
+    picks = [*sorted(shared)[:5], *sorted(set(bank_ids) - shared)[:3], "NOT-A-CUSTOMER"]
+    asked.write_text("id\n" + "\n".join(picks) + "\n")
+    ask = ["--ckpt_path", "best", "--ids", str(asked)]
+    predicted = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "lvfl", "predict", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}",
+         *ask, "--output", str(tmp_path / "fit.csv")],
+        cwd=everything, capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    processes = {}
+    for name in sites:
+        cmd = party_cmd(name, tmp_path / "pki" / "federation.yaml", "bank-retailer-predict", tmp_path / "launch", *run,
+                        *ask, "--output", str(tmp_path / f"{name}.csv"))  # fmt: skip
+        cmd.insert(cmd.index("party") + 1, "predict")
+        processes[name] = subprocess.Popen(  # noqa: S603
+            cmd, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+    for name, process in processes.items():
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, (name, err[-3000:])
+    written = (tmp_path / "fit.csv").read_text()
+    assert written.count("\n") == len(picks) + 1, written
+    assert ",vfl," in written, written
+    assert ",student," in written, written
+    assert (tmp_path / "party0.csv").read_text() == written  # the bank writes what lvfl predict writes
+    assert not (tmp_path / "party1.csv").exists()  # the retailer served its rows and wrote nothing
 
 
 def student_figures(save_dir: Path) -> dict[str, str]:
@@ -347,9 +384,17 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
     ("args", "message"),
     [
         (["--config", "configs/easter/digits_ckks.yaml"], "lvfl party runs the Plain and DHMasking backends; CKKS's"),
-        (["--config", "configs/easter/digits_rr.yaml"], "does not run a label mechanism (RandomizedResponse)"),
+        (
+            [
+                "--config",
+                "configs/easter/digits.yaml",
+                '--trainer.callbacks+={"class_path": "lvfl.callbacks.LabelLeakageAudit"}',
+            ],
+            "does not run the LabelLeakageAudit callback yet",
+        ),  # fmt: skip
         (["--config", "configs/easter/digits.yaml", "--party", "party9"], "--party party9: the config's parties are"),
-        (["predict", "--config", "configs/easter/digits.yaml"], "lvfl party runs fit/validate/test; predict is not"),
+        (["predict", "--config", "configs/easter/digits.yaml", "--oblivious=true"], "--oblivious runs in one process"),
+        (["export", "--config", "configs/easter/digits.yaml"], "predict; a party exports its own folder"),
         (
             ["--config", "configs/easter/digits.yaml", STUDENT.replace('"epochs": 3', '"epochs": 3, "cross_fit": 2')],
             "StudentDistillation with the PlainSoftLabels channel and no cross_fit; cross_fit does not run",
@@ -361,7 +406,7 @@ def test_what_does_not_run_across_processes_yet_is_refused_in_one_line(tmp_path,
     write_test_pki(tmp_path, names)
     write_federation(tmp_path / "federation.yaml", names)
     party = [] if "--party" in args else ["--party", "party0"]
-    head = [args[0]] if args[0] == "predict" else []
+    head = [args[0]] if args[0] in ("predict", "export") else []
     rest = args[1:] if head else args
     done = lvfl("party", *head, *party, "--federation", str(tmp_path / "federation.yaml"), *rest, timeout=120)
     assert done.returncode == 2, done.stderr[-2000:]

@@ -79,6 +79,13 @@ PROTOCOLS = {
     "AggVFL weighted": lambda backend: recording(AggVFL)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
     ),
+    # dropout in every party model and the top model: each party's masks come from its own generator
+    "SplitNN dropout": lambda backend: recording(SplitNN)(
+        parties=[dataclasses.replace(p, model=partial(MLP, hidden=[16], dropout=0.3)) for p in mlp_parties(4)],
+        top_model=partial(MLP, hidden=[16], dropout=0.2),
+        aggregation=backend(),
+        embedding_dim=8,
+    ),
 }
 
 
@@ -135,6 +142,7 @@ def rehearse(tmp_path, model, views, links=None):
         ("C_VFL", Plain, socket_views),  # compressed embeddings as records on the allow-list
         ("AggVFL", DHMasking, memory_views),
         ("AggVFL weighted", Plain, memory_views),
+        ("SplitNN dropout", Plain, memory_views),
     ],
 )
 def test_every_partys_view_ends_bit_identical_to_the_simulation(tmp_path, protocol, backend, make_views):

@@ -97,11 +97,11 @@ def test_training_order_is_a_function_of_seed_and_epoch():
 
 
 def test_derived_seeds_differ_by_purpose_and_words():
-    seeds = {derive_seed(s, p, e) for s in (0, 1) for p in ("shuffle", "global_rng") for e in (0, 1, 2)}
-    assert len(seeds) == 12
+    seeds = {derive_seed(s, p, e) for s in (0, 1) for p in ("shuffle", "global_rng", "dropout") for e in (0, 1, 2)}
+    assert len(seeds) == 18
     assert all(0 <= s < 2**63 for s in seeds)
     with pytest.raises(ValueError, match="unknown seed purpose"):
-        derive_seed(0, "dropout", 1)
+        derive_seed(0, "bagging", 1)
 
 
 def test_epoch_seed_keeps_its_base_seed_across_a_resume(monkeypatch):

@@ -32,7 +32,8 @@ from lvfl.federation.party import SUBCOMMANDS
 __all__ = ["launch", "main", "pki_main"]
 
 LAUNCH_HELP = (
-    "usage: lvfl launch [fit|validate|test] [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml [options]\n\n"
+    "usage: lvfl launch [fit|validate|test|predict] [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml "
+    "[options]\n\n"
     "Run every party of the config as its own local process (lvfl party), over mutual-TLS gRPC on localhost with a "
     "throw-away certificate authority: the federation rehearsed on one machine."
 )
@@ -60,9 +61,10 @@ def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
     from lvfl.datamodules.base import party_name
 
     config_args, skip = [], False
-    for arg in fit_args:  # the subcommand's own options (--ckpt_path) are not the config's
-        if skip or arg.startswith("--ckpt_path"):
-            skip = arg == "--ckpt_path"
+    own = ("--ckpt_path", "--output", "--ids", "--oblivious")  # the subcommand's own options are not the config's
+    for arg in fit_args:
+        if skip or arg.split("=", 1)[0] in own:
+            skip = arg in own
             continue
         config_args.append(arg)
     cli = build_cli(config_args, run=False, exit_on_error=False)

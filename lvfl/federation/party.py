@@ -50,10 +50,10 @@ TRAINER_KEYS = (
 )
 
 #: the subcommands a party runs (`lvfl party [SUBCOMMAND] ...`; fit by default)
-SUBCOMMANDS = ("fit", "validate", "test")
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 PARTY_HELP = (
-    "usage: lvfl party [fit|validate|test] --party NAME --federation F.yaml [--run_id ID] [--timeout S] "
+    "usage: lvfl party [fit|validate|test|predict] --party NAME --federation F.yaml [--run_id ID] [--timeout S] "
     "[--key PATH] [--listen ADDR] --config C.yaml [lvfl fit options]\n\n"
     "Run one party of a federation: the shared config's fit, on what this party holds, talking to its peers over "
     "mutual-TLS gRPC (docs/two-organisations.md)."
@@ -127,6 +127,15 @@ class PartySession:
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
         names = self.check_party(cli.datamodule)
         check_deployable(cli.model, cli.datamodule, cli.trainer)
+        if subcommand == "predict" and config.get("oblivious"):
+            raise ValueError(
+                "lvfl party predict answers in the clear; --oblivious runs in one process only (lvfl predict)"
+            )
+        if subcommand == "predict" and getattr(cli.datamodule, "new_row_tables", None) is not None:
+            raise ValueError(
+                "lvfl party predict answers the run's own samples (--ids, or the test split); the datamodule's "
+                "new_rows are predicted in one process only for now (lvfl predict)"
+            )
         known = _federation_names(self.federation)  # read once: it loads and checks the file
         missing = [n for n in names if n not in known]
         if missing:
@@ -182,14 +191,13 @@ class PartySession:
 def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     """Refuse, by name, what does not run across processes yet (docs/two-organisations.md), before anything moves.
 
-    Run by every party in its own process: the protocols whose steps are the shared moves, PraVFed with its label
-    release, and the Plain and DHMasking backends do; the set-up of the HE backends, the label mechanisms of the
-    other protocols, a datamodule whose
-    samples are the parties' own files (`PartyTables`: its PSI) and the callbacks that read every party's data
-    (the student, the leakage audit) do not yet.
+    Run by every party in its own process. What runs: every protocol with the Plain and DHMasking backends and any
+    label mechanism (the release is drawn at the active party), the embedded and paper datasets and `PartyTables`
+    (its set-up exchanged live, `exchange_on`), and the student with its plain channel. Not yet: the HE backends'
+    set-up (their coordinator is a party of its own), the student's Paillier channel and `cross_fit`, and the
+    leakage audit (it reads every party's messages and the labels in one process).
     """
     from lvfl.privacy import DHMasking, Plain
-    from lvfl.protocols import PraVFed
 
     backend = type(model.aggregation).__name__
     if not isinstance(model.aggregation, Plain | DHMasking):
@@ -197,9 +205,6 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
             f"lvfl party runs the Plain and DHMasking backends; {backend}'s set-up does not run across "
             "processes yet (use lvfl fit)"
         )
-    if getattr(model, "label_mechanism", None) is not None and not isinstance(model, PraVFed):
-        mechanism = type(model.label_mechanism).__name__
-        raise ValueError(f"lvfl party does not run a label mechanism ({mechanism}) across processes yet (use lvfl fit)")
     if not getattr(datamodule, "rows_are_public", True) and not hasattr(datamodule, "exchange_on"):
         raise ValueError(
             f"lvfl party does not run {type(datamodule).__name__} (the parties' own rows, aligned without a live "
@@ -237,8 +242,12 @@ def main(argv: list[str]) -> None:
     debug, argv = debug_requested(argv)
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "fit"
     with reported_errors(debug):
-        if argv and argv[0] in ("predict", "export", "bench"):
-            raise ValueError(f"lvfl party runs {'/'.join(SUBCOMMANDS)}; {argv[0]} is not yet run across parties")
+        if argv and argv[0] in ("export", "bench"):
+            how = {
+                "export": "a party exports its own folder from its own checkpoint with lvfl export --party NAME",
+                "bench": "lvfl bench runs its grids in one process",
+            }[argv[0]]
+            raise ValueError(f"lvfl party runs {'/'.join(SUBCOMMANDS)}; {how}")
         own, rest = party_parser().parse_known_args(argv)
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")

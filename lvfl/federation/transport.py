@@ -143,6 +143,7 @@ class Transport:
         self._pending = 0  # queued messages not yet delivered (or dropped after a failure)
         self._send_failure: str | None = None  # the first failure of a queued message
         self._pins: dict[str, str] = {}
+        self._senders: dict[bytes, str] = {}  # a pinned peer's certificate (PEM) -> its name, once identified
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._channels: dict[str, grpc.Channel] = {}
@@ -500,12 +501,16 @@ class Transport:
     def _identify(self, context: grpc.ServicerContext) -> str:
         """The party whose pinned certificate the client presented; the call is refused if there is none."""
         certificates = context.auth_context().get("x509_pem_cert") or [b""]
+        known = self._senders.get(certificates[0])  # a pinned peer's certificate, parsed once
+        if known is not None:
+            return known
         try:
             fingerprint = certificate_fingerprint(certificates[0])
         except ValueError:
             fingerprint = ""
         for name, pin in self._pins.items():
             if pin == fingerprint and name != self.me:
+                self._senders[certificates[0]] = name
                 return name
         claimed = b",".join(context.auth_context().get("x509_common_name") or [b"?"]).decode(errors="replace")
         message = (

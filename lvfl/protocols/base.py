@@ -208,6 +208,8 @@ class VFLModule(LightningModule, ABC):
         self.label_release = LabelRelease(label_mechanism)
         self.wire = Wire()
         self._prediction_recipient: str | None = None  # set by `predictions_delivered_to` (a teacher's inference)
+        self._dropout_seed: int | None = None  # each party's dropout stream derives from it (`use_party_generators`)
+        self._party_generators: dict[str, Any] = {}
         self.mask_step = 0
         self.party_specs: list[PartySpec] = []
         self.task: TaskInfo | None = None
@@ -467,17 +469,29 @@ class VFLModule(LightningModule, ABC):
         In a party's own process another party's embedding is a shadow of the shape its encoder gives, worked out
         once per input shape (`shadow_call`) rather than by running the encoder on the meta device every step.
         """
-        return {
-            k: self.party_models[k].encoder(x) if self.wire.holds(k) else self.shadow_call(k, "encoder", x)
-            for k, x in ((k, batch.features[k]) for k in self.party_names)
-        }
+        return {k: self.party_call(k, "encoder", batch.features[k]) for k in self.party_names}
+
+    def involves(self, *parties: str) -> bool:
+        """Whether any of `parties`' computations run in this process (always in simulation).
+
+        A step may skip a term that only other parties compute and exchange between themselves: in a party's own
+        process it would only work out shadows that nothing here reads (their messages do not pass through it).
+        """
+        return any(self.wire.holds(p) for p in parties)
+
+    def party_call(self, party: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """`party_models[party].<part>(x)` where `party` is held; elsewhere its shadow (`shadow_call`)."""
+        if self.wire.holds(party):
+            return getattr(self.party_models[party], part)(x)
+        return self.shadow_call(party, part, x)
 
     def shadow_call(self, party: str, part: str, x: torch.Tensor) -> torch.Tensor:
         """The shadow of `party_models[party].<part>(x)` for another party's shadow input `x`, from a cache.
 
-        Only for a call whose input is data (no gradient is ever taken through it): the shadow is a fresh leaf with
-        the output's dtype, shape and `requires_grad`, found by running the module on the meta device the first
-        time an input of this shape (and grad mode) comes; meta kernels cost milliseconds per layer in Python.
+        Only for another party's model, through which this process never takes a gradient (that party's terms are
+        its own process's): the shadow is a fresh leaf with the output's dtype, shape and `requires_grad`, found by
+        running the module on the meta device the first time an input of this shape (and grad mode) comes; meta
+        kernels cost milliseconds per layer in Python.
         """
         cache = self.__dict__.setdefault("_shadow_shapes", {})
         key = (party, part, tuple(x.shape), x.dtype, torch.is_grad_enabled())
@@ -616,6 +630,8 @@ class VFLModule(LightningModule, ABC):
         limit on noise drawn once per sample). The paper's 1/(2N) ||softmax(R) - Y'||^2 is bounded below and its
         gradient is linear in Y', so in expectation over the noise it equals the gradient against the one-hot label.
         """
+        if is_shadow(logits):  # another party's loss in a party's own process: a shadow scalar, tied to `logits`
+            return logits.sum() * 0  # so that a gradient of it has `logits`' shape; no loss kernel runs on meta
         if self.task is not None and self.task.is_regression:
             if logits.shape != (labels.shape[0], 1):
                 shape = tuple(logits.shape)
@@ -635,11 +651,43 @@ class VFLModule(LightningModule, ABC):
         return self.label_release.ledger
 
     def on_fit_start(self) -> None:
-        """Draw the label release once for the datamodule's training set (a resume keeps the checkpointed one)."""
+        """Give every party's dropout its own generator; draw the label release once (a resume keeps its own)."""
+        self.use_party_generators()
         if self.label_mechanism is None:
             return
         train = self.trainer.datamodule.train_set
         self.release_labels(train.ids, train.labels)
+
+    def use_party_generators(self) -> None:
+        """Make every party's dropout draw from that party's own generator (`lvfl.models.dropout`), once.
+
+        Each party's generator is seeded from the run's seed (the global one when the fit starts, kept in the
+        checkpoint) and its index, and reseeded at every training epoch (`on_train_epoch_start`), so its masks do not
+        depend on the other parties' models, and a party's own process and a resumed run draw the simulation's. The
+        active party's generator also serves its other modules (a top model, a private head).
+        """
+        from lvfl.models.dropout import PartyGenerator, use_party_generator
+        from lvfl.runs import derive_seed
+
+        if self._party_generators or not self.built:
+            return
+        if self._dropout_seed is None:
+            self._dropout_seed = int(torch.initial_seed())
+        for index, name in enumerate(self.party_names):
+            self._party_generators[name] = PartyGenerator(derive_seed(self._dropout_seed, "dropout", index))
+            use_party_generator(self.party_models[name], self._party_generators[name])
+        for name, child in self.named_children():
+            if name != "party_models":
+                use_party_generator(child, self._party_generators[self.active])
+
+    def on_train_epoch_start(self) -> None:
+        """Reseed every party's dropout generator for this epoch (from the run's seed, the party and the epoch)."""
+        from lvfl.runs import derive_seed
+
+        epoch = self.trainer.current_epoch
+        for index, name in enumerate(self.party_names):
+            if name in self._party_generators:
+                self._party_generators[name].reseed(derive_seed(self._dropout_seed or 0, "dropout", index, epoch))
 
     def release_labels(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
         """Draw the protected labels for training samples `ids` once (see `LabelRelease.draw`).
@@ -855,9 +903,10 @@ class VFLModule(LightningModule, ABC):
     def predict_step(self, batch: VFLBatch, batch_idx: int) -> dict[str, Any]:
         """Every predicting party's class probabilities ("probs"), keyed by party, with the sample IDs.
 
-        A regression gives the predicted values in the target's units ("values") instead.
+        A regression gives the predicted values in the target's units ("values") instead. In a party's own process,
+        the predictions it holds only (a passive party's: none; it served its part of the batch).
         """
-        logits = self.party_logits(batch)
+        logits = {k: v for k, v in self.party_logits(batch).items() if not is_shadow(v)}
         if self.task is not None and self.task.is_regression:
             return {"ids": batch.ids, "values": {k: self.task.to_target(v.reshape(-1)) for k, v in logits.items()}}
         return {"ids": batch.ids, "probs": {k: v.softmax(-1) for k, v in logits.items()}}
@@ -892,6 +941,7 @@ class VFLModule(LightningModule, ABC):
             "run": run_fingerprint(self, datamodule),
             "writer": self._checkpoint_writer,
             "best_epoch": dict(self._best_epoch),
+            "dropout_seed": self._dropout_seed,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -937,6 +987,8 @@ class VFLModule(LightningModule, ABC):
         self.aggregation.load_state_dict(state.get("aggregation", {}))
         if "best_epoch" in state:
             self._best_epoch = dict(state["best_epoch"])
+        if state.get("dropout_seed") is not None and not self._party_generators:  # the run's own dropout streams
+            self._dropout_seed = int(state["dropout_seed"])
         label_state = state.get("label_privacy")
         if label_state is not None:
             self.label_release.load_state_dict(label_state)

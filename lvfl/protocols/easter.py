@@ -95,9 +95,11 @@ class EASTER(VFLModule):
         surrogate = []  # one backward pass; each term touches only its own party's parameters
         losses = {}
         for k in self.party_names:
+            if not self.involves(k, self.active):  # another party's term, exchanged with the active party only
+                continue
             own = local[k] - local[k].detach()  # value 0: carries h_k's gradient only
             head_in = e_at[k] + (own / c if self.encoder_gradient == "mean_share" else own)
-            r_k = self.party_models[k].head(head_in)  # step 4 (local prediction)
+            r_k = self.party_call(k, "head", head_in)  # step 4 (local prediction)
             if k == self.active:
                 loss = self.task_loss(r_k, self.labels_for(k, batch))
                 surrogate.append(loss)
@@ -107,7 +109,7 @@ class EASTER(VFLModule):
                 (grad,) = torch.autograd.grad(loss, r_recv)
                 surrogate.append(self.gradient_down(k, r_k, grad))  # d/dtheta_k equals dloss_k/dtheta_k
             losses[k] = loss.detach()
-        if self.private_head is not None:  # true labels, detached E: reaches the private head only
+        if self.private_head is not None and self.involves(self.active):  # true labels, detached E: the private head
             private = self.private_loss(e_at[self.active], batch)
             surrogate.append(private)
             losses[f"{self.active}/private_head"] = private.detach()
@@ -124,7 +126,7 @@ class EASTER(VFLModule):
             if k == self.active:
                 out[k] = self.active_prediction(self.party_models[k].head, e_at[k])
             else:
-                r_k = self.party_models[k].head(e_at[k])
+                r_k = self.party_call(k, "head", e_at[k])
                 out[k] = r_k if k == to else self.wire.send(k, to, r_k, "predictions")
         return out
 
