@@ -107,7 +107,7 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
         "launch", "--pki", str(tmp_path / "pki"), "--timeout", "30", *config, *SHORT,
         f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}",
         '--trainer.callbacks+={"class_path": "federation_probe.StateProbe"}',
-        env={"PYTHONPATH": str(REPO / "tests"), "LVFL_PROBE_DIR": str(probes)},
+        env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "LVFL_PROBE_DIR": str(probes)},
     )  # fmt: skip
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
     names = [f"party{k}" for k in range(4)]
