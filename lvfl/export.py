@@ -457,6 +457,33 @@ def _load_party_state(model: Any, datamodule: Any, state: Mapping[str, torch.Ten
     datamodule.hold_only(party)
 
 
+def _export_from_checkpoint(cli: Any, ckpt_path: str, party: str | None, out: str) -> dict[str, Path]:
+    """Set the run up as the config says, load the checkpoint (checked to be this run's) and write the folders."""
+    from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
+
+    model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
+    path = resolve_ckpt_path(trainer, ckpt_path)
+    special = ckpt_path in SPECIAL_CKPT_PATHS
+    what = f"--ckpt_path {ckpt_path} ({path})" if special else f"--ckpt_path {path}"
+    checkpoint = load_checkpoint(path, what=what)
+    if special:
+        about = describe_checkpoint(path, checkpoint)
+        print(f"lvfl export: --ckpt_path {ckpt_path}: loading {path}" + (f" ({about})" if about else ""))
+    trainer.datamodule, datamodule.trainer = datamodule, trainer  # as Lightning attaches a datamodule
+    trainer.strategy.connect(model)  # the datamodule's set-up sees the protocol (a label mechanism's split)
+    model.trainer = trainer
+    trainer.ckpt_path = str(path)  # named by the fingerprint check's message
+    datamodule.setup("predict")
+    model.setup("predict")
+    model.on_load_checkpoint(checkpoint)  # refuses a checkpoint of another run, naming the first difference
+    if party is None:
+        model.load_state_dict(checkpoint["state_dict"])
+    else:
+        _load_party_state(model, datamodule, checkpoint["state_dict"], party, path)
+    config = cli.config.as_dict() if hasattr(cli.config, "as_dict") else dict(cli.config)
+    return export_parties(model, datamodule, config, out, only=party)
+
+
 def main(argv: Sequence[str]) -> None:
     """`lvfl export --config C [overrides] --ckpt_path P --out DIR`.
 
@@ -467,7 +494,6 @@ def main(argv: Sequence[str]) -> None:
     """
     import argparse
 
-    from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
     from lvfl.cli import build_cli
     from lvfl.errors import debug_requested, reported_errors
 
@@ -484,37 +510,46 @@ def main(argv: Sequence[str]) -> None:
         help="export this party's folder alone, from its own checkpoint of a deployed run (lvfl party / launch: "
         "its other parties' tensors are shapes without data)",
     )
+    parser.add_argument(
+        "--federation",
+        type=Path,
+        default=None,
+        help="with --party, for a run whose data is set up between the parties (PartyTables: the PSI, the split): "
+        "the federation file; every party runs its own lvfl export --party at the same time",
+    )
+    parser.add_argument("--timeout", type=float, default=60.0, help="with --federation: seconds to wait for a peer")
+    parser.add_argument("--run_id", default=None, help="with --federation: the same at every party (default derived)")
+    session = None
     with reported_errors(debug):
         args, rest = parser.parse_known_args(argv)
         for option, what in (("ckpt_path", "the checkpoint to export (a path, 'last' or 'best')"), ("out", "a folder")):
             if getattr(args, option) is None:
                 raise ValueError(f"lvfl export needs --{option}: {what}")
+        if args.federation is not None and args.party is None:
+            raise ValueError("lvfl export --federation exports one party's folder: give its --party too")
         cli = build_cli(rest, run=False, exit_on_error=False)
-        model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
-        if args.party is not None and hasattr(datamodule, "exchange_on"):
+        datamodule = cli.datamodule
+        if args.party is not None and hasattr(datamodule, "exchange_on") and args.federation is None:
             raise ValueError(
-                f"lvfl export --party does not export {type(datamodule).__name__} runs yet: each party's encoders are "
-                "fitted in a set-up that runs between the parties (the PSI, the split), which export does not repeat"
+                f"lvfl export --party of a {type(datamodule).__name__} run needs --federation: each party's encoders "
+                "are fitted in a set-up that runs between the parties (the PSI, the split), so every party runs its "
+                "own lvfl export --party NAME --federation F.yaml at the same time"
             )
-        path = resolve_ckpt_path(trainer, args.ckpt_path)
-        special = args.ckpt_path in SPECIAL_CKPT_PATHS
-        what = f"--ckpt_path {args.ckpt_path} ({path})" if special else f"--ckpt_path {path}"
-        checkpoint = load_checkpoint(path, what=what)
-        if special:
-            about = describe_checkpoint(path, checkpoint)
-            print(f"lvfl export: --ckpt_path {args.ckpt_path}: loading {path}" + (f" ({about})" if about else ""))
-        trainer.datamodule, datamodule.trainer = datamodule, trainer  # as Lightning attaches a datamodule
-        trainer.strategy.connect(model)  # the datamodule's set-up sees the protocol (a label mechanism's split)
-        model.trainer = trainer
-        trainer.ckpt_path = str(path)  # named by the fingerprint check's message
-        datamodule.setup("predict")
-        model.setup("predict")
-        model.on_load_checkpoint(checkpoint)  # refuses a checkpoint of another run, naming the first difference
-        if args.party is None:
-            model.load_state_dict(checkpoint["state_dict"])
-        else:
-            _load_party_state(model, datamodule, checkpoint["state_dict"], args.party, path)
-        config = cli.config.as_dict() if hasattr(cli.config, "as_dict") else dict(cli.config)
-        folders = export_parties(model, datamodule, config, args.out, only=args.party)
+        if args.federation is not None:  # the data's set-up runs live with the other parties' exports
+            from lvfl.federation.party import PartySession
+
+            session = PartySession(args.party, args.federation, args.run_id, args.timeout)
+            session.join(cli)
+        try:
+            folders = _export_from_checkpoint(cli, args.ckpt_path, args.party, args.out)
+            if session is not None:
+                session.finish()  # every message this party sent is delivered before it exits
+        except BaseException as err:
+            if session is not None:
+                session.abort(" ".join(str(err).split()) or type(err).__name__)
+            raise
+        finally:
+            if session is not None:
+                session.close()
     for party, folder in folders.items():
         print(f"lvfl export: {party} -> {folder}")

@@ -116,6 +116,8 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
     assert_parity(tmp_path / "fit", parties, which="best")  # every party kept the epoch the active party chose
     if config == CONFIGS["EASTER DHMasking, 4 parties"]:  # each party exports its own folder from its own checkpoint
         assert_exports_equal(tmp_path, config, names)
+    if config == CONFIGS["SplitNN DHMasking sum, randomized response"]:  # the parties test their best checkpoints
+        assert_tests_equal(tmp_path, config)
     assert "== communication during fit" in launch.stdout + launch.stderr  # the active party's console
     for name in names:  # isolation: what each process held at the end of its fit
         state = json.loads((probes / f"{name}.json").read_text())
@@ -164,16 +166,12 @@ def assert_exports_equal(tmp_path: Path, config: list[str], names: list[str]) ->
     assert "does not hold party2's tensors" in other.stderr
 
 
-def test_a_deployed_runs_best_checkpoints_test_as_lvfl_test_does(tmp_path):
+def assert_tests_equal(tmp_path: Path, config: list[str]) -> None:
     """`lvfl launch test --ckpt_path best` on the parties' own checkpoints reports `lvfl test`'s metrics."""
-    config = ["--config", "configs/splitnn/digits_dh_sum.yaml", *SHORT, "--trainer.limit_test_batches=3"]
-    runs = {"fit": ["fit"], "launch": ["launch", "--pki", str(tmp_path / "pki")]}
-    for name, command in runs.items():
-        done = lvfl(*command, *config, f"--trainer.logger.init_args.save_dir={tmp_path / name}")
-        assert done.returncode == 0, done.stderr[-3000:]
     tested = {}
     for name, command in {"fit": ["test"], "launch": ["launch", "test"]}.items():
-        done = lvfl(*command, *config, "--ckpt_path", "best", f"--trainer.logger.init_args.save_dir={tmp_path / name}")
+        done = lvfl(*command, *config, *SHORT, "--trainer.limit_test_batches=3", "--ckpt_path", "best",
+                    f"--trainer.logger.init_args.save_dir={tmp_path / name}")  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         tested[name] = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("test/")]
     assert tested["fit"], tested
@@ -192,7 +190,8 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
     student and its figures, and the ledger up to the student's last message equal `lvfl fit`'s; each process read
     its own table only and holds labels only at the bank. `lvfl party predict` of the run writes, at the bank,
-    the file `lvfl predict` writes."""
+    the file `lvfl predict` writes, and `lvfl export --party P --federation F` at each party gives `lvfl export`'s
+    folder."""
     sys.path.insert(0, str(REPO / "examples" / "bank_retailer"))
     from make_data import main as make_tables
 
@@ -290,6 +289,51 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     assert ",student," in written, written
     assert (tmp_path / "party0.csv").read_text() == written  # the bank writes what lvfl predict writes
     assert not (tmp_path / "party1.csv").exists()  # the retailer served its rows and wrote nothing
+
+    # each organisation exports its own folder (its encoders come from the set-up, run again with the other's export)
+    exported = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "lvfl", "export", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}",
+         "--ckpt_path", "best", "--out", str(tmp_path / "exports" / "fit")],
+        cwd=everything, capture_output=True, text=True, timeout=300, check=False, env=env,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    processes = {
+        name: subprocess.Popen(  # noqa: S603
+            [
+                sys.executable,
+                "-m",
+                "lvfl",
+                "export",
+                *run,
+                f"--trainer.logger.init_args.save_dir={parties[name]}",
+                "--ckpt_path",
+                "best",
+                "--out",
+                str(tmp_path / "exports" / "own"),
+                "--party",
+                name,
+                "--federation",
+                str(tmp_path / "pki" / "federation.yaml"),
+                "--timeout",
+                "60",
+            ],
+            cwd=tmp_path / name,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for name in sites
+    }
+    for name, process in processes.items():
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, (name, err[-3000:])
+    for name in sites:
+        fitted, own = (tmp_path / "exports" / kind / name for kind in ("fit", "own"))
+        assert (own / "party.json").read_text() == (fitted / "party.json").read_text(), name  # encoders, scaling
+        a, b = (torch.load(folder / "state_dict.pt", weights_only=True) for folder in (fitted, own))
+        assert a.keys() == b.keys(), name
+        assert all(torch.equal(a[k], b[k]) for k in a), name
 
 
 def student_figures(save_dir: Path) -> dict[str, str]:
