@@ -146,6 +146,7 @@ class Wire:
         self._parent: Wire | None = None  # set by `prefixed`: a view that sends on its parent
         self._prefix = ""
         self._held: list[Held] | None = None  # set inside `recording`
+        self._tagged = ""  # set inside `tags_under`: a prefix on every tag sent on this wire object
         self._identities: Any = None  # simulated identities, drawn on first use (see `identities`)
 
     # -- views and recordings: the same wire, used another way -----------------------------------------------------
@@ -204,6 +205,20 @@ class Wire:
         finally:
             self._held = None
 
+    @contextmanager
+    def tags_under(self, prefix: str) -> Iterator[None]:
+        """Put every message sent on this wire object inside the block under `prefix` + its tag.
+
+        For a phase of a run that reuses the protocol's moves (a teacher's inference, `teacher/<tag>`): everything that
+        holds this wire (the protocol, its aggregation backend) sends under the prefix, live, metered and observed as
+        usual, in every process.
+        """
+        before, self._tagged = self._tagged, self._tagged + prefix
+        try:
+            yield
+        finally:
+            self._tagged = before
+
     # -- observers: what a receiving party sees ------------------------------------------------------------------
     def subscribe(self, fn: Observer) -> int:
         """Call `fn(src, dst, tag, payload)` for every later message, after it is metered; returns a handle.
@@ -232,6 +247,7 @@ class Wire:
             raise ValueError(
                 f"party {src!r} sent a message to itself (tag {tag!r}); only cross-party moves go on the wire"
             )
+        tag = self._tagged + tag
         if self._held is not None:
             received = arrive(payload)
             self._held.append((src, dst, payload, tag, received))

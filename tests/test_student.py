@@ -116,6 +116,24 @@ def test_teacher_soft_labels_are_the_mean_of_party_probabilities():
     torch.testing.assert_close(clear.soft_labels[clear.overlap], at_active)
 
 
+def test_the_teachers_inference_meters_the_backends_messages_under_teacher_too():
+    """With Paillier the combine step sends messages of its own (`he_aggregate`, `he_decrypted`): the teacher's
+    inference puts them under `teacher/` like the protocol's, so the ledger keeps the teacher's traffic apart."""
+    from lvfl.privacy import Paillier
+
+    dm = BreastCancer(num_parties=3, overlap=0.5)
+    torch.manual_seed(0)
+    model = easter(3, aggregation=Paillier(workers=1))
+    model.build(dm.party_specs, dm.task)
+    model.eval()
+    batch = dm.train_set[list(range(4))]
+    with torch.no_grad():
+        protocol = _ledger_delta(model.wire, lambda: model.party_logits(batch))
+    assert {"he_aggregate", "he_decrypted"} <= {t for _, _, t in protocol}
+    prefixed = {(s, d, "teacher/" + t): n for (s, d, t), n in protocol.items()}
+    assert _ledger_delta(model.wire, lambda: teacher_soft_labels(model, batch, producer="party0")) == prefixed
+
+
 @pytest.mark.parametrize("num_parties", [2, 3])
 def test_teacher_inference_is_metered_with_passive_predictions_delivered_to_the_producer(num_parties):
     """Reference: the protocol's own `party_logits` ledger for the same batch, tags prefixed. With the active party as

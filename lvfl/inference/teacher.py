@@ -86,12 +86,10 @@ def teacher_soft_label_parts(teacher: Any, batch: VFLBatch, producer: str | None
         raise ValueError(f"producer must be one of the parties {list(teacher.party_names)}, got producer={producer!r}")
     was_training, wire = teacher.training, teacher.wire
     teacher.eval()
-    teacher.wire = wire.prefixed(TEACHER_TAG)  # every message of the inference, live, under teacher/<tag>
-    try:
-        with teacher.predictions_delivered_to(producer):
+    try:  # every message of the inference (the backend's too), live, under teacher/<tag>
+        with wire.tags_under(TEACHER_TAG), teacher.predictions_delivered_to(producer):
             logits = teacher.party_logits(batch.to(teacher.device))
     finally:
-        teacher.wire = wire
         teacher.train(was_training)
     predictions = teacher_predictions(logits, teacher.party_names)
     # the passive parties' own predictions went to the producer (`predictions_delivered_to`); the rest is the
