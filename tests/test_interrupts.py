@@ -35,6 +35,15 @@ class SlowStart(Callback):
         time.sleep(1.0)
 
 
+#: Python keeps SIGINT ignored if its parent ignored it (a background job): the child restores the default itself,
+#: then runs `python -m lvfl`. Not a `preexec_fn`, which forks and runs Python in the child before exec: the test
+#: process may hold gRPC threads (the federation tests), whose fork handlers can abort such a child.
+DEFAULT_SIGINT_THEN_LVFL = (
+    "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); sys.argv[0] = 'lvfl'; "
+    "runpy.run_module('lvfl', run_name='__main__', alter_sys=True)"
+)
+
+
 class Fit:
     """`lvfl fit` of a tiny Wine run for 100,000 epochs in a child process logging under `folder`."""
 
@@ -59,15 +68,13 @@ class Fit:
         env = {k: v for k, v in os.environ.items() if k != "LVFL_DEBUG"}
         env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
         self.last = folder / "tiny" / "checkpoints" / "last.ckpt"
-        self.process = subprocess.Popen(
-            [sys.executable, *args],
+        self.process = subprocess.Popen(  # noqa: S603 - lvfl's own command
+            [sys.executable, "-c", DEFAULT_SIGINT_THEN_LVFL, *args[2:]],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            # Python keeps SIGINT ignored if its parent ignored it (a background job): give the child the default
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def wait_for(self, path: Path, timeout: float = 240.0) -> None:
