@@ -44,6 +44,20 @@ DEFAULT_SIGINT_THEN_LVFL = (
 )
 
 
+_STARTED: list[subprocess.Popen] = []  # every fit a test started, killed at its teardown if still running
+
+
+@pytest.fixture(autouse=True)
+def _no_fit_outlives_its_test():
+    """A test that fails before stopping its fits must not leave them training (they run 100,000 epochs)."""
+    yield
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
 class Fit:
     """`lvfl fit` of a tiny Wine run for 100,000 epochs in a child process logging under `folder`."""
 
@@ -76,6 +90,7 @@ class Fit:
             stderr=subprocess.PIPE,
             text=True,
         )
+        _STARTED.append(self.process)
 
     def wait_for(self, path: Path, timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
