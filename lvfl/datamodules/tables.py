@@ -407,7 +407,7 @@ class PartyTables(VerticalDataModule):
     def alignment_messages(self) -> list[tuple[str, str, Any, str]]:
         """The PSI's messages (tags `psi/...`), held back for the protocol to send on its wire."""
         self._prepare()
-        return [m for m in self._messages if m[3] not in (SPLIT_TAG, TASK_TAG)]
+        return [m for m in self._messages if m[3].startswith(("psi/", "psi_new/"))]
 
     def shared_order(self, shared: np.ndarray) -> np.ndarray:
         """The samples every party holds in the PSI's agreed order (by ID text): how passive parties know them."""
