@@ -1,12 +1,16 @@
 """What every party its own process costs: `lvfl launch` beside `lvfl fit` on the same config, in one run.
 
-    .venv/bin/python benchmarks/federation_cost.py [--epochs 2] [--batch-size 32] [--parties N]
+    .venv/bin/python benchmarks/federation_cost.py [--epochs 2] [--batch-size 32] [--parties N] [--repeats 3]
         [--config configs/easter/digits.yaml]
 
 Both runs are fresh processes on this machine (`lvfl fit`: one process; `lvfl launch`: one per party, mutual-TLS
-gRPC on localhost). Printed side by side:
+gRPC on localhost), alternating for `--repeats` rounds (a shared machine's slow spells hit both), and the medians
+over the rounds are printed side by side:
 
-- the median training step (the active party's, from batch start to batch end) and their ratio;
+- the median training step (the active party's, from batch start to batch end) and their ratio (the median of
+  each round's ratio);
+- the CPU time a step costs (every thread of a process: torch, gRPC, the transport's), per party and summed: on a
+  machine with fewer cores than parties the launched step cannot be shorter than that sum over the cores;
 - the bytes: the ledger (payload bytes every party sent, equal to `lvfl fit`'s by construction and checked here),
   the encoded envelopes (protobuf: header, schema, raw tensor buffers; `Transport.envelope_bytes`), and the bytes the
   loopback interface carried during the launch (HTTP/2 framing, TLS records and TCP/IP headers included; read from
@@ -44,13 +48,15 @@ class Record(Callback):
 
     def __init__(self) -> None:
         self.steps: list[float] = []
-        self._started = 0.0
+        self.cpu: list[float] = []  # this process's CPU time (every thread) from batch start to batch end
+        self._started = self._cpu = 0.0
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # noqa: D102
-        self._started = time.perf_counter()
+        self._started, self._cpu = time.perf_counter(), time.process_time()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # noqa: D102
         self.steps.append(time.perf_counter() - self._started)
+        self.cpu.append(time.process_time() - self._cpu)
 
     def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
         from lvfl.callbacks import NetworkSimulator
@@ -58,7 +64,7 @@ class Record(Callback):
 
         wire = pl_module.wire
         here = wire.here or "fit"
-        record = {"steps": self.steps, "ledger": [[*k, n] for k, n in wire.bytes.items()]}
+        record = {"steps": self.steps, "cpu": self.cpu, "ledger": [[*k, n] for k, n in wire.bytes.items()]}
         link = getattr(wire.transport, "transport", None)
         if link is not None:
             record["envelope"] = [[*k, n] for k, n in link.envelope_bytes.items()]
@@ -116,9 +122,9 @@ def main() -> None:
         help="keep the config's first N parties (its data num_parties and model parties cut to N): with as many "
         "cores as parties, the launch's processes do not share cores",
     )
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of (fit, launch); medians are reported")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from common import machine
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -131,54 +137,78 @@ def main() -> None:
         ]  # fmt: skip
         simulator = {"class_path": "lvfl.callbacks.NetworkSimulator", "init_args": {"links": LOOPBACK}}
         simulator["init_args"].update(keep_trace=True, print_summary=False)
-        fit_dir, launch_dir = tmp / "fit", tmp / "launch"
-        fit_dir.mkdir()
-        launch_dir.mkdir()
-        fit_s = run(
-            ["fit", *common_args, f"--trainer.callbacks+={json.dumps(simulator)}",
-             f"--trainer.logger.init_args.save_dir={tmp / 'fit_logs'}"],
-            fit_dir,
-        )  # fmt: skip
-        before = loopback_bytes()
-        launch_s = run(
-            ["launch", "--pki", str(tmp / "pki"), *common_args,
-             f"--trainer.logger.init_args.save_dir={tmp / 'launch_logs'}"],
-            launch_dir,
-        )  # fmt: skip
-        loopback = loopback_bytes() - before
-        fit = json.loads((fit_dir / "fit.json").read_text())
-        parties = {p.stem: json.loads(p.read_text()) for p in sorted(launch_dir.glob("*.json"))}
-    active = min(parties)  # party0 in the configs here
-    sent: dict[tuple, int] = {}
-    for name, record in parties.items():
-        for src, dst, tag, n in record["ledger"]:
-            if src == name:
-                sent[(src, dst, tag)] = n
-    fit_ledger = {(s, d, t): n for s, d, t, n in fit["ledger"]}
-    ledger = sum(sent.values())
+        rounds = []
+        for i in range(args.repeats):  # fit and launch alternate, so that a slow spell of the machine hits both
+            fit_dir, launch_dir = tmp / f"fit{i}", tmp / f"launch{i}"
+            fit_dir.mkdir()
+            launch_dir.mkdir()
+            fit_s = run(
+                ["fit", *common_args, f"--trainer.callbacks+={json.dumps(simulator)}",
+                 f"--trainer.logger.init_args.save_dir={tmp / 'fit_logs'}"],
+                fit_dir,
+            )  # fmt: skip
+            before = loopback_bytes()
+            launch_s = run(
+                ["launch", "--pki", str(tmp / f"pki{i}"), *common_args,
+                 f"--trainer.logger.init_args.save_dir={tmp / 'launch_logs'}"],
+                launch_dir,
+            )  # fmt: skip
+            loopback = loopback_bytes() - before
+            fit = json.loads((fit_dir / "fit.json").read_text())
+            parties = {p.stem: json.loads(p.read_text()) for p in sorted(launch_dir.glob("*.json"))}
+            rounds.append((fit_s, launch_s, loopback, fit, parties))
+    report(args, rounds)
+
+
+def report(args: argparse.Namespace, rounds: list) -> None:
+    """Print the medians over the rounds side by side (each round: one fit, then one launch)."""
+    from common import machine
+
+    active = min(rounds[0][4])  # party0 in the configs here
+    equal = []
+    for _, _, _, fit, parties in rounds:
+        sent = {(s, d, t): n for name, r in parties.items() for s, d, t, n in r["ledger"] if s == name}
+        equal.append(sent == {(s, d, t): n for s, d, t, n in fit["ledger"]})
+    _, _, _, fit, parties = rounds[0]
+    ledger = sum(n for name, r in parties.items() for s, _, _, n in r["ledger"] if s == name)
     envelope = sum(n for name, r in parties.items() for src, _, _, n in r["envelope"] if src == name)
-    step_fit = statistics.median(fit["steps"][1:])
-    step_launch = statistics.median(parties[active]["steps"][1:])
-    step_sim = statistics.median(fit["simulated_steps"][1:])
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    step_fit = [median(f["steps"][1:]) for _, _, _, f, _ in rounds]
+    step_launch = [median(p[active]["steps"][1:]) for _, _, _, _, p in rounds]
+    ratios = [b / a for a, b in zip(step_fit, step_launch, strict=True)]
+    step_sim = median([median(f["simulated_steps"][1:]) for _, _, _, f, _ in rounds])
+    fit_s, launch_s = median([r[0] for r in rounds]), median([r[1] for r in rounds])
+    loopback = median([r[2] for r in rounds])
+    cpu_fit = median([median(f["cpu"][1:]) for _, _, _, f, _ in rounds]) * 1e3
+    cpu = {name: median([median(r[4][name]["cpu"][1:]) for r in rounds]) * 1e3 for name in parties}
     print(f"# lvfl launch vs lvfl fit: {args.config}, {len(parties)} parties, {args.epochs} epochs, batch "
-          f"{args.batch_size} ({len(fit['steps'])} steps), OMP_NUM_THREADS=1 in every process")  # fmt: skip
+          f"{args.batch_size} ({len(fit['steps'])} steps), OMP_NUM_THREADS=1 in every process; {len(rounds)} "
+          "rounds (a fit, then a launch), medians over the rounds")  # fmt: skip
     print(f"# {machine()}")
-    print(f"ledgers equal, tag by tag: {sent == fit_ledger}")
+    print(f"ledgers equal, tag by tag: {all(equal)} ({sum(equal)} of {len(equal)} rounds)")
+    print(f"step ratio of each round: {', '.join(f'{r:.2f}x' for r in ratios)}")
     print()
     print("| | lvfl fit (1 process) | lvfl launch (1 process per party) | ratio |")
     print("|---|---|---|---|")
-    print(f"| median training step | {step_fit * 1e3:.2f} ms | {step_launch * 1e3:.2f} ms | "
-          f"{step_launch / step_fit:.2f}x |")  # fmt: skip
+    print(f"| median training step | {median(step_fit) * 1e3:.2f} ms | {median(step_launch) * 1e3:.2f} ms | "
+          f"{median(ratios):.2f}x |")  # fmt: skip
     print(f"| whole command (start-up included) | {fit_s:.1f} s | {launch_s:.1f} s | {launch_s / fit_s:.2f}x |")
     simulated = f"{step_sim * 1e3:.2f} ms (predicted from the fit)"
-    measured = f"{step_launch * 1e3:.2f} ms (measured)"
-    print(f"| NetworkSimulator's step, loopback link | {simulated} | {measured} | {step_launch / step_sim:.2f}x |")
+    measured = f"{median(step_launch) * 1e3:.2f} ms (measured)"
+    print(f"| NetworkSimulator's step, loopback link | {simulated} | {measured} | "
+          f"{median(step_launch) / step_sim:.2f}x |")  # fmt: skip
+    per_party = ", ".join(f"{n} {t:.2f}" for n, t in cpu.items())
+    print(f"| CPU time per step (every thread) | {cpu_fit:.2f} ms | {per_party} ms (sum {sum(cpu.values()):.2f}) | "
+          f"{sum(cpu.values()) / cpu_fit:.2f}x |")  # fmt: skip
     print()
     print("| bytes | count | over the ledger |")
     print("|---|---|---|")
     print(f"| ledger (payload bytes sent, every party) | {ledger:,} | 1.000 |")
     print(f"| protobuf envelopes (header, schema, raw buffers) | {envelope:,} | {envelope / ledger:.3f} |")
-    print(f"| loopback interface during the launch (HTTP/2, TLS, TCP/IP) | {loopback:,} | {loopback / ledger:.3f} |")
+    print(f"| loopback interface during the launch (HTTP/2, TLS, TCP/IP) | {loopback:,.0f} | {loopback / ledger:.3f} |")
 
 
 if __name__ == "__main__":

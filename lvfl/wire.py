@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import torch
 
+from lvfl.shadows import as_shadow
+
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]
 
@@ -79,11 +81,11 @@ def shadow(payload: Any) -> Any:
     """What a party that does not hold `payload` holds in its place: same structure, tensors on the meta device.
 
     Torch operations on meta tensors work out dtypes and shapes without data, so the code of another party's part
-    of a step runs everywhere at no cost; mixing a shadow with a real tensor raises, which is exactly a
-    cross-party move that bypassed the wire.
+    of a step runs everywhere at little cost (a `lvfl.shadows.Shadow` replays each operator's shape after its first
+    call); mixing a shadow with a real tensor raises, which is exactly a cross-party move that bypassed the wire.
     """
     if isinstance(payload, torch.Tensor):
-        return torch.empty_like(payload.detach(), device="meta")
+        return as_shadow(torch.empty_like(payload.detach(), device="meta"))
     if isinstance(payload, dict):
         return {k: shadow(v) for k, v in payload.items()}
     if isinstance(payload, list | tuple):

@@ -84,6 +84,8 @@ def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last
     owners = set()
     for name, directory in party_dirs.items():
         state = checkpoint(directory, which)
+        # the trainer's counts too: a party steps only its own optimizer and counts the others' steps
+        assert (state["epoch"], state["global_step"]) == (fit["epoch"], fit["global_step"]), name
         held = {k: t for k, t in state["state_dict"].items() if t.device.type != "meta"}
         assert held, name
         for key, tensor in held.items():

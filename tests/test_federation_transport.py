@@ -150,6 +150,50 @@ def test_messages_of_one_tag_arrive_in_order_and_tags_are_separate(make) -> None
     assert [int(b.receive("party0", "x", i)) for i in range(3)] == [0, 1, 2]
 
 
+def test_streamed_messages_arrive_in_order_and_flush_confirms_them(make) -> None:
+    """`send(wait=False)`: one stream per peer; `flush` ends it and its answer confirms every message."""
+    a, b = make("party1"), make("party0")
+    for i in range(5):
+        a.send("party0", "x", i, torch.full((3,), float(i)), wait=False)
+    assert [int(b.receive("party1", "x", i)[0]) for i in range(5)] == list(range(5))
+    a.flush()
+    assert a.messages[("party1", "party0", "x")] == 5
+    a.send("party0", "x", 5, torch.zeros(3), wait=False)  # a new stream after the flush, in sequence
+    assert torch.equal(b.receive("party1", "x", 5), torch.zeros(3))
+    a.flush()
+
+
+def test_a_refused_streamed_message_fails_the_senders_next_call(make) -> None:
+    a, b = make("party1", run_id="run-A"), make("party0", run_id="run-B")
+    a.send("party0", "embeddings", 0, torch.zeros(2), wait=False)  # queued: the refusal comes back on the stream
+    message = "party1 sent 'embeddings' for run 'run-A'; party0 runs 'run-B'"
+    with pytest.raises(FederationError) as excinfo:
+        a.flush()
+    assert one_line(excinfo) == f"party0 refused 'embeddings' from party1: {message}"
+    with pytest.raises(FederationError) as excinfo:
+        b.receive("party1", "embeddings", 0)
+    assert one_line(excinfo) == message
+
+
+def test_a_stream_to_a_peer_that_stops_fails_in_one_line(make, federation: Federation) -> None:
+    a, b = make("party1"), make("party0")
+    a.send("party0", "x", 0, torch.zeros(2), wait=False)
+    assert torch.equal(b.receive("party1", "x", 0), torch.zeros(2))
+    b.close()
+
+    def keep_sending() -> None:  # the broken stream is noticed by the next send, or by the flush
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            a.send("party0", "x", 1, torch.zeros(2), wait=False)
+            time.sleep(0.05)
+        a.flush(timeout=1.0)
+
+    with pytest.raises(FederationError) as excinfo:
+        keep_sending()
+    address = federation.party("party0").address
+    assert one_line(excinfo).startswith(f"party1 lost its connection to party0 at {address} while delivering 'x': ")
+
+
 # ------------------------------------------------------------------------------------------------- deadlines
 def test_receive_timeout_names_the_party_and_tag(make) -> None:
     b = make("party1")

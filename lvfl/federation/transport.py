@@ -1,9 +1,12 @@
 """Party-to-party messages over gRPC with mutual TLS: one server per party, one channel per peer.
 
 Why this shape: a protocol step is "party A sends X to party B", so the transport is a mailbox per party. Each
-party runs one gRPC server at its address from the federation file, with a single unary RPC,
-``Deliver(Envelope) -> Ack``; sending is a call on the peer's server, receiving is taking the next message of a
-(sender, tag) from the local mailbox. A send returns once the peer has checked and stored the message.
+party runs one gRPC server at its address from the federation file; sending is delivering an envelope to the
+peer's server, receiving is taking the next message of a (sender, tag) from the local mailbox. A run's messages
+travel on one long-lived stream per peer (``Stream(stream Envelope) -> Ack``: no call set-up and no answer per
+message, which on a fast link are most of a message's cost); the first message the peer refuses ends the stream
+with the reason, and the stream's one answer, when `flush` ends it, confirms every message on it. A greeting, an
+abort or a send that waits for its answer is one ``Deliver(Envelope) -> Ack`` call.
 
 Who sent a message is read from the TLS connection, never from the message: both ends present certificates from
 the federation's CA (``require_client_auth``), the server matches the client's certificate against the one pinned
@@ -65,9 +68,10 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 60.0
 #: largest envelope a party accepts: room for a CKKS key exchange or a large batch, far below gRPC's 2 GiB cap
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
-#: the one RPC's full method name (see the service in envelope.proto)
+#: the RPCs' full method names (see the service in envelope.proto): one envelope per call, and a stream per peer
 DELIVER = "/lvfl.federation.Federation/Deliver"
-_SERVICE, _METHOD = "lvfl.federation.Federation", "Deliver"
+STREAM = "/lvfl.federation.Federation/Stream"
+_SERVICE = "lvfl.federation.Federation"
 #: reconnect quickly while a peer is starting (gRPC's default backoff starts at 1 s and grows to 2 min)
 _BACKOFF_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
@@ -148,6 +152,8 @@ class Transport:
         self._executor: ThreadPoolExecutor | None = None
         self._channels: dict[str, grpc.Channel] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        self._streams: dict[str, grpc.StreamUnaryMultiCallable] = {}
+        self._open_streams: dict[str, Any] = {}  # per peer, its open stream (a call future)
         self._closed = False
         self.identities: Any = None  # this party's TLS identity (`lvfl.federation.identity`), once started
 
@@ -170,7 +176,9 @@ class Transport:
         cert_pem = self.federation.party(self.me).certificate.read_bytes()
         key_pem = check_key(self.key_path, self.federation.party(self.me).certificate)
         self._executor = ThreadPoolExecutor(
-            max_workers=max(4, len(self.peers) + 1), thread_name_prefix=f"lvfl-{self.me}"
+            # a worker per peer's stream for the whole run, and as many again for single calls (hello, abort)
+            max_workers=2 * len(self.peers) + 2,
+            thread_name_prefix=f"lvfl-{self.me}",
         )
         server = grpc.server(
             self._executor,
@@ -179,8 +187,11 @@ class Transport:
                 ("grpc.max_receive_message_length", self.max_message_bytes),
             ],
         )
-        handler = grpc.unary_unary_rpc_method_handler(self._deliver)  # bytes in, bytes out: parsed by the codec
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, {_METHOD: handler}),))
+        handlers = {  # bytes in, bytes out: parsed by the codec
+            "Deliver": grpc.unary_unary_rpc_method_handler(self._deliver),
+            "Stream": grpc.stream_unary_rpc_method_handler(self._stream),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(_SERVICE, handlers),))
         credentials = grpc.ssl_server_credentials(
             [(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=True
         )
@@ -204,6 +215,7 @@ class Transport:
             )
             self._channels[peer] = channel
             self._calls[peer] = channel.unary_unary(DELIVER)
+            self._streams[peer] = channel.stream_unary(STREAM)
         return self
 
     def close(self) -> None:
@@ -212,12 +224,12 @@ class Transport:
         A `receive` still waiting fails; the failure of a queued message is `flush`'s to raise, not this one's.
         """
         with contextlib.suppress(FederationError):
-            self.flush()
-        for outbox in self._outbox.values():
-            outbox.put(None)  # the sender threads stop
+            self.flush()  # ends every stream
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        for call in list(self._open_streams.values()):  # a stream to a peer that is gone does not end by itself
+            call.cancel()
         if self._server is not None:
             self._server.stop(grace=1.0).wait(5.0)
         if self._executor is not None:
@@ -226,6 +238,7 @@ class Transport:
             channel.close()
         self._channels.clear()
         self._calls.clear()
+        self._streams.clear()
 
     def __enter__(self) -> Transport:
         return self.start()
@@ -237,10 +250,12 @@ class Transport:
     def send(self, dst: str, tag: str, step: int, payload: Any, wait: bool = True) -> None:
         """Deliver `payload` to `dst` under `tag` at `step`; returns once `dst` has checked and stored it.
 
-        With `wait=False` the encoded message is queued for `dst`'s sender thread, which delivers that peer's
-        messages one at a time in the order they were sent, and this returns at once (a party does not wait for
-        each acknowledgement before it computes on); a failure is then raised by this transport's next `send`,
-        `receive` or `flush`, with the same line.
+        With `wait=False` the encoded message is queued for `dst`'s stream (one long-lived call per peer, opened by
+        the first such message: no call set-up, metadata or status per message), which carries that peer's messages
+        in the order they were sent, and this returns at once (a party does not wait for each acknowledgement
+        before it computes on); a failure is then raised by this transport's next `send`, `receive` or `flush`,
+        with the same line. With `wait=True` (one call, answered when `dst` has checked and stored the message)
+        the messages queued before it are delivered first.
 
         Raises:
             FederationError: `dst` refused the message (its reason), or did not come up and answer within the
@@ -255,7 +270,9 @@ class Transport:
         with self._cond:
             seq = self._next_out[(dst, tag)]
             self._next_out[(dst, tag)] += 1
-        header = Header(self.run_id, self.me, dst, tag, int(step), seq, self.fingerprint)
+        # the configuration's fingerprint rides on single calls (the greeting checks it); a stream's messages carry the
+        # run ID only, from a peer whose greeting was checked and whose certificate identifies each connection
+        header = Header(self.run_id, self.me, dst, tag, int(step), seq, self.fingerprint if wait else "")
         data = encode_envelope(header, payload, self.records)
         if len(data) > self.max_message_bytes:
             raise FederationError(
@@ -263,9 +280,12 @@ class Transport:
                 f"max_message_bytes={self.max_message_bytes}"
             )
         if wait:
+            if self._pending:  # in order: what was queued goes first
+                self.flush()
             self._deliver_to(dst, tag, seq, data, nbytes)
         else:
-            self._outbox_of(dst).put((tag, seq, data, nbytes))
+            self._meter(dst, tag, len(data), nbytes)
+            self._outbox_of(dst).put((tag, data))
 
     def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
         try:
@@ -274,16 +294,24 @@ class Transport:
             if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
                 raise FederationError(self._refusals[dst]) from None
             raise
+        self._acknowledged(dst, tag, seq, ack, len(data), nbytes)
+
+    def _acknowledged(self, dst: str, tag: str, seq: int, ack: pb.Ack, size: int, nbytes: int) -> None:
+        """Check `dst`'s acknowledgement of message `seq` under `tag` and meter the message."""
         if ack.seq != seq:
             raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
+        self._meter(dst, tag, size, nbytes)
+
+    def _meter(self, dst: str, tag: str, size: int, nbytes: int) -> None:
+        """Count a message to `dst`: `nbytes` of payload as the Wire counts it, `size` bytes of envelope."""
         key = (self.me, dst, tag)
         with self._cond:
             self.payload_bytes[key] += nbytes
-            self.envelope_bytes[key] += len(data)
+            self.envelope_bytes[key] += size
             self.messages[key] += 1
 
     def _outbox_of(self, dst: str) -> queue.Queue:
-        """`dst`'s queue of messages to deliver, and its sender thread (started on first use); counts one pending."""
+        """`dst`'s queue for its stream, and the stream's thread (opened on first use); counts one pending."""
         with self._cond:
             if dst not in self._outbox:
                 self._outbox[dst] = queue.Queue()
@@ -295,19 +323,51 @@ class Transport:
             return self._outbox[dst]
 
     def _sender(self, dst: str, outbox: queue.Queue) -> None:
-        """Deliver `dst`'s queued messages in order; after a failure, drop the rest (the failure is raised here)."""
-        while (item := outbox.get()) is not None:
-            try:
-                if self._send_failure is None:
-                    self._deliver_to(dst, *item)
-            except Exception as err:  # noqa: BLE001 (reported to the protocol's thread, which raises it)
-                reason = str(err) if isinstance(err, FederationError) else f"{type(err).__name__}: {err}"
-                with self._cond:
-                    self._send_failure = self._send_failure or reason
-            finally:
-                with self._cond:
-                    self._pending -= 1
-                    self._cond.notify_all()
+        """Carry `dst`'s queued messages on one stream, in order, until `flush` or `close` ends it.
+
+        gRPC's own thread takes the messages from `requests`; this thread waits for the stream's one answer, the
+        count of messages `dst` checked and stored. A message `dst` refuses ends the stream at once with its
+        reason, and a peer that stops breaks it: the failure is raised to the protocol by the next `send`,
+        `receive` or `flush`, and the messages still queued are dropped.
+        """
+        carried, last = [0], ["its messages"]
+
+        def requests() -> Iterator[bytes]:
+            while (item := outbox.get()) is not None and self._send_failure is None:
+                carried[0] += 1
+                last[0] = item[0]
+                yield item[1]
+
+        try:
+            call = self._streams[dst].future(requests(), wait_for_ready=True)
+            self._open_streams[dst] = call
+            ack = pb.Ack.FromString(call.result())
+            if ack.seq != carried[0]:
+                raise FederationError(
+                    f"{dst} acknowledged {ack.seq} of the {carried[0]} messages {self.me} streamed to it"
+                )
+        except Exception as err:  # noqa: BLE001 (reported to the protocol's thread, which raises it)
+            if isinstance(err, grpc.FutureCancelledError | grpc.RpcError) and self._closed:
+                return  # cancelled by `close`
+            if isinstance(err, grpc.RpcError):
+                err = self._send_error(err, dst, last[0], 0, streaming=True)
+            if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
+                err = FederationError(self._refusals[dst])
+            reason = str(err) if isinstance(err, FederationError) else f"{type(err).__name__}: {err}"
+            with self._cond:
+                self._send_failure = self._send_failure or reason
+                self._cond.notify_all()
+        finally:
+            self._open_streams.pop(dst, None)
+            settled = carried[0]
+            while True:  # after a failure, what is still queued will not be delivered
+                try:
+                    settled += outbox.get_nowait() is not None
+                except queue.Empty:
+                    break
+            with self._cond:
+                self._pending -= settled
+                self._cond.notify_all()
 
     def _raise_failure(self) -> None:
         """Raise a peer's abort, or the failure of a message queued earlier."""
@@ -325,11 +385,17 @@ class Transport:
         wait = self.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + wait
         with self._cond:
+            outboxes, self._outbox = list(self._outbox.values()), {}  # the next message opens a new stream
+        for outbox in outboxes:
+            outbox.put(None)  # each stream ends once its queued messages are on it; its answer confirms them all
+        with self._cond:
             while self._pending and self._send_failure is None and self._aborted is None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    stalled = ", ".join(f"{peer} ({self._why_silent(peer)})" for peer in self._open_streams)
                     raise FederationError(
                         f"{self.me} could not deliver its last {self._pending} messages in {wait:g} s"
+                        + (f": no acknowledgement from {stalled}" if stalled else "")
                     )
                 self._cond.wait(remaining)
         self._raise_failure()
@@ -344,7 +410,9 @@ class Transport:
             raise self._send_error(err, dst, tag, len(data)) from None
         return pb.Ack.FromString(answer)
 
-    def _send_error(self, err: grpc.RpcError, dst: str, tag: str, size: int) -> FederationError:
+    def _send_error(
+        self, err: grpc.RpcError, dst: str, tag: str, size: int, streaming: bool = False
+    ) -> FederationError:
         code, details = err.code(), (err.details() or "").strip()
         address = self.federation.party(dst).address
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
@@ -355,19 +423,28 @@ class Transport:
                 f"({details})"
             )
         if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-            if _connected(self._channels[dst]):
-                why = "it is connected but did not acknowledge the message"
-            elif _port_answers(address):
-                why = (
-                    "its port answers but no TLS connection could be made (a certificate from another CA, or not "
-                    "the name the federation file gives)"
+            if streaming:  # a stream has no deadline: it broke (the peer stopped, or its machine is out of reach)
+                return FederationError(
+                    f"{self.me} lost its connection to {dst} at {address} while delivering {tag!r}: "
+                    f"{self._why_silent(dst)}"
                 )
-            else:
-                why = "nothing answers there (is it running?)"
             return FederationError(
-                f"{self.me} could not deliver {tag!r} to {dst} at {address} within {self.timeout:g} s: {why}"
+                f"{self.me} could not deliver {tag!r} to {dst} at {address} within {self.timeout:g} s: "
+                f"{self._why_silent(dst)}"
             )
         return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
+
+    def _why_silent(self, dst: str) -> str:
+        """Why `dst` does not acknowledge, in words: connected but silent, no TLS, or nothing there."""
+        channel = self._channels.get(dst)
+        if channel is not None and _connected(channel):
+            return "it is connected but did not acknowledge the message"
+        if _port_answers(self.federation.party(dst).address):
+            return (
+                "its port answers but no TLS connection could be made (a certificate from another CA, or not the "
+                "name the federation file gives)"
+            )
+        return "nothing answers there (is it running?)"
 
     def hello(self, peers: Sequence[str] | None = None) -> None:
         """Greet `peers` (default: every peer) and wait for each one's greeting: up, on this run and configuration.
@@ -453,8 +530,23 @@ class Transport:
         return payload
 
     def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        """The server's handler: identify the sender by its certificate, check the message, file it."""
-        sender = self._identify(context)
+        """The server's handler of one envelope: identify the sender by its certificate, check the message, file it."""
+        return self._accept(request, self._identify(context), context)
+
+    def _stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The server's handler of a peer's stream: identified once, each envelope taken as `_deliver` takes one.
+
+        Answered when the peer ends the stream, with the number of envelopes accepted (the first one refused aborts
+        the stream with the reason instead).
+        """
+        sender, count = self._identify(context), 0
+        for request in requests:
+            self._accept(request, sender, context)
+            count += 1
+        return pb.Ack(seq=count).SerializeToString()
+
+    def _accept(self, request: bytes, sender: str, context: grpc.ServicerContext) -> bytes:
+        """Check one envelope from `sender` and file it; its acknowledgement, or the call aborted with the reason."""
         try:
             header, value = _parse_envelope(request, sender=sender)
             self._check_header(header, sender)

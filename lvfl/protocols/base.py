@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
 from lvfl.loggers import is_logging_step, log_to_loggers
@@ -39,6 +40,7 @@ from lvfl.protocols.task_metrics import (
     metric_names,
     update_metric,
 )
+from lvfl.shadows import empty_shadow
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 
@@ -499,13 +501,14 @@ class VFLModule(LightningModule, ABC):
             out = getattr(self.party_models[party], part)(x)
             cache[key] = (tuple(out.shape), out.dtype, out.requires_grad)
         shape, dtype, requires_grad = cache[key]
-        return torch.empty(shape, dtype=dtype, device="meta", requires_grad=requires_grad)
+        return empty_shadow(shape, dtype, requires_grad)
 
     def begin_step(self) -> dict[str, Any]:
         """Clear every party's gradients; returns the optimizers keyed by party (for `end_step`)."""
         optimizers = self.party_optimizers()
-        for opt in optimizers.values():
-            opt.zero_grad(set_to_none=True)
+        for party, opt in optimizers.items():
+            if self.wire.holds(party):  # another party's parameters (shadows) never have a gradient here
+                opt.zero_grad(set_to_none=True)
         return optimizers
 
     def end_step(self, optimizers: Mapping[str, Any], surrogate: Sequence[torch.Tensor]) -> None:
@@ -517,10 +520,21 @@ class VFLModule(LightningModule, ABC):
         held = [term for term in surrogate if not is_shadow(term)]  # a party's view holds its own terms only
         if held:
             self.manual_backward(torch.stack(held).sum())
-        for opt in optimizers.values():
-            # another party's parameters (shadows) have no gradient here, so its optimizer leaves them as they are
-            # and keeps no state; stepping it keeps the trainer's step count the simulation's
-            opt.step()
+        for party, opt in optimizers.items():
+            self.step_optimizer(party, opt)
+
+    def step_optimizer(self, party: str, optimizer: Any) -> None:
+        """`optimizer.step()` for `party`'s optimizer where `party` is held; elsewhere the step is only counted.
+
+        Another party's parameters are shadows with no gradient, so its optimizer would leave them as they are and
+        keep no state; counting its step keeps the trainer's step count (`global_step`, in the checkpoint) the
+        simulation's, without the cost of Lightning's optimizer step in every process.
+        """
+        if self.wire.holds(party) or not isinstance(optimizer, LightningOptimizer):
+            optimizer.step()
+            return
+        optimizer._on_before_step()  # what `LightningOptimizer.step` does around the strategy's step: the count
+        optimizer._on_after_step()
 
     def gradient_down(self, party: str, output: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
         """Send dloss/d`output` (computed at the active party) down to `party`; returns party's surrogate term.
@@ -530,7 +544,7 @@ class VFLModule(LightningModule, ABC):
         """
         received = self.wire.send(self.active, party, grad, "gradients")
         if not self.wire.holds(party):  # another party's term: its shadow
-            return torch.empty((), dtype=grad.dtype, device="meta")
+            return empty_shadow((), grad.dtype)
         return (output * received).sum()
 
     def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -325,8 +325,7 @@ class PraVFed(VFLModule):
         """Step 4: the active party trains its own model on E_a + E_p against its true labels; nothing is sent."""
         (opt,) = self.party_optimizers().values()
         if not self.wire.holds(self.active):  # a passive party's process: nothing of this step is its own
-            opt.zero_grad(set_to_none=True)
-            opt.step()  # no parameter has a gradient: nothing changes, but the trainer counts the step as everywhere
+            self.step_optimizer(self.active, opt)  # counted only: the trainer counts the step as everywhere
             return
         opt.zero_grad(set_to_none=True)
         # true labels: the active model's outputs and parameters never leave the active party (the passive parties
