@@ -28,6 +28,10 @@ __all__ = ["Shadow", "as_shadow", "empty_shadow"]
 
 #: argument types whose value enters a signature (anything else makes the call uncached)
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+#: the exact types of `_PLAIN` (an exact-type lookup is the fast path of `_signature`)
+_PLAIN_TYPES = frozenset(_PLAIN)
+#: operators whose result's shape follows from an index argument's shape, never its values
+_SHAPE_FROM_INDEX = frozenset({torch.Tensor.index_select, torch.index_select})
 #: the recorded result of each signature seen: (shape, strides, dtype, requires_grad)
 _SEEN: dict[tuple, tuple[tuple[int, ...], tuple[int, ...], torch.dtype, bool]] = {}
 #: signatures recorded before the cache is cleared (a long run with ever-new shapes stays bounded)
@@ -48,7 +52,7 @@ class Shadow(torch.Tensor):
                 if seen is not None:
                     return _replay(seen, tensors)
             out = func(*args, **kwargs)
-            if signature is not None and _recordable(out, tensors):
+            if signature is not None and _recordable(func, out, tensors):
                 if len(_SEEN) >= _MAX_SEEN:
                     _SEEN.clear()
                 _SEEN[key] = (tuple(out.shape), out.stride(), out.dtype, out.requires_grad)
@@ -93,36 +97,55 @@ class _ShapeOnly(torch.autograd.Function):
 
 
 def _signature(func: Any, args: tuple, kwargs: dict) -> tuple[tuple, list[torch.Tensor]] | None:
-    """The call's cache key and its tensor arguments; None when the call is not to be cached."""
+    """The call's cache key and its tensor arguments; None when the call is not to be cached.
+
+    Called for every operator on a shadow, so it reads each argument once, by exact type first (the common case: a
+    flat tuple of tensors and numbers), and walks nested lists and tuples only when there are any.
+    """
     name = getattr(func, "__name__", "")
     if name == "__get__" or name.endswith("_") or (name.startswith("__i") and name != "__index__"):
         return None  # a property, or an in-place operator (its result is an argument)
     parts: list[Any] = [func, torch.is_grad_enabled()]
     tensors: list[torch.Tensor] = []
-    stack: list[Any] = [args, tuple(sorted(kwargs.items()))]
+    stack: list[Any] = list(args)
+    if kwargs:
+        stack.append(tuple(sorted(kwargs.items())))
+    stack.reverse()  # popped in argument order (any order would do; this one reads best when debugging)
     while stack:
         item = stack.pop()
-        if isinstance(item, torch.Tensor):
-            parts.append((item.device.type, item.dtype, tuple(item.shape), item.stride(), item.requires_grad))
+        kind = type(item)
+        if kind in _PLAIN_TYPES:
+            parts.append((kind, item))
+        elif isinstance(item, torch.Tensor):
+            parts.append((item.device.type, item.dtype, item.shape, item.stride(), item.requires_grad))
             tensors.append(item)
-        elif isinstance(item, tuple | list):
-            parts.append((type(item), len(item)))
-            stack.extend(item)
+        elif kind is tuple or kind is list:
+            parts.append((kind, len(item)))
+            stack.extend(reversed(item))
         elif isinstance(item, _PLAIN):
-            parts.append((type(item), item))
+            parts.append((kind, item))
+        elif isinstance(item, tuple | list):
+            parts.append((kind, len(item)))
+            stack.extend(reversed(item))
         else:
             return None
     return tuple(parts), tensors
 
 
-def _recordable(out: Any, tensors: list[torch.Tensor]) -> bool:
-    """Whether `out` can be replayed from its shape: one fresh meta tensor, from arguments all on meta."""
-    return (
-        isinstance(out, torch.Tensor)
-        and out.device.type == "meta"
-        and all(t.device.type == "meta" for t in tensors)
-        and not any(out is t for t in tensors)
-    )
+def _recordable(func: Any, out: Any, tensors: list[torch.Tensor]) -> bool:
+    """Whether `out` can be replayed from its shape: one fresh meta tensor, from arguments all on meta.
+
+    The one exception: an index whose *shape* alone fixes the result's (`index_select`) may be a real integer
+    tensor; a real tensor anywhere else (a boolean mask, whose values fix the shape; a float operand, which raises)
+    keeps the call uncached.
+    """
+    if not isinstance(out, torch.Tensor) or out.device.type != "meta" or any(out is t for t in tensors):
+        return False
+    real = [t for t in tensors if t.device.type != "meta"]
+    if not real:
+        return True
+    integer = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+    return func in _SHAPE_FROM_INDEX and all(t.dtype in integer for t in real)
 
 
 def _replay(seen: tuple, tensors: list[torch.Tensor]) -> torch.Tensor:

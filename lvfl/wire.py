@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lvfl.shadows import as_shadow
+from lvfl.shadows import Shadow, as_shadow
 
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]
@@ -85,7 +85,8 @@ def shadow(payload: Any) -> Any:
     call); mixing a shadow with a real tensor raises, which is exactly a cross-party move that bypassed the wire.
     """
     if isinstance(payload, torch.Tensor):
-        return as_shadow(torch.empty_like(payload.detach(), device="meta"))
+        with torch._C.DisableTorchFunctionSubclass():  # a shadow's own dispatch is not needed for its shape
+            return as_shadow(torch.empty_like(payload, device="meta", requires_grad=False))
     if isinstance(payload, dict):
         return {k: shadow(v) for k, v in payload.items()}
     if isinstance(payload, list | tuple):
@@ -101,7 +102,7 @@ def shadow(payload: Any) -> Any:
 def is_shadow(value: Any) -> bool:
     """Whether `value` stands for something another party holds (a meta tensor, or `Absent`)."""
     if isinstance(value, torch.Tensor):
-        return value.device.type == "meta"
+        return type(value) is Shadow or value.is_meta
     return isinstance(value, Absent)
 
 

@@ -57,6 +57,28 @@ def test_replays_are_in_the_autograd_graph_with_the_right_shapes() -> None:
             assert type(loss.grad_fn.next_functions[0][0]).__name__ == f"{_ShapeOnly.__name__}Backward"
 
 
+def test_a_real_integer_index_is_replayed_and_a_mask_is_not() -> None:
+    """`index_select`'s result has its index's length whatever the values; a boolean mask's depends on its values."""
+    from lvfl.shadows import _SEEN
+
+    table = torch.empty(10, 3, device="meta")
+    for n in (4, 4, 7, 7):  # each length: the kernel once, then a replay
+        index = torch.randperm(10)[:n]
+        out = as_shadow(table).index_select(0, index)
+        reference = table.index_select(0, index)
+        assert type(out) is Shadow
+        assert (out.shape, out.stride(), out.dtype) == (reference.shape, reference.stride(), reference.dtype)
+    assert any(torch.Tensor.index_select in key for key in _SEEN)
+    for keep in (2, 5):  # the same mask shape, another count of True: a replay would give the first call's shape
+        mask = torch.zeros(10, dtype=torch.bool)
+        mask[:keep] = True
+        assert as_shadow(table)[mask].shape == (keep, 3)
+    picked = torch.index_select(as_shadow(table), 0, torch.arange(3))
+    for _ in range(2):  # a real float operand still raises, every time
+        with pytest.raises(RuntimeError, match="not on the expected device"):
+            picked + torch.ones(3, 3)
+
+
 def test_mixing_a_shadow_with_a_real_tensor_raises_every_time() -> None:
     real = torch.ones(2, 3)
     for _ in range(3):  # a call that raised is never recorded, so its replay cannot hide the mistake

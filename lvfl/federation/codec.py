@@ -309,7 +309,8 @@ class Header:
 
 def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECORDS) -> bytes:
     """The serialized envelope carrying `payload` under `header`."""
-    envelope = pb.Envelope(schema=SCHEMA, **dataclasses.asdict(header))  # Header's fields are Envelope's
+    fields = {field.name: getattr(header, field.name) for field in dataclasses.fields(header)}  # `asdict` deep-copies
+    envelope = pb.Envelope(schema=SCHEMA, **fields)  # Header's fields are Envelope's
     _encode(payload, envelope.payload, records, "", 0)
     return envelope.SerializeToString()
 
