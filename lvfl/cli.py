@@ -127,6 +127,12 @@ class VFLCLI(LightningCLI):
     def _checkpoint_file(self, subcommand: str) -> Path | None:
         """The file `--ckpt_path` names (`last` and `best` found on disk), loaded once to check it; says which."""
         given = self.config[subcommand].get("ckpt_path")
+        session = self.party_session
+        if str(given) == "best" and session is not None and session.holds_no_party(self.datamodule):
+            # an HE backend's coordinator keeps no best epoch (its checkpoint holds the loop's counters, no party's
+            # tensor, and it never learns which epoch was best): its last checkpoint stands for every epoch's
+            print(f"lvfl {subcommand}: --ckpt_path best at {session.party}, which holds no party: its last")
+            given = "last"
         path = resolve_ckpt_path(self.trainer, given)
         if path is None:
             return None

@@ -76,9 +76,12 @@ def ledger(state: dict, sent_by: str | None = None) -> Counter:
     return Counter({(s, d, t): n for s, d, t, n in rows if sent_by is None or s == sent_by})
 
 
-def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last", resumed: bool = False) -> None:
+def assert_parity(
+    fit_dir: Path, party_dirs: dict[str, Path], which: str = "last", resumed: bool = False, holds_none=frozenset()
+) -> None:
     """Every party's checkpoint holds data for its own parameters only, equal to the fit's; the fit's ledger is
-    the union of what the parties sent, tag by tag (a resume's repeated key set-up, `resume/*`, left aside)."""
+    the union of what the parties sent, tag by tag (a resume's repeated key set-up, `resume/*`, left aside).
+    `holds_none`: processes of no party (an HE backend's coordinator), whose checkpoints hold no tensor's data."""
     fit = checkpoint(fit_dir, which)
     sent = Counter()
     owners = set()
@@ -87,7 +90,7 @@ def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last
         # the trainer's counts too: a party steps only its own optimizer and counts the others' steps
         assert (state["epoch"], state["global_step"]) == (fit["epoch"], fit["global_step"]), name
         held = {k: t for k, t in state["state_dict"].items() if t.device.type != "meta"}
-        assert held, name
+        assert bool(held) != (name in holds_none), name
         for key, tensor in held.items():
             assert torch.equal(tensor, fit["state_dict"][key]), f"{name}: {key} differs from lvfl fit's"
         assert not owners & set(held), f"{name} holds another party's tensors"
@@ -99,8 +102,8 @@ def assert_parity(fit_dir: Path, party_dirs: dict[str, Path], which: str = "last
     assert dict(sent) == dict(ledger(fit)), "the ledgers differ"
 
 
-@pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
-def test_launch_ends_bit_identical_to_fit(tmp_path, config):
+def fit_and_launch(tmp_path: Path, config: list[str]) -> tuple[Path, subprocess.CompletedProcess]:
+    """`lvfl fit` into tmp_path/fit, then `lvfl launch` into tmp_path/launch with each process's `StateProbe`."""
     fit = lvfl("fit", *config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
     assert fit.returncode == 0, fit.stderr[-3000:]
     probes = tmp_path / "probes"
@@ -112,6 +115,12 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
         env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}", "LVFL_PROBE_DIR": str(probes)},
     )  # fmt: skip
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
+    return probes, launch
+
+
+@pytest.mark.parametrize("config", list(CONFIGS.values()), ids=list(CONFIGS))
+def test_launch_ends_bit_identical_to_fit(tmp_path, config):
+    probes, launch = fit_and_launch(tmp_path, config)
     names = [f"party{k}" for k in range(4)]
     parties = {k: tmp_path / "launch" / k for k in names}
     assert_parity(tmp_path / "fit", parties)
@@ -185,6 +194,39 @@ STUDENT = (
     '"model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [8]}}}}'
 )
 PROBE = '--trainer.callbacks+={"class_path": "federation_probe.StateProbe"}'
+
+
+def test_paillier_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
+    """EASTER with Paillier: the coordinator is a fifth process that generates the key pair and decrypts the masked
+    sums, holding no party's tensor, features or labels; the parties end bit-identical to the fit (a decrypted
+    Paillier sum is exact) and the ledgers agree, the coordinator's messages included."""
+    config = ["--config", "configs/easter/breast_cancer_paillier.yaml"]
+    config += ["--model.init_args.aggregation.init_args.workers=1"]  # encryption in-process: 5 processes are enough
+    probes, launch = fit_and_launch(tmp_path, config)
+    assert "5 parties (party0, party1, party2, party3, coordinator)" in launch.stdout
+    parties = {f"party{k}": tmp_path / "launch" / f"party{k}" for k in range(4)}
+    coordinator = checkpoint(tmp_path / "launch" / "coordinator")
+    fit_state = checkpoint(tmp_path / "fit")
+    assert (coordinator["epoch"], coordinator["global_step"]) == (fit_state["epoch"], fit_state["global_step"])
+    assert all(t.device.type == "meta" for t in coordinator["state_dict"].values())  # no party's tensor
+    everyone = {**parties, "coordinator": tmp_path / "launch" / "coordinator"}
+    assert_parity(tmp_path / "fit", everyone, holds_none={"coordinator"})
+    assert not list((tmp_path / "launch" / "coordinator").glob("*/checkpoints/best.ckpt"))  # it keeps last only
+    best = checkpoint(tmp_path / "fit", "best")
+    for name, directory in parties.items():  # every party kept the epoch the active party chose
+        state = checkpoint(directory, "best")
+        held = {k: t for k, t in state["state_dict"].items() if t.device.type != "meta"}
+        assert held, name
+        assert all(torch.equal(t, best["state_dict"][k]) for k, t in held.items()), name
+    held = json.loads((probes / "coordinator.json").read_text())
+    assert held["tensors"] == []
+    assert held["scaling"] == []
+    assert all(split["features"] == [] and not split["labels"] for split in held["splits"].values())
+    sent = {(s, d, t) for s, d, t, _ in held["ledger"] if s == "coordinator"}
+    assert {t for _, _, t in sent} == {"keys", "he_decrypted"}
+    received = {(s, t) for s, d, t, _ in held["ledger"] if d == "coordinator"}
+    assert received == {("party0", "he_aggregate")}  # its whole view, after the greeting: the masked aggregates
+    assert_tests_equal(tmp_path, config)  # the coordinator tests from its last checkpoint (it keeps no best)
 
 
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
@@ -429,7 +471,7 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--config", "configs/easter/digits_ckks.yaml"], "lvfl party runs the Plain and DHMasking backends; CKKS's"),
+        (["--config", "configs/easter/digits_ckks.yaml"], "runs the Plain, DHMasking and Paillier backends; CKKS's"),
         (
             [
                 "--config",

@@ -151,8 +151,9 @@ def test_every_partys_view_ends_bit_identical_to_the_simulation(tmp_path, protoc
     assert_parity(model, views, links)
 
 
-def assert_parity(model, views, links):
-    """Each view holds data only for its own parameters, equal to the simulation's; the ledgers agree."""
+def assert_parity(model, views, links, extra_senders=None):
+    """Each view holds data only for its own parameters, equal to the simulation's; the ledgers agree (with the
+    messages of `extra_senders`, views that hold no party, e.g. an HE backend's coordinator)."""
     for name, view in views.items():
         own = {id(p) for p in view.party_parameters(name)}
         held = dict(view.named_parameters())
@@ -163,7 +164,7 @@ def assert_parity(model, views, links):
     # the simulation's ledger (training messages, and the key agreement it ran at build) is the union of what
     # every party sent, tag by tag
     sent = Counter()
-    for name, view in views.items():
+    for name, view in {**views, **(extra_senders or {})}.items():
         sent.update({key: n for key, n in view.wire.bytes.items() if key[0] == name})
     assert dict(sent) == dict(model.wire.bytes)
     if isinstance(model.aggregation, DHMasking):
@@ -238,3 +239,38 @@ def test_a_record_without_tensors_has_an_absent_shadow():
     compressed = shadow(Compressor(bits=8).compress(torch.ones(2, 3)))
     assert is_shadow(compressed.payload)
     assert compressed.shape == (2, 3)
+
+
+def test_paillier_runs_with_the_coordinator_as_a_view_of_its_own(tmp_path):
+    """The HE backend's key holder is one more view: it generates the key pair, decrypts the masked aggregate and
+    holds nothing else; every party's parameters end bit-identical to the simulation (a Paillier sum is exact)."""
+    from lvfl.privacy import Paillier
+
+    transport = MemoryTransport(timeout=60)
+
+    def views_with_coordinator(model, _):
+        return {k: party_view(model, k, transport) for k in [*model.party_names, "coordinator"]}, {}
+
+    torch.manual_seed(0)
+    model = recording(EASTER)(parties=mlp_parties(3), aggregation=Paillier(workers=1), embedding_dim=8)
+    model, views, _ = simulate(tmp_path, model, Digits(num_parties=3, batch_size=16), views_with_coordinator)
+    rehearse(tmp_path, model, views)
+
+    coordinator = views.pop("coordinator")
+    assert_parity(model, views, {}, extra_senders={"coordinator": coordinator})
+    assert coordinator.aggregation._secret_key is not None  # the secret key is in the coordinator's view only
+    assert all(view.aggregation._secret_key is None for view in views.values())
+    assert held_tensors(coordinator) == {}  # no party's parameters or buffers
+    assert all(is_shadow(p) for p in coordinator.parameters())
+
+
+def test_a_party_refuses_a_paillier_modulus_of_another_size():
+    """What a passive party's view takes as the coordinator's public key is checked before it encrypts under it."""
+    from lvfl.parties import PartySpec
+    from lvfl.privacy import Paillier
+
+    transport = MemoryTransport(timeout=5)
+    transport.post("coordinator", "p1", "keys", (12345).to_bytes(256, "big"))
+    parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1)]
+    with pytest.raises(ValueError, match="p1 received a 14-bit modulus; this run's key_size is 2048 bits"):
+        Paillier(workers=1).setup(parties, "a", Wire(here="p1", transport=transport))

@@ -111,6 +111,10 @@ class ExperimentCheckpoint(ModelCheckpoint):
 
                 if not wire.holds(party_name(datamodule.active_party)):  # a passive party's own process
                     self.monitor = BEST_EPOCHS_METRIC
+                participants = getattr(datamodule, "participants", None) or []
+                if wire.here is not None and wire.here not in {party_name(i) for i in participants}:
+                    # an HE backend's coordinator: no party's data, no validation byte; it keeps `last.ckpt` only
+                    self.monitor, self.save_top_k = None, 0
         super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

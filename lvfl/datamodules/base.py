@@ -557,17 +557,18 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             module.prepare_datamodule(self)
         self._prepare()
 
-    def hold_only(self, party: str) -> None:
+    def hold_only(self, party: str | None) -> None:
         """Keep only what `party` holds: its own slice of every split, and the labels if it is the active party.
 
         Run in a party's own process (docs/federation.md) once the set-up messages are exchanged: every other
         party's slice, and a passive party's labels, become shadows (same dtype and shape, no data), and the other
         parties' scaling statistics and decoders are dropped. A passive party knows the samples every party holds
-        and nothing of the active party's others: its view of the active party's rows is the shared ones.
+        and nothing of the active party's others: its view of the active party's rows is the shared ones. `None`
+        keeps nothing: the process of a key holder outside the parties (an HE backend's coordinator).
         """
         prepared = self._prepare()
         names = [s.name for s in prepared.party_specs]
-        if party not in names:
+        if party is not None and party not in names:
             raise ValueError(f"there is no party {party!r} in {type(self).__name__}'s run (parties: {names})")
         active = party_name(self.active_party)
 

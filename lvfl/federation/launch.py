@@ -74,7 +74,8 @@ def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
     if len(participants) < 2:
         raise ValueError(f"lvfl launch needs at least two parties; the config has {len(participants)}")
     logger = cli.trainer.logger
-    names = [party_name(i) for i in participants]
+    coordinator = getattr(getattr(cli.model, "aggregation", None), "coordinator", None)  # an HE backend's key holder
+    names = [party_name(i) for i in participants] + ([coordinator] if coordinator else [])
     return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None)
 
 

@@ -125,7 +125,7 @@ class PartySession:
         subcommand = cli.config.get("subcommand") or "fit"
         config = cli.config.get(subcommand, cli.config)
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
-        names = self.check_party(cli.datamodule)
+        names = self.check_party(cli.datamodule, coordinator_of(cli.model))
         check_deployable(cli.model, cli.datamodule, cli.trainer)
         if subcommand == "predict" and config.get("oblivious"):
             raise ValueError(
@@ -152,25 +152,25 @@ class PartySession:
             fingerprint=fingerprint,
             listen=self.listen,
         ).start()
-        # every lvfl protocol is a star around the active party (the DH keys are relayed by it): the active party
-        # greets every passive one and each passive party the active one, so only those connections must open
-        active = names[cli.datamodule.participants.index(cli.datamodule.active_party)]
+        # every lvfl protocol is a star around the active party (the DH keys are relayed by it, an HE backend's
+        # coordinator answers it only): the active party greets every other one and each other one the active one,
+        # so only those connections must open
+        active = _active_name(cli.datamodule)
         self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
         link = SocketLink(self.transport)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))
 
-    def check_party(self, datamodule: Any) -> list[str]:
-        """The config's party names (without loading data); refuses a `--party` that is not one of them."""
-        from lvfl.datamodules.base import party_name
-
-        participants = getattr(datamodule, "participants", None)
-        if participants is None:
-            raise ValueError("lvfl party needs a VerticalDataModule (data:) to know the parties")
-        names = [party_name(i) for i in participants]
+    def check_party(self, datamodule: Any, coordinator: str | None = None) -> list[str]:
+        """The run's party names, an HE backend's `coordinator` last; refuses a `--party` that is not one of them."""
+        names = config_party_names(datamodule) + ([coordinator] if coordinator else [])
         if self.party not in names:
             raise ValueError(f"--party {self.party}: the config's parties are {names}")
         return names
+
+    def holds_no_party(self, datamodule: Any) -> bool:
+        """Whether this process is a key holder outside the config's parties (an HE backend's coordinator)."""
+        return self.party not in config_party_names(datamodule)
 
     def abort(self, reason: str) -> None:
         """Tell the peers this party stops, and why."""
@@ -188,22 +188,49 @@ class PartySession:
             self.transport.close()
 
 
+def config_party_names(datamodule: Any) -> list[str]:
+    """The config's party names, from its datamodule's participants (no data is loaded)."""
+    from lvfl.datamodules.base import party_name
+
+    participants = getattr(datamodule, "participants", None)
+    if participants is None:
+        raise ValueError("lvfl party needs a VerticalDataModule (data:) to know the parties")
+    return [party_name(i) for i in participants]
+
+
+def coordinator_of(model: Any) -> str | None:
+    """The name of the model's backend's key holder (an HE backend's coordinator), or None."""
+    return getattr(getattr(model, "aggregation", None), "coordinator", None)
+
+
+def _active_name(datamodule: Any) -> str:
+    from lvfl.datamodules.base import party_name
+
+    return party_name(datamodule.active_party)
+
+
 def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     """Refuse, by name, what does not run across processes yet (docs/two-organisations.md), before anything moves.
 
-    Run by every party in its own process. What runs: every protocol with the Plain and DHMasking backends and any
-    label mechanism (the release is drawn at the active party), the embedded and paper datasets and `PartyTables`
-    (its set-up exchanged live, `exchange_on`), and the student with its plain channel. Not yet: the HE backends'
-    set-up (their coordinator is a party of its own), the student's Paillier channel and `cross_fit`, and the
+    Run by every party in its own process. What runs: every protocol with the Plain, DHMasking and Paillier
+    backends (Paillier's coordinator a process of its own, with the embedded and paper datasets) and any label
+    mechanism (the release is drawn at the active party), the embedded and paper datasets and `PartyTables` (its
+    set-up exchanged live, `exchange_on`), and the student with its plain channel. Not yet: CKKS's coordinator as a
+    process, Paillier with the parties' own tables, the student's Paillier channel and `cross_fit`, and the
     leakage audit (it reads every party's messages and the labels in one process).
     """
-    from lvfl.privacy import DHMasking, Plain
+    from lvfl.privacy import DHMasking, Paillier, Plain
 
     backend = type(model.aggregation).__name__
-    if not isinstance(model.aggregation, Plain | DHMasking):
+    if not isinstance(model.aggregation, Plain | DHMasking | Paillier):
         raise ValueError(
-            f"lvfl party runs the Plain and DHMasking backends; {backend}'s set-up does not run across "
-            "processes yet (use lvfl fit)"
+            f"lvfl party runs the Plain, DHMasking and Paillier backends; {backend}'s coordinator does not run as a "
+            "process of its own yet (use lvfl fit)"
+        )
+    if isinstance(model.aggregation, Paillier) and not getattr(datamodule, "rows_are_public", True):
+        raise ValueError(
+            f"lvfl party runs Paillier's coordinator with the embedded and paper datasets; with "
+            f"{type(datamodule).__name__} (the parties' own rows) it does not run across processes yet (use lvfl fit)"
         )
     if not getattr(datamodule, "rows_are_public", True) and not hasattr(datamodule, "exchange_on"):
         raise ValueError(

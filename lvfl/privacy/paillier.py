@@ -77,13 +77,14 @@ random exponents r (drawn in the calling process from the OS CSPRNG) and returns
 process multiplies in `1 + m * n`, so a worker sees neither the secret key nor a plaintext. The workers are started
 with the "forkserver" method ("spawn" where the platform has no forkserver): they are forked from a server process
 that was itself started by `exec` of a fresh interpreter, never forked from this process, so they inherit none of
-its memory (the coordinator's key object and primes, which live in the same process in this one-process
-simulation, included). `fork` would copy the whole address space, key included. The price: starting the pool costs
-a fresh interpreter once per backend (measured by `benchmarks/costs.py`), its first task an import of
-`lvfl.crypto` (torch included, a second or two once per worker), plus whatever the main script imports, since
-multiprocessing re-imports the main module in every worker (scripts must keep their work under
-`if __name__ == "__main__":`; the `lvfl` console script re-imports its entry module once per run, `python -m lvfl`
-and pytest nothing).
+its memory (the coordinator's key object and primes, which live in the same process in the one-process
+simulation, included; across processes, `lvfl party`, the key pair exists only in the coordinator's process:
+`setup` and `combine` run each part where `wire.holds` its party). `fork` would copy the whole address space, key
+included. The price: starting the pool costs a fresh interpreter once per backend (measured by
+`benchmarks/costs.py`), its first task an import of `lvfl.crypto` (torch included, a second or two once per
+worker), plus whatever the main script imports, since multiprocessing re-imports the main module in every worker
+(scripts must keep their work under `if __name__ == "__main__":`; the `lvfl` console script re-imports its entry
+module once per run, `python -m lvfl` and pytest nothing).
 
 Secure defaults: `key_size` >= 2048 bits (112-bit security) with no override; fresh randomness from `secrets` (the
 OS CSPRNG) for every fixed base, every ciphertext and every mask; the secret key never enters `state_dict`, pickles
@@ -108,9 +109,10 @@ from phe import paillier as phe_paillier
 
 from lvfl.checks import check_int
 from lvfl.crypto import fixedpoint, packing, paillier, prg
+from lvfl.federation.codec import register_record
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire, shadow
 
 #: integer bits accepted; int_bits + frac_bits + 1 <= 53 keeps every encoding exact in float64
 MAX_VALUE_BITS = 53
@@ -142,6 +144,18 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
+def _modulus(received: Any, key_size: int, party: str) -> int:
+    """The modulus n that `party` received in `keys`: `key_size` bits, odd; anything else is refused by name."""
+    if not isinstance(received, bytes):
+        raise TypeError(f"Paillier setup: {party} received a {type(received).__name__} as the modulus, not bytes")
+    n = int.from_bytes(received, "big")
+    if n.bit_length() != key_size or n % 2 == 0:
+        raise ValueError(
+            f"Paillier setup: {party} received a {n.bit_length()}-bit modulus; this run's key_size is {key_size} bits"
+        )
+    return n
+
+
 @dataclass(frozen=True, eq=False)
 class PaillierShare:
     """A passive party's encrypted tensor (or the active party's masked aggregate): packed Paillier ciphertexts.
@@ -169,6 +183,22 @@ class PaillierShare:
         return math.prod(self.shape)
 
 
+def _share_from_wire(fields: dict[str, Any]) -> PaillierShare:
+    """A `PaillierShare` from a peer's fields: ints where ints belong (the backend checks the values' ranges)."""
+    ciphertexts, shape = fields["ciphertexts"], fields["shape"]
+    if not isinstance(ciphertexts, tuple | list) or not all(type(c) is int and c > 0 for c in ciphertexts):
+        raise ValueError("ciphertexts must be positive integers")
+    if not isinstance(shape, tuple | list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError("shape must be non-negative integers")
+    numbers = {k: fields[k] for k in ("width", "slots", "step", "index", "ciphertext_nbytes")}
+    if not all(type(v) is int and v >= 0 for v in numbers.values()):
+        raise ValueError(f"{', '.join(numbers)} must be non-negative integers")
+    return PaillierShare(tuple(ciphertexts), tuple(shape), **numbers)
+
+
+register_record("lvfl.PaillierShare", PaillierShare, from_fields=_share_from_wire)
+
+
 class Paillier(AggregationBackend):
     """Aggregation of passive embeddings under Paillier encryption, decrypted blind by a coordinator.
 
@@ -193,7 +223,7 @@ class Paillier(AggregationBackend):
     Example:
         >>> import torch
         >>> from lvfl.parties import PartySpec
-        >>> from lvfl.wire import Wire
+        >>> from lvfl.wire import Absent, Wire, shadow
         >>> parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1),
         ...            PartySpec("p2", "passive", (2,), 2)]
         >>> backend, wire = Paillier(workers=1), Wire()
@@ -281,12 +311,19 @@ class Paillier(AggregationBackend):
 
         super().setup(parties, active, wire, rank)
         self._forget_keys()
-        n, secret = paillier.generate_keypair(self.key_size)
-        n_bytes = n.to_bytes(paillier.plaintext_nbytes(n), "big")
+        secret = None
+        n_bytes: Any = Absent("the coordinator's Paillier modulus")  # where the coordinator is not held
+        if wire.holds(self.coordinator):  # the key pair exists in the coordinator's process only
+            n, secret = paillier.generate_keypair(self.key_size)
+            n_bytes = n.to_bytes(paillier.plaintext_nbytes(n), "big")
+            self._public[self.coordinator] = secret.public_key
         for party in (active, *passive):  # coordinator -> every other party: n; g = n + 1 is implied
             received = wire.send(self.coordinator, party, n_bytes, tag="keys")
-            self._public[party] = phe_paillier.PaillierPublicKey(int.from_bytes(received, "big"))
+            if wire.holds(party):
+                self._public[party] = phe_paillier.PaillierPublicKey(_modulus(received, self.key_size, party))
         for party in passive:  # at each passive party, from the n it received: h_s = (-x**2)**n mod n**2
+            if not wire.holds(party):
+                continue
             n_here = self._public[party].n
             h_s = paillier.fixed_base(n_here)
             self._fixed_base[party] = paillier.fixed_base_table(n_here, h_s, window=0)  # the table comes later
@@ -295,7 +332,7 @@ class Paillier(AggregationBackend):
         self._passive = passive
 
     def _require_setup(self) -> None:
-        if self._secret_key is None:
+        if not self._public:
             raise RuntimeError(
                 "Paillier has no keys: call setup(parties, active, wire, rank) first "
                 "(the secret key is never checkpointed or pickled, so a restored backend must be set up again)"
@@ -303,9 +340,9 @@ class Paillier(AggregationBackend):
 
     @property
     def public_key(self) -> phe_paillier.PaillierPublicKey:
-        """The public key (n, g = n + 1) that every party received in `setup`."""
+        """The public key (n, g = n + 1) that every party received in `setup` (this process's copy of it)."""
         self._require_setup()
-        return self._public[self.active]
+        return self._public.get(self.active) or next(iter(self._public.values()))
 
     @property
     def value_bits(self) -> int:
@@ -436,24 +473,36 @@ class Paillier(AggregationBackend):
         self._require_setup()
         if not isinstance(active_tensor, torch.Tensor) or not active_tensor.is_floating_point():
             raise TypeError("combine: active_tensor must be a floating-point tensor")
-        self.check_one_per_party(shares, self._passive)
-        width, slots = self._check_shares(active_tensor, shares)
-        n = int(self._public[self.active].n)
-        first = shares[self._passive[0]]
-
-        # 3. active party: homomorphic sum (product of ciphertexts), then + r (times g**r = 1 + r * n)
-        columns = zip(*(shares[name].ciphertexts for name in self._passive), strict=True)
-        aggregate = [paillier.add(n, column) for column in columns]
-        blinded, masks = paillier.blind(n, aggregate)
-        masked = tuple(blinded)
-        message = PaillierShare(masked, first.shape, width, slots, first.step, first.index, self.ciphertext_nbytes)
+        at_active_party, at_coordinator_party = self.wire.holds(self.active), self.wire.holds(self.coordinator)
+        message: Any = Absent("the masked aggregate")
+        if at_active_party:
+            self.check_one_per_party(shares, self._passive)
+            width, slots = self._check_shares(active_tensor, shares)
+            n = int(self._public[self.active].n)
+            first = shares[self._passive[0]]
+            # 3. active party: homomorphic sum (product of ciphertexts), then + r (times g**r = 1 + r * n)
+            columns = zip(*(shares[name].ciphertexts for name in self._passive), strict=True)
+            aggregate = [paillier.add(n, column) for column in columns]
+            blinded, masks = paillier.blind(n, aggregate)
+            masked = tuple(blinded)
+            message = PaillierShare(masked, first.shape, width, slots, first.step, first.index, self.ciphertext_nbytes)
         at_coordinator = self.wire.send(self.active, self.coordinator, message, tag="he_aggregate")
 
         # 4. coordinator: blind decryption (CRT), masked plaintexts back at fixed width
-        decrypted = self._decrypt(at_coordinator.ciphertexts)
+        decrypted: Any = Absent("the masked plaintexts")
+        if at_coordinator_party:
+            decrypted = self._decrypt(self._check_aggregate(at_coordinator))
         at_active = self.wire.send(self.coordinator, self.active, decrypted, tag="he_decrypted")
+        if not at_active_party:  # the coordinator's process: the sum's shadow (it learns nothing of its value)
+            return shadow(active_tensor).requires_grad_(active_tensor.requires_grad)
 
         # 5. active party: unmask, unpack, check the slots, decode
+        if not isinstance(at_active, bytes) or len(at_active) != len(masked) * self.plaintext_nbytes:
+            got = f"{len(at_active)} bytes" if isinstance(at_active, bytes) else type(at_active).__name__
+            raise ValueError(
+                f"combine: the coordinator {self.coordinator!r} answered {got}; expected "
+                f"{len(masked) * self.plaintext_nbytes} bytes ({len(masked)} plaintexts)"
+            )
         plaintexts = paillier.unblind(n, paillier.from_bytes(at_active, self.plaintext_nbytes), masks, as_signed=False)
         total = self._decode(plaintexts, width, slots, first.numel)
         decoded = torch.from_numpy(total).to(torch.float64).mul_(2.0**-self.frac_bits).reshape(first.shape)
@@ -494,6 +543,16 @@ class Paillier(AggregationBackend):
                     f"party {self._passive[0]!r} for step {reference[0]} index {reference[1]}"
                 )
         return width, slots
+
+    def _check_aggregate(self, message: Any) -> tuple[int, ...]:
+        """The coordinator's check of what the active party sent it: ciphertexts mod n**2, nothing else."""
+        if not isinstance(message, PaillierShare):
+            what = type(message).__name__
+            raise TypeError(f"combine: the coordinator got a {what}, not the active party's aggregate")
+        n2 = self.public_key.nsquare
+        if not all(isinstance(c, int) and 0 < c < n2 for c in message.ciphertexts):
+            raise ValueError("combine: the aggregate the coordinator got holds a ciphertext outside (0, n**2)")
+        return message.ciphertexts
 
     def _decrypt(self, ciphertexts: Sequence[int]) -> bytes:
         """The coordinator's step: CRT decryption, each plaintext as `plaintext_nbytes` big-endian bytes."""
@@ -536,7 +595,7 @@ class Paillier(AggregationBackend):
         return state
 
     def __repr__(self) -> str:
-        ready = "set up" if self._secret_key is not None else "not set up"
+        ready = "set up" if self._public else "not set up"
         return (
             f"Paillier(key_size={self.key_size}, frac_bits={self.frac_bits}, int_bits={self.int_bits}, "
             f"pack={self.pack}, workers={self.workers}, coordinator={self.coordinator!r}) [{ready}]"

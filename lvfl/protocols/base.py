@@ -272,8 +272,8 @@ class VFLModule(LightningModule, ABC):
         self.report_setup(dm, stage)
         self.build(dm.party_specs, dm.task, rank=self.trainer.global_rank)
         if self.wire.here is not None:  # a party's own process (docs/federation.md): keep only what it holds
-            if hasattr(dm, "hold_only"):
-                dm.hold_only(self.wire.here)
+            if hasattr(dm, "hold_only"):  # an HE backend's coordinator holds no party's data
+                dm.hold_only(self.wire.here if self.wire.here in self.party_names else None)
             self.hold_only(self.wire.here)
 
     def prepare_datamodule(self, datamodule: Any) -> None:
@@ -378,8 +378,10 @@ class VFLModule(LightningModule, ABC):
         buffers go with it, and a submodule's buffers with its parameters. The weights kept are the ones built from
         the public config and seed, as in simulation (docs/federation.md).
         """
-        if party not in self.party_names:
-            raise ValueError(f"there is no party {party!r} in this run (parties: {self.party_names})")
+        coordinator = getattr(self.aggregation, "coordinator", None)  # an HE backend's key holder: no model, no data
+        if party not in self.party_names and party != coordinator:
+            known = self.party_names + ([coordinator] if coordinator else [])
+            raise ValueError(f"there is no party {party!r} in this run (parties: {known})")
         others = {id(p) for name in self.party_names if name != party for p in self.party_parameters(name)}
         for name in self.party_names:  # a model without parameters still holds its party's buffers
             if name != party:
@@ -560,8 +562,9 @@ class VFLModule(LightningModule, ABC):
 
     def combined(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`aggregation.combine` at the active party; elsewhere the shadow of the sum (`active_tensor`'s shape)."""
-        if not self.wire.holds(self.active):  # as differentiable as the real sum (gradients flow to active_tensor)
-            return shadow(active_tensor).requires_grad_(active_tensor.requires_grad)
+        coordinator = self.aggregation.coordinator  # an HE backend's key holder runs its part of `combine` too
+        if not self.wire.holds(self.active) and not (coordinator is not None and self.wire.holds(coordinator)):
+            return shadow(active_tensor).requires_grad_(active_tensor.requires_grad)  # as differentiable as the sum
         return self.aggregation.combine(active_tensor, shares)
 
     def protected(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> Any:
