@@ -102,6 +102,12 @@ def assert_parity(
     assert dict(sent) == dict(ledger(fit)), "the ledgers differ"
 
 
+#: EASTER with Paillier, encrypting in-process (4 parties and the coordinator: 5 processes are enough)
+PAILLIER = [
+    "--config", "configs/easter/breast_cancer_paillier.yaml", "--model.init_args.aggregation.init_args.workers=1"
+]  # fmt: skip
+
+
 def fit_and_launch(tmp_path: Path, config: list[str]) -> tuple[Path, subprocess.CompletedProcess]:
     """`lvfl fit` into tmp_path/fit, then `lvfl launch` into tmp_path/launch with each process's `StateProbe`."""
     fit = lvfl("fit", *config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
@@ -189,6 +195,21 @@ def assert_tests_equal(tmp_path: Path, config: list[str]) -> None:
     assert tested["launch"] == tested["fit"]
 
 
+def test_paillier_resumes_with_a_new_key_pair_to_the_uninterrupted_end(tmp_path):
+    """A restart generates a fresh key pair at the coordinator (the secret key is never checkpointed); a decrypted
+    Paillier sum is exact whatever the key, so every party resumes from its own last checkpoint to the fit's end."""
+    config = [*PAILLIER, *SHORT]
+    fit = lvfl("fit", *config, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    save_dir = f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}"
+    first = lvfl("launch", "--pki", str(tmp_path / "pki"), *config, "--trainer.max_epochs=1", save_dir)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    resumed = lvfl("launch", "--pki", str(tmp_path / "pki2"), *config, save_dir, "--ckpt_path", "last")
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    everyone = {name: tmp_path / "launch" / name for name in [*(f"party{k}" for k in range(4)), "coordinator"]}
+    assert_parity(tmp_path / "fit", everyone, resumed=True, holds_none={"coordinator"})
+
+
 STUDENT = (
     '--trainer.callbacks+={"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 3, '
     '"model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [8]}}}}'
@@ -200,8 +221,7 @@ def test_paillier_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
     """EASTER with Paillier: the coordinator is a fifth process that generates the key pair and decrypts the masked
     sums, holding no party's tensor, features or labels; the parties end bit-identical to the fit (a decrypted
     Paillier sum is exact) and the ledgers agree, the coordinator's messages included."""
-    config = ["--config", "configs/easter/breast_cancer_paillier.yaml"]
-    config += ["--model.init_args.aggregation.init_args.workers=1"]  # encryption in-process: 5 processes are enough
+    config = PAILLIER
     probes, launch = fit_and_launch(tmp_path, config)
     assert "5 parties (party0, party1, party2, party3, coordinator)" in launch.stdout
     parties = {f"party{k}": tmp_path / "launch" / f"party{k}" for k in range(4)}
