@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from lvfl.federation.party import SUBCOMMANDS
+from lvfl.federation.party import SUBCOMMANDS, coordinator_of
 
 __all__ = ["launch", "main", "pki_main"]
 
@@ -74,7 +74,7 @@ def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
     if len(participants) < 2:
         raise ValueError(f"lvfl launch needs at least two parties; the config has {len(participants)}")
     logger = cli.trainer.logger
-    coordinator = getattr(getattr(cli.model, "aggregation", None), "coordinator", None)  # an HE backend's key holder
+    coordinator = coordinator_of(cli.model)  # an HE backend's key holder runs as a process of its own
     names = [party_name(i) for i in participants] + ([coordinator] if coordinator else [])
     return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None)
 

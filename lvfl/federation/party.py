@@ -118,6 +118,7 @@ class PartySession:
 
     def join(self, cli: Any) -> None:
         """Start this party's transport, greet every peer, and put the protocol's wire on it (before fit)."""
+        from lvfl.datamodules.base import party_name
         from lvfl.federation.link import SocketLink, StepClock
         from lvfl.federation.transport import Transport
         from lvfl.wire import Wire
@@ -155,7 +156,7 @@ class PartySession:
         # every lvfl protocol is a star around the active party (the DH keys are relayed by it, an HE backend's
         # coordinator answers it only): the active party greets every other one and each other one the active one,
         # so only those connections must open
-        active = _active_name(cli.datamodule)
+        active = party_name(cli.datamodule.active_party)
         self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
         link = SocketLink(self.transport)
         cli.model.wire = Wire(here=self.party, transport=link)
@@ -201,12 +202,6 @@ def config_party_names(datamodule: Any) -> list[str]:
 def coordinator_of(model: Any) -> str | None:
     """The name of the model's backend's key holder (an HE backend's coordinator), or None."""
     return getattr(getattr(model, "aggregation", None), "coordinator", None)
-
-
-def _active_name(datamodule: Any) -> str:
-    from lvfl.datamodules.base import party_name
-
-    return party_name(datamodule.active_party)
 
 
 def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:

@@ -378,7 +378,7 @@ class VFLModule(LightningModule, ABC):
         buffers go with it, and a submodule's buffers with its parameters. The weights kept are the ones built from
         the public config and seed, as in simulation (docs/federation.md).
         """
-        coordinator = getattr(self.aggregation, "coordinator", None)  # an HE backend's key holder: no model, no data
+        coordinator = self.aggregation.coordinator  # an HE backend's key holder: no model, no data
         if party not in self.party_names and party != coordinator:
             known = self.party_names + ([coordinator] if coordinator else [])
             raise ValueError(f"there is no party {party!r} in this run (parties: {known})")
