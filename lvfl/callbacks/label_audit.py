@@ -20,48 +20,18 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 
+from lvfl.attacks.label import gradient_label_scores, infer_labels_from_gradients
 from lvfl.loggers import log_to_loggers
-from lvfl.wire import Wire
+from lvfl.observing import WireObserver
 
 PREFIX = "audit/label_attack_acc"
-
-
-# -- functional core: the attack itself ----------------------------------------------------------------------------
-def gradient_label_scores(grad: torch.Tensor) -> torch.Tensor:
-    """Per-class scores of the label from prediction gradients, higher meaning more likely (B x M -> B x M).
-
-    Multi-logit rows (softmax cross-entropy, including binary tasks with 2 logits): the score is -grad, since the
-    true class's component p_y - 1 is the only negative one. Single-logit rows (binary, sigmoid + BCE): the
-    gradient is sigmoid(z) - y, negative exactly when y = 1, so the returned column pair is (g, -g): its sign is
-    the guess and its magnitude (the gradient norm, |sigmoid(z) - y|) the attacker's confidence, which is what
-    norm-scoring attacks rank by when the sign is unavailable (e.g. at a cut layer).
-
-    Raises:
-        ValueError: if `grad` is not a B x M matrix.
-    """
-    if grad.ndim != 2 or grad.shape[1] < 1:
-        raise ValueError(f"expected prediction gradients of shape (batch, logits), got {tuple(grad.shape)}")
-    if grad.shape[1] == 1:
-        return torch.cat([grad, -grad], dim=1)
-    return -grad
-
-
-def infer_labels_from_gradients(grad: torch.Tensor) -> torch.Tensor:
-    """The labels a passive party infers from the prediction gradients it received (B x M -> B).
-
-    Multi-logit: argmin of each row (the one negative component). Single logit: 1 where the gradient is negative,
-    else 0. Exact for cross-entropy gradients unless the row is all zeros (a saturated softmax in float), where the
-    guess falls back to class 0.
-    """
-    if grad.ndim == 2 and grad.shape[1] == 1:
-        return (grad[:, 0] < 0).long()
-    return gradient_label_scores(grad).argmax(dim=1)
+__all__ = ["LabelLeakageAudit", "gradient_label_scores", "infer_labels_from_gradients"]
 
 
 # -- the stateful shell -----------------------------------------------------------------------------------------------
-class LabelLeakageAudit(Callback):
+class LabelLeakageAudit(WireObserver):
     """Logs each passive party's label-inference attack accuracy on the gradients it receives, per training epoch.
 
     Only training messages are scored (labels are known only for the current training batch) and only tensors
@@ -77,6 +47,7 @@ class LabelLeakageAudit(Callback):
     """
 
     def __init__(self, tags: Iterable[str] = ("gradients",)) -> None:
+        super().__init__()
         self.tags = frozenset(tags)
         self.history: list[dict[str, float]] = []  # one entry per training epoch: {"epoch": e, party: accuracy}
         self._correct: dict[str, int] = {}  # this epoch, per passive party (a resumable running count)
@@ -85,11 +56,9 @@ class LabelLeakageAudit(Callback):
         self._pending: dict[str, list[torch.Tensor]] = {}  # device counts not yet read back (no sync per step)
         self._labels: torch.Tensor | None = None
         self._passive: frozenset[str] = frozenset()
-        self._wire: Wire | None = None
-        self._handle: int | None = None
 
     # -- the observer: what a passive party receives ----------------------------------------------------------
-    def _observe(self, src: str, dst: str, tag: str, payload: Any) -> None:
+    def observe(self, src: str, dst: str, tag: str, payload: Any) -> None:  # noqa: D102
         labels = self._labels
         if labels is None or tag not in self.tags or dst not in self._passive:
             return
@@ -106,12 +75,9 @@ class LabelLeakageAudit(Callback):
 
     # -- hooks -----------------------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Start listening to the protocol's wire."""
-        wire = getattr(pl_module, "wire", None)
-        if not isinstance(wire, Wire):
-            raise TypeError(f"LabelLeakageAudit needs an lvfl protocol with a `wire`; got {type(pl_module).__name__}")
-        self._detach()
-        self._wire, self._handle = wire, wire.subscribe(self._observe)
+        """Start listening to the protocol's wire (afresh: a new fit starts with no stale batch)."""
+        self.stop_listening()
+        self.listen(pl_module)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Know who is passive (parties are built in `setup`) and start this epoch's counts."""
@@ -145,18 +111,10 @@ class LabelLeakageAudit(Callback):
         if accuracy:
             log_to_loggers(trainer, {f"{PREFIX}/{k}": v for k, v in accuracy.items()}, epoch=True)
 
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Stop listening."""
-        self._detach()
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        """Stop listening when fit fails, so a reused module carries no stale observer."""
-        self._detach()
-
-    def _detach(self) -> None:
-        if self._wire is not None and self._handle is not None:
-            self._wire.unsubscribe(self._handle)
-        self._wire, self._handle, self._labels = None, None, None
+    def stop_listening(self) -> None:
+        """Unsubscribe, and forget the batch's labels."""
+        super().stop_listening()
+        self._labels = None
 
     # -- checkpointing ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 Aggregation backends protect passive embeddings on the wire and combine them at the active party (Plain, DHMasking;
 Paillier and CKKS with a key-holding coordinator); label mechanisms protect labels when anything derived from them
 leaves the active party; soft-label channels carry a distilled student's soft labels and gradients between the
-active party and the passive parties' producer (PlainSoftLabels, PaillierSoftLabels).
+active party and the passive parties' producer (PlainSoftLabels, PaillierSoftLabels); gradient defenses change what
+the active party sends down as gradients (GaussianNoise, LaplaceNoise, GradientSparsification).
 """
 
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.ckks import CKKS
+from lvfl.privacy.gradient_defenses import GaussianNoise, GradientDefense, GradientSparsification, LaplaceNoise
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels, PrivacyLedger, RandomizedResponse
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.masking import DHMasking
@@ -20,8 +22,12 @@ __all__ = [
     "AggregationBackend",
     "CKKS",
     "DHMasking",
+    "GaussianNoise",
+    "GradientDefense",
+    "GradientSparsification",
     "LabelMechanism",
     "LabelRelease",
+    "LaplaceNoise",
     "LaplaceLabels",
     "Paillier",
     "PaillierSoftLabels",

@@ -56,8 +56,10 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig, VFLModule
 from lvfl.protocols.task_metrics import make_metric, metric_names
@@ -93,6 +95,8 @@ class AggVFL(VFLModule):
         [0.25, 0.25, 0.25, 0.25]
     """
 
+    passive_inbox = {**VFLModule.passive_inbox, "gradients": messages.PREDICTION_GRADIENT}
+
     def __init__(
         self,
         parties: list[PartyConfig],
@@ -100,10 +104,17 @@ class AggVFL(VFLModule):
         embedding_dim: int = 64,
         aggregate: Literal["sum", "mean", "weighted"] = "mean",
         label_mechanism: LabelMechanism | None = None,
+        gradient_defense: GradientDefense | None = None,
     ) -> None:
         if aggregate not in AGGREGATIONS:
             raise ValueError(f"model.aggregate must be one of {list(AGGREGATIONS)}, got aggregate={aggregate!r}")
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
+        super().__init__(
+            parties,
+            aggregation=aggregation,
+            embedding_dim=embedding_dim,
+            label_mechanism=label_mechanism,
+            gradient_defense=gradient_defense,
+        )
         self.aggregate = aggregate
         self.weight_logits: nn.Parameter | None
         self.register_parameter("weight_logits", None)  # created by build() for `weighted` (C is known then)

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -26,10 +26,12 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
+from lvfl import messages
 from lvfl.loggers import is_logging_step, log_to_loggers
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
@@ -161,6 +163,9 @@ class VFLModule(LightningModule, ABC):
         label_mechanism: a label-DP mechanism (`lvfl.privacy.RandomizedResponse`, `LaplaceLabels`); when set,
             every model whose outputs, gradients or parameters leave the active party trains against protected
             labels drawn once for the run (`labels_for`), and only a private head sees the true labels.
+        gradient_defense: what the active party does to every gradient it sends a passive party
+            (`lvfl.privacy.GaussianNoise`, `LaplaceNoise`, `GradientSparsification`), in `gradient_down`; None sends
+            the gradient as computed. Its noise is drawn from OS randomness, so a run with one is not reproducible.
 
     Label privacy covers a passive party's whole view. With a mechanism, every message that leaves the active party
     (global embedding, gradients, top-model parameters, labels, predictions) must be a function of the release, the
@@ -190,12 +195,21 @@ class VFLModule(LightningModule, ABC):
     by the active party's metrics (and so by any model selection on them, e.g. `lvfl bench`'s best-validation rule).
     """
 
+    #: what a passive party receives under each training tag (`lvfl.messages`): attacks apply by it. Public, as the
+    #: protocol's code is. A protocol that sends a passive party anything during training declares it here.
+    passive_inbox: ClassVar[Mapping[str, str]] = {
+        "keys": messages.SETUP,
+        "split": messages.SETUP,
+        "best_epoch": messages.CONTROL,
+    }
+
     def __init__(
         self,
         parties: list[PartyConfig],
         aggregation: AggregationBackend | None = None,
         embedding_dim: int = 64,
         label_mechanism: LabelMechanism | None = None,
+        gradient_defense: GradientDefense | None = None,
     ) -> None:
         super().__init__()
         if not parties:
@@ -207,6 +221,7 @@ class VFLModule(LightningModule, ABC):
         self.aggregation = aggregation if aggregation is not None else Plain()
         self.embedding_dim = embedding_dim
         self.label_mechanism = label_mechanism
+        self.gradient_defense = gradient_defense
         self.label_release = LabelRelease(label_mechanism)
         self.wire = Wire()
         self._prediction_recipient: str | None = None  # set by `predictions_delivered_to` (a teacher's inference)
@@ -544,6 +559,8 @@ class VFLModule(LightningModule, ABC):
         `<output, grad>` has the gradient `grad` in `output`, so its gradient in the party's parameters is exactly
         the loss gradient the party would get by backpropagating through the wire.
         """
+        if self.gradient_defense is not None and self.wire.holds(self.active):
+            grad = self.gradient_defense.apply(grad)  # what goes down, and so what party k trains on
         received = self.wire.send(self.active, party, grad, "gradients")
         if not self.wire.holds(party):  # another party's term: its shadow
             return empty_shadow((), grad.dtype)

@@ -61,6 +61,7 @@ from typing import Any
 import torch
 from torch.func import functional_call
 
+from lvfl import messages
 from lvfl.checks import check_int
 from lvfl.compression import CompressedTensor, Compressor
 from lvfl.models.base import PartyModelFactory
@@ -96,6 +97,13 @@ class CVFL(TopModelProtocol):
             release (drawn once per run), and the top model and the active encoder train against it; a private top
             model learns the true labels and makes the active party's predictions. None: true labels everywhere.
     """
+
+    passive_inbox = {
+        **TopModelProtocol.passive_inbox,
+        "global_embedding": messages.GLOBAL_EMBEDDING,
+        "model": messages.TOP_MODEL,
+        "labels": messages.LABELS,
+    }
 
     def __init__(
         self,

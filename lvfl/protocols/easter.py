@@ -38,8 +38,10 @@ from typing import Any, Literal
 
 import torch
 
+from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig, VFLModule
 
@@ -59,19 +61,32 @@ class EASTER(VFLModule):
             encoders' update differs; every message is the same.
     """
 
+    passive_inbox = {
+        **VFLModule.passive_inbox,
+        "global_embedding": messages.GLOBAL_EMBEDDING,
+        "gradients": messages.PREDICTION_GRADIENT,
+    }
+
     def __init__(
         self,
         parties: list[PartyConfig],
         aggregation: AggregationBackend | None = None,
         embedding_dim: int = 64,
         label_mechanism: LabelMechanism | None = None,
+        gradient_defense: GradientDefense | None = None,
         encoder_gradient: Literal["mean_share", "whole"] = "mean_share",
     ) -> None:
         if encoder_gradient not in ENCODER_GRADIENTS:
             raise ValueError(
                 f"model.encoder_gradient must be one of {list(ENCODER_GRADIENTS)}, got {encoder_gradient!r}"
             )
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
+        super().__init__(
+            parties,
+            aggregation=aggregation,
+            embedding_dim=embedding_dim,
+            label_mechanism=label_mechanism,
+            gradient_defense=gradient_defense,
+        )
         self.encoder_gradient = encoder_gradient
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:

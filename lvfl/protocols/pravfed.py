@@ -49,6 +49,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from lvfl import messages
 from lvfl.checks import check_int
 from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
@@ -84,6 +85,8 @@ class PraVFed(VFLModule):
         local_epochs: T_k, each passive party's pre-training epochs on Y' (>= 1).
         weighting: ``accuracy`` (w_k proportional to acc_k, Eq. 8/9) or ``average`` (w_k = 1/K, Fig. 3).
     """
+
+    passive_inbox = {**VFLModule.passive_inbox, "labels": messages.LABELS, "weights": messages.WEIGHTS}
 
     def __init__(
         self,

@@ -43,9 +43,11 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from lvfl import messages
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
@@ -81,6 +83,8 @@ class SplitNN(TopModelProtocol):
         32
     """
 
+    passive_inbox = {**TopModelProtocol.passive_inbox, "gradients": messages.EMBEDDING_GRADIENT}
+
     def __init__(
         self,
         parties: list[PartyConfig],
@@ -90,6 +94,7 @@ class SplitNN(TopModelProtocol):
         top_hidden: int = 64,
         fusion: Fusion = "concat",
         label_mechanism: LabelMechanism | None = None,
+        gradient_defense: GradientDefense | None = None,
     ) -> None:
         super().__init__(
             parties,
@@ -98,6 +103,7 @@ class SplitNN(TopModelProtocol):
             embedding_dim=embedding_dim,
             top_hidden=top_hidden,
             label_mechanism=label_mechanism,
+            gradient_defense=gradient_defense,
         )
         if fusion not in get_args(Fusion):
             raise ValueError(f"model.fusion must be one of {list(get_args(Fusion))}, got fusion={fusion!r}")

@@ -39,6 +39,7 @@ from lvfl.checks import check_int
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig, VFLModule
 
@@ -69,8 +70,15 @@ class TopModelProtocol(VFLModule):
         embedding_dim: int = 64,
         top_hidden: int = 64,
         label_mechanism: LabelMechanism | None = None,
+        gradient_defense: GradientDefense | None = None,
     ) -> None:
-        super().__init__(parties, aggregation=aggregation, embedding_dim=embedding_dim, label_mechanism=label_mechanism)
+        super().__init__(
+            parties,
+            aggregation=aggregation,
+            embedding_dim=embedding_dim,
+            label_mechanism=label_mechanism,
+            gradient_defense=gradient_defense,
+        )
         self.top_model_factory = top_model  # not `top_model`: the run fingerprint reads init arguments kept by name
         self.top_hidden = check_int(top_hidden, "model.top_hidden", low=1)
         self.top: nn.Module | None = None

@@ -1,0 +1,235 @@
+"""Label attacks by a passive party against every protocol, undefended and under randomized response, in one run.
+
+    .venv/bin/python benchmarks/attacks.py [--epochs 5] [--epsilon 1.0]
+    .venv/bin/python benchmarks/attacks.py --defenses [--epochs 5] [--plot docs/results/privacy_utility.png]
+
+Each row is one `lvfl fit` of the repo's config pieces (data + protocol + parties, as `configs/README.md` composes
+them) with the attacks as callbacks (`lvfl.attacks`), mounted by party1 on exactly what it receives. Printed per
+row: the attack's metric at the first and the last epoch, the trivial baseline (guessing the most frequent class;
+0.5 AUC), and under a label mechanism the bound an epsilon-label-DP release puts on any label guess from the
+release: at most e^eps / (e^eps + K - 1) of the labels right in expectation (randomized response's keep
+probability, the most any eps-DP mechanism keeps), with the measured value's distance from it in standard errors.
+Direct label inference reads the release itself, so its expected accuracy *is* the bound and its measured value
+scatters around it (about 1 row in 40 lands beyond +2 standard errors by chance). Passive model completion's side
+knowledge (its own features and 40 true labels) is more than the release, which the bound does not cover: its row
+shows what the attack reaches, with no bound beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+DLI = {"class_path": "lvfl.attacks.DirectLabelInference"}
+NORM = {"class_path": "lvfl.attacks.NormScoring", "init_args": {"known_labels": 10}}  # oriented by known samples
+#: oriented by the class prior (Li et al.: the rarer class has the larger norms; breast_cancer's rarer class is 0)
+NORM_RARER = {"class_path": "lvfl.attacks.NormScoring", "init_args": {"larger_norm_class": 0, "name": "norm_rarer"}}
+DIRECTION = {"class_path": "lvfl.attacks.DirectionScoring", "init_args": {"known_labels": 2}}
+PMC = {"class_path": "lvfl.attacks.PassiveModelCompletion", "init_args": {"known_labels": 40}}
+#: the same head on the party's raw features: what the attacker reaches with no federation at all
+PMC_RAW = {"class_path": "lvfl.attacks.PassiveModelCompletion", "init_args": {"known_labels": 40, "inputs": "raw",
+           "name": "pmc_raw"}}  # fmt: skip
+
+#: (protocol piece, data, attacks): digits has 10 classes, breast_cancer 2 (Li et al.'s scoring attacks are binary)
+SETTINGS = [
+    ("easter/default", "digits", [DLI, PMC, PMC_RAW]),
+    ("aggvfl/default", "digits", [DLI]),
+    ("cvfl/default", "digits", [DLI]),
+    ("pravfed/default", "digits", [DLI]),
+    ("splitnn/digits", "digits", [PMC, PMC_RAW]),
+    ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION]),
+]
+CLASSES = {"digits": 10, "breast_cancer": 2}
+
+
+def fit(
+    protocol: str, data: str, attacks: list[dict], mechanism: dict | None, epochs: int, out: Path, extra: tuple = ()
+) -> list[dict]:
+    """One `lvfl fit` with the attacks (and `extra` arguments); the rows of its metrics.csv."""
+    command = [
+        sys.executable, "-m", "lvfl", "fit",
+        "--config", f"configs/data/{data}.yaml", "--config", f"configs/protocols/{protocol}.yaml",
+        "--config", f"configs/parties/{data}.yaml",
+        f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false",
+        "--trainer.enable_checkpointing=false", f"--trainer.logger.init_args.save_dir={out}",
+        *[f"--trainer.callbacks+={json.dumps(a)}" for a in attacks], *extra,
+    ]  # fmt: skip
+    if protocol.startswith("pravfed"):  # its config's Laplace release, swapped for the row's mechanism (or kept)
+        command.append(f"--model.init_args.label_mechanism={json.dumps(mechanism or LAPLACE_OFF)}")
+    elif mechanism is not None:
+        command.append(f"--model.init_args.label_mechanism={json.dumps(mechanism)}")
+    if protocol.startswith("pravfed"):
+        command.append("--model.init_args.local_epochs=2")  # its pre-training; the label release is the same
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603 - lvfl
+    if done.returncode != 0:
+        refused = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
+        if refused and extra:  # a defended run that lvfl stopped (a diverged model): a result, reported as such
+            raise Stopped(refused[-1])
+        raise SystemExit(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
+    (metrics,) = out.rglob("metrics.csv")
+    with metrics.open() as f:
+        return list(csv.DictReader(f))
+
+
+class Stopped(Exception):  # noqa: N818 - what happened to the run, not an error of this script
+    """lvfl stopped a run with one line (e.g. a model that diverged under a defense)."""
+
+
+#: PraVFed always protects its labels; "undefended" for it is its config's own Laplace release at a large epsilon
+LAPLACE_OFF = {"class_path": "lvfl.privacy.LaplaceLabels", "init_args": {"epsilon": 1000.0}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--epsilon", type=float, default=1.0)
+    parser.add_argument("--defenses", action="store_true", help="the gradient-defense grid instead (AP, MP, DCS)")
+    parser.add_argument("--plot", type=Path, default=None, help="with --defenses: write the privacy-utility plot here")
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import machine
+
+    if args.defenses:
+        defense_grid(args.epochs, args.plot)
+        print(f"# {machine()}")
+        return
+
+    rr = {"class_path": "lvfl.privacy.RandomizedResponse", "init_args": {"epsilon": args.epsilon}}
+    print(f"# label attacks by party1, {args.epochs} epochs of each config's settings; randomized response at "
+          f"epsilon = {args.epsilon}")  # fmt: skip
+    print(f"# {machine()}")
+    print()
+    print("| protocol | data (classes) | defense | attack | metric | epoch 1 | last epoch | baseline | eps bound "
+          "| last vs bound |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (protocol, data, attacks) in enumerate(SETTINGS):
+            for defense, mechanism in (("none", None), (f"RR eps={args.epsilon:g}", rr)):
+                rows = fit(protocol, data, attacks, mechanism, args.epochs, Path(tmp, f"{i}-{defense}"))
+                rows = [row for row in rows if any(k.startswith("attack/") and row[k] for k in row)]
+                k = CLASSES[data]
+                bound = math.exp(args.epsilon) / (math.exp(args.epsilon) + k - 1) if mechanism else None
+                for attack in attacks:
+                    name = attack["class_path"].rsplit(".", 1)[1]
+                    metric_name = attack.get("init_args", {}).get("name") or _metric_name(name)
+                    prefix = f"attack/{metric_name}/"
+                    for metric in ("accuracy", "auc"):
+                        series = [r for r in rows if r.get(prefix + metric)]
+                        if not series:
+                            continue
+                        first, last = float(series[0][prefix + metric]), float(series[-1][prefix + metric])
+                        baseline = float(series[-1][prefix + "baseline_" + metric])
+                        versus = ""
+                        if bound is not None and metric == "accuracy":
+                            se = float(series[-1][prefix + "accuracy_se"])
+                            versus = f"{(last - bound) / se:+.1f} se" if se > 0 else "-"
+                        shown = f"{bound:.4f}" if bound is not None and metric == "accuracy" else ""
+                        if bound is not None and attack in (PMC, PMC_RAW):  # side knowledge beyond the release
+                            shown, versus = "n/a", "n/a"
+                        print(f"| {protocol.split('/')[0]} | {data} ({k}) | {defense} | {metric_name} | {metric} | "
+                              f"{first:.4f} | {last:.4f} | {baseline:.4f} | {shown} | {versus} |")  # fmt: skip
+
+
+#: (protocol piece, data, attack, metric): the gradient a passive party receives, defended by the active party
+DEFENDED = [
+    ("easter/default", "digits", DLI, "accuracy"),
+    ("splitnn/default", "breast_cancer", DIRECTION, "auc"),
+]
+#: each defense at rising strength (`model.gradient_defense`); None: undefended
+DEFENSES = [
+    None,
+    *({"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": z}} for z in (0.25, 1.0, 4.0)),
+    *({"class_path": "lvfl.privacy.LaplaceNoise", "init_args": {"scale": b}} for b in (0.25, 1.0, 4.0)),
+    *({"class_path": "lvfl.privacy.GradientSparsification", "init_args": {"keep": k}} for k in (0.5, 0.1)),
+]
+
+
+def dcs(ap: float, mp: float, ideal_ap: float, ideal_mp: float, beta: float = 0.5) -> float:
+    """VFLAIR's Defense Capability Score: 1 / (1 + the beta-weighted distance of (AP, MP) from the ideal defense)."""
+    return 1 / (1 + math.sqrt((1 - beta) * (ap - ideal_ap) ** 2 + beta * (mp - ideal_mp) ** 2))
+
+
+def defense_grid(epochs: int, plot: Path | None) -> None:
+    """Attack performance (AP) and main-task performance (MP) per defense and strength, with DCS and epsilon."""
+    from lvfl.privacy import GaussianNoise, LaplaceNoise
+
+    print(f"# gradient defenses (the active party's `model.gradient_defense`), {epochs} epochs; MP: the active "
+          "party's validation accuracy at the last epoch; DCS: VFLAIR's, beta = 0.5, ideal = (AP 0, the undefended "
+          "MP); epsilon: label DP of a sample's gradient row, released once an epoch, delta = 1e-5")  # fmt: skip
+    print()
+    print("| protocol | data | attack (AP) | defense | AP | MP | DCS | epsilon |")
+    print("|---|---|---|---|---|---|---|---|")
+    points: dict[str, list[tuple[str, float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for protocol, data, attack, metric in DEFENDED:
+            name = attack["class_path"].rsplit(".", 1)[1]
+            key = f"attack/{_metric_name(name)}/{metric}"
+            undefended_mp = None
+            for j, defense in enumerate(DEFENSES):
+                extra = () if defense is None else (f"--model.init_args.gradient_defense={json.dumps(defense)}",)
+                label = "none" if defense is None else _defense_label(defense)
+                out = Path(tmp, f"{protocol}-{j}".replace("/", "-"))
+                try:
+                    rows = fit(protocol, data, [attack], None, epochs, out, extra)
+                except Stopped as stop:
+                    print(f"| {protocol.split('/')[0]} | {data} | {_metric_name(name)} {metric} | {label} | "
+                          f"stopped: {str(stop).removeprefix('lvfl: error: ')[:160]} | | | |")  # fmt: skip
+                    continue
+                ap = [float(r[key]) for r in rows if r.get(key)][-1]
+                mp = [float(r["val/acc/party0"]) for r in rows if r.get("val/acc/party0")][-1]
+                undefended_mp = mp if defense is None else undefended_mp
+                epsilon = ""
+                if defense is not None and defense["class_path"].endswith(("GaussianNoise", "LaplaceNoise")):
+                    cls = GaussianNoise if defense["class_path"].endswith("GaussianNoise") else LaplaceNoise
+                    epsilon = f"{cls(**defense['init_args']).epsilon(epochs, 1e-5):.1f}"
+                score = dcs(ap, mp, 0.0, undefended_mp)
+                print(f"| {protocol.split('/')[0]} | {data} | {_metric_name(name)} {metric} | {label} | {ap:.4f} | "
+                      f"{mp:.4f} | {score:.4f} | {epsilon} |")  # fmt: skip
+                points.setdefault(f"{protocol.split('/')[0]} {data}: {_metric_name(name)} {metric}", []).append(
+                    (label, ap, mp)
+                )
+    if plot is not None:
+        _plot(points, plot)
+
+
+def _defense_label(defense: dict) -> str:
+    cls = defense["class_path"].rsplit(".", 1)[1]
+    return f"{cls}({', '.join(f'{k}={v}' for k, v in defense['init_args'].items())})"
+
+
+def _plot(points: dict[str, list[tuple[str, float, float]]], path: Path) -> None:
+    """AP against MP, one panel per attack, one point per defense strength (the privacy-utility plot)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(points), figsize=(6 * len(points), 4.5), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], points.items(), strict=True):
+        for label, ap, mp in rows:
+            ax.scatter(mp, ap)
+            ax.annotate(label.replace("Gradient", "").replace("Noise", ""), (mp, ap), fontsize=7)
+        ax.set_xlabel("main-task performance (validation accuracy)")
+        ax.set_ylabel("attack performance")
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"\nprivacy-utility plot: {path}")
+
+
+def _metric_name(class_name: str) -> str:
+    from lvfl import attacks
+
+    return getattr(attacks, class_name).name
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Attacks a party mounts on what it holds (its inbox on the Wire, its own data and model, declared side knowledge).
+
+Each is a callback chosen by `class_path` (``--trainer.callbacks+=...``), scored against the truth by its shell and
+logged as ``attack/<name>/<metric>``; see `lvfl.attacks.base` for what an attack may read, and docs/privacy.md.
+"""
+
+from lvfl.attacks.base import Attack, PartyView, Received, evaluate
+from lvfl.attacks.completion import PassiveModelCompletion
+from lvfl.attacks.label import DirectionScoring, DirectLabelInference, NormScoring
+
+__all__ = [
+    "Attack",
+    "DirectLabelInference",
+    "DirectionScoring",
+    "NormScoring",
+    "PartyView",
+    "PassiveModelCompletion",
+    "Received",
+    "evaluate",
+]

@@ -1,0 +1,370 @@
+"""An attack mounted by one named party on exactly what that party holds, scored by a harness that holds the truth.
+
+Why this shape: a privacy measurement is only as honest as the attacker's view. An attack here never sees the
+protocol module, the batch or another party's anything: each step it gets a `PartyView`, built by the `Attack`
+shell from
+
+- the messages the party received on the Wire during the step (`inbox`), and those it received outside any training
+  step so far, at set-up (`setup_inbox`: keys, a label release sent once);
+- its own slice of the batch and the batch's sample IDs (a party knows which of its rows it served), its own
+  training IDs, and its own party model (encoder and head);
+- the side knowledge the attack declares, and nothing more: `known_labels` auxiliary samples with their labels
+  (e.g. Fu et al.'s passive model completion with K labelled samples);
+- what is public: the protocol's declaration of what each tag a passive party receives is (`VFLModule.passive_inbox`)
+  and the task (the number of classes).
+
+The subclass implements `infer(view)` and nothing else; the shell holds the batch's true labels for scoring only,
+excludes the samples whose labels the attacker was given, and logs `attack/<name>/<metric>` (and the trivial
+baseline the metric is judged against, `attack/<name>/baseline_<metric>`) per training epoch to every logger.
+An attack refuses, by name, a protocol whose passive parties receive none of the messages it reads.
+
+Assumptions: a semi-honest attacker (it follows the protocol and computes on the side); the simulation's Wire
+delivers to its observers exactly what the receiving party's process would receive (the parity tests check that).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch import nn
+
+from lvfl.loggers import log_to_loggers
+from lvfl.observing import WireObserver
+from lvfl.wire import Wire
+
+__all__ = ["Attack", "PartyView", "Received", "evaluate"]
+
+
+@dataclass(frozen=True)
+class Received:
+    """One message the attacking party received: who sent it, under which tag, the payload as it arrived."""
+
+    src: str
+    tag: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class PartyView:
+    """Everything party `party` holds at the end of one training step: all an attack may read.
+
+    Attributes:
+        party: the attacking party.
+        ids: the batch's sample IDs, in the batch's order (the rows this party served).
+        features: this party's own slice of the batch (model input).
+        inbox: the messages this party received during the step, in order.
+        setup_inbox: the messages it received outside any training step so far (set-up, a release sent once).
+        model: its own party model (an `encoder` and a `head`), as it is after the step.
+        train_ids: the IDs of the training rows it holds, ascending.
+        train_features: its own slice of those rows (model input), in the same order.
+        known_labels: the declared side knowledge: sample ID -> label, for the auxiliary samples it was given.
+        kinds: the protocol's public declaration: tag -> what a message under it is (`lvfl.messages`).
+        num_classes: the task's number of classes.
+        epoch: the training epoch.
+        batch_idx: the step's index in the epoch.
+    """
+
+    party: str
+    ids: torch.Tensor
+    features: torch.Tensor
+    inbox: tuple[Received, ...]
+    setup_inbox: tuple[Received, ...]
+    model: nn.Module | None
+    train_ids: torch.Tensor
+    train_features: torch.Tensor
+    known_labels: Mapping[int, int]
+    kinds: Mapping[str, str]
+    num_classes: int
+    epoch: int
+    batch_idx: int
+
+    def received(self, kind: str, setup: bool = False) -> list[Any]:
+        """The payloads of this step's messages (or the set-up ones) whose tag the protocol declares as `kind`."""
+        messages = self.setup_inbox if setup else self.inbox
+        return [m.payload for m in messages if self.kinds.get(m.tag) == kind]
+
+    def known_in_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions in the batch of the samples whose labels this party was given, and those labels."""
+        if not self.known_labels:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        ids = self.ids.tolist()
+        positions = [i for i, sample in enumerate(ids) if sample in self.known_labels]
+        labels = [self.known_labels[ids[i]] for i in positions]
+        return torch.tensor(positions, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class _Addressed(Received):
+    """A message received outside a training step, with its addressee (held before the attacker is known)."""
+
+    dst: str = ""
+
+
+@dataclass
+class _Tally:
+    """One epoch's scored samples: the attack's class scores and the true labels (CPU)."""
+
+    scores: list[torch.Tensor] = field(default_factory=list)
+    labels: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
+        self.scores.append(scores.detach().float().cpu())
+        self.labels.append(labels.detach().cpu())
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.labels)
+
+
+class Attack(WireObserver):
+    """The shell of an attack by one party: builds its view each training step, scores its guesses, logs the metrics.
+
+    Subclasses set `name`, `reads` (the message kinds, any of which it can attack; none: it reads only the party's own
+    data and model, and applies to every protocol), `metrics` (of "accuracy", "auc"), and implement `infer`;
+    `check_task` may refuse a task. They override no hook: what an attack can read is the view, nothing else.
+
+    Args:
+        party: the attacking party; the first passive party by default. It must be a passive party.
+        known_labels: how many training samples the attacker knows the labels of (side knowledge), drawn balanced
+            over the classes from the training rows it holds; 0 for none.
+        seed: draws which samples those are (the attacker's own choice: nothing secret to any other party).
+        name: the metric prefix, ``attack/<name>/...``; the class's `name` by default (two attacks must differ).
+    """
+
+    name: ClassVar[str] = "attack"
+    reads: ClassVar[tuple[str, ...]] = ()
+    metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
+    #: the fewest known labels the attack works with
+    min_known_labels: ClassVar[int] = 0
+
+    def __init__(self, party: str | None = None, known_labels: int = 0, seed: int = 0, name: str | None = None):
+        if not isinstance(known_labels, int) or known_labels < 0:
+            raise ValueError(
+                f"{type(self).__name__}: known_labels must be a non-negative integer, got {known_labels!r}"
+            )
+        if known_labels < self.min_known_labels:
+            raise ValueError(
+                f"{type(self).__name__} needs known_labels >= {self.min_known_labels} (side knowledge), "
+                f"got {known_labels}"
+            )
+        super().__init__()
+        self.party, self.known_labels, self.seed = party, known_labels, int(seed)
+        self._party_given = party  # the state key's: `party` itself is resolved at fit start
+        self.metric_name = name or self.name
+        self.history: list[dict[str, float]] = []  # per training epoch: {"epoch": e, metric: value, ...}
+        self._kinds: dict[str, str] = {}
+        self._num_classes = 0
+        self._known: dict[int, int] = {}
+        self._train_ids = torch.zeros(0, dtype=torch.long)
+        self._train_features = torch.zeros(0)
+        self._model: nn.Module | None = None
+        self._step: list[Received] | None = None  # this step's inbox, while a training step runs
+        self._setup: list[_Addressed] = []
+        self._truth: torch.Tensor | None = None
+        self._ids: torch.Tensor | None = None
+        self._features: torch.Tensor | None = None
+        self._tally = _Tally()
+
+    # -- what a subclass implements ----------------------------------------------------------------------------------
+    def infer(self, view: PartyView) -> torch.Tensor | None:
+        """Class scores per sample of the batch, (B, K) with K the task's classes (higher: more likely); None: no guess.
+
+        For a binary task, column 1 minus column 0 is the score that ranks samples for the leak AUC.
+        """
+        raise NotImplementedError
+
+    def check_task(self, num_classes: int) -> None:
+        """Refuse a task the attack does not apply to (default: any classification task)."""
+        if num_classes < 2:
+            raise ValueError(f"{type(self).__name__} infers class labels; this task has none (regression)")
+
+    # -- the shell ----------------------------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Start listening before the protocol's own set-up, whose messages (the split, keys) are in the inbox too.
+
+        The parties are built in the protocol's `setup`, after this: until `on_fit_start` names the attacking party,
+        every message is held, and then only that party's are kept.
+        """
+        if stage != "fit":
+            return
+        self.listen(pl_module)
+
+    def listen(self, pl_module: LightningModule) -> Wire:
+        """Subscribe (once per wire), starting with an empty set-up inbox."""
+        wire = getattr(pl_module, "wire", None)
+        if not (isinstance(wire, Wire) and self.listening_to(wire)):
+            self._setup, self._step = [], None
+        return super().listen(pl_module)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Check the protocol and the party, draw the side knowledge, keep only the party's inbox from now on."""
+        self.listen(pl_module)
+        protocol = type(pl_module).__name__
+        passive = list(getattr(pl_module, "passive", []))
+        party = self.party if self.party is not None else (passive[0] if passive else None)
+        if party not in passive:
+            raise ValueError(
+                f"{type(self).__name__}: party must be a passive party of this {protocol} run ({passive}), "
+                f"got {party!r}"
+            )
+        self.party = party
+        kinds = dict(getattr(type(pl_module), "passive_inbox", {}))
+        if self.reads and not set(kinds.values()) & set(self.reads):
+            offers = sorted(set(kinds.values())) or ["nothing this attack reads"]
+            raise ValueError(
+                f"{type(self).__name__} does not apply to {protocol}: it reads {', '.join(self.reads)}, and a passive "
+                f"party of {protocol} receives {', '.join(offers)}"
+            )
+        for other in trainer.callbacks:
+            if isinstance(other, Attack) and other is not self and other.metric_name == self.metric_name:
+                raise ValueError(f"two attacks log under attack/{self.metric_name}/: give one of them a `name`")
+        task = pl_module.task
+        self._num_classes = int(task.num_classes)
+        self.check_task(self._num_classes)
+        self._kinds = kinds
+        self._model = pl_module.party_models[party]
+        dm = trainer.datamodule
+        train = dm.train_set
+        order = torch.argsort(train.ids.cpu())
+        self._train_ids = train.ids.cpu()[order]
+        self._train_features = train.decode({party: train.stored[party]})[party].cpu()[order]
+        self._known = self._draw_known(train.ids.cpu(), train.labels.cpu())
+        self._setup = [m for m in self._setup if m.dst == party]
+
+    def _draw_known(self, ids: torch.Tensor, labels: torch.Tensor) -> dict[int, int]:
+        """`known_labels` training samples, as even over the classes as the counts allow, drawn with `seed`."""
+        if self.known_labels == 0:
+            return {}
+        # a stream of its own: torch.Generator().manual_seed(seed) would replay the loader's epoch-0 shuffle of the
+        # same seed (the config's), and every known sample would land in the first batch
+        digest = hashlib.sha256(f"lvfl.attacks.known_labels/{self.seed}".encode()).digest()
+        generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+        order = torch.randperm(len(ids), generator=generator)
+        per_class = math.ceil(self.known_labels / self._num_classes)
+        chosen: dict[int, int] = {}
+        taken: dict[int, int] = {}
+        for i in order.tolist():
+            label = int(labels[i])
+            if taken.get(label, 0) < per_class:
+                taken[label] = taken.get(label, 0) + 1
+                chosen[int(ids[i])] = label
+            if len(chosen) == self.known_labels:
+                break
+        return chosen
+
+    def observe(self, src: str, dst: str, tag: str, payload: Any) -> None:  # noqa: D102
+        if self._step is not None:
+            if dst == self.party:
+                self._step.append(Received(src, tag, payload))
+        elif self.party is None or dst == self.party:  # before fit start the party may not be known yet
+            self._setup.append(_Addressed(src, tag, payload, dst))
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:  # noqa: D102
+        self._tally = _Tally()
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Open the step's inbox; hold the batch's true labels for scoring only, and the party's own slice."""
+        self._step = []
+        self._truth = batch.labels.detach()
+        self._ids = batch.ids.detach()
+        self._features = batch.features[self.party].detach()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Give the attack its view of the step; score its guesses on the samples it was not told."""
+        inbox, self._step = tuple(self._step or ()), None
+        if self._ids is None or self._features is None or self._truth is None:  # a batch end without its start
+            return
+        view = PartyView(
+            party=str(self.party),
+            ids=self._ids.cpu(),
+            features=self._features,
+            inbox=inbox,
+            setup_inbox=tuple(Received(m.src, m.tag, m.payload) for m in self._setup),
+            model=self._model,
+            train_ids=self._train_ids,
+            train_features=self._train_features,
+            known_labels=dict(self._known),
+            kinds=dict(self._kinds),
+            num_classes=self._num_classes,
+            epoch=int(trainer.current_epoch),
+            batch_idx=int(batch_idx),
+        )
+        scores = self.infer(view)
+        truth, self._truth = self._truth, None
+        if scores is None:
+            return
+        if scores.shape != (len(truth), self._num_classes):
+            raise RuntimeError(
+                f"{type(self).__name__}.infer returned scores of shape {tuple(scores.shape)}; expected "
+                f"{(len(truth), self._num_classes)} (batch, classes)"
+            )
+        unknown = torch.tensor([int(i) not in self._known for i in view.ids.tolist()], dtype=torch.bool)
+        self._tally.add(scores.cpu()[unknown], truth.cpu()[unknown])
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the epoch's metrics and their trivial baselines (single process: attacks run in simulation)."""
+        if not len(self._tally):
+            return
+        values = evaluate(self._tally.scores, self._tally.labels, self.metrics)
+        self.history.append({"epoch": float(trainer.current_epoch), **values})
+        log_to_loggers(trainer, {f"attack/{self.metric_name}/{k}": v for k, v in values.items()}, epoch=True)
+
+    @property
+    def state_key(self) -> str:
+        """Unique per metric name and party as given, so two attacks of one class checkpoint apart."""
+        return self._generate_state_key(name=self.metric_name, party=self._party_given)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The per-epoch history (a resumed run keeps the epochs before it)."""
+        return {"history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore `state_dict`."""
+        self.history = [dict(h) for h in state_dict.get("history", [])]
+
+
+def evaluate(
+    scores: torch.Tensor | Sequence[torch.Tensor],
+    labels: torch.Tensor | Sequence[torch.Tensor],
+    metrics: tuple[str, ...],
+) -> dict[str, float]:
+    """The attack's metrics over scored samples (one tensor, or one per step), with trivial baselines and the count.
+
+    - accuracy: the fraction whose argmax class is the true label, over every sample; its baseline is guessing the
+      most frequent class of these samples (an attacker who knows the class prior and nothing else);
+      `accuracy_se` is its binomial standard error.
+    - auc (binary): Li et al.'s leak AUC, the ROC AUC of column 1 minus column 0 for label 1, per step and averaged
+      over the steps that hold both classes (scores of different steps come from different models and references,
+      so they are ranked within a step, as the attacker ranks them); its baseline is 0.5.
+    """
+    from torchmetrics.functional.classification import binary_auroc
+
+    steps_scores = [scores] if isinstance(scores, torch.Tensor) else list(scores)
+    steps_labels = [labels] if isinstance(labels, torch.Tensor) else list(labels)
+    every_score, every_label = torch.cat(steps_scores), torch.cat(steps_labels)
+    n = len(every_label)
+    out: dict[str, float] = {"samples": float(n)}
+    if "accuracy" in metrics:
+        accuracy = (every_score.argmax(dim=1) == every_label).double().mean().item()
+        out["accuracy"] = accuracy
+        out["accuracy_se"] = math.sqrt(accuracy * (1 - accuracy) / n)
+        out["baseline_accuracy"] = torch.bincount(every_label).max().item() / n
+    if "auc" in metrics:
+        if every_score.shape[1] != 2:
+            raise ValueError(f"the leak AUC is for binary tasks; these scores have {every_score.shape[1]} classes")
+        aucs = [
+            binary_auroc(s[:, 1] - s[:, 0], y).item()
+            for s, y in zip(steps_scores, steps_labels, strict=True)
+            if len(torch.unique(y)) == 2
+        ]
+        if aucs:
+            out["auc"] = sum(aucs) / len(aucs)
+            out["baseline_auc"] = 0.5
+    return out

@@ -1,0 +1,92 @@
+"""Gradient defenses (`lvfl.privacy.gradient_defenses`): clipping, noise scales, sparsity, epsilon, vs references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import make_trainer, mlp_parties
+
+from lvfl.attacks import DirectLabelInference
+from lvfl.datamodules import Digits
+from lvfl.privacy import GaussianNoise, GradientSparsification, LaplaceNoise
+from lvfl.protocols import EASTER
+
+
+def test_gaussian_noise_clips_each_sample_row_and_adds_noise_of_the_stated_std():
+    batch = 50
+    big = torch.randn(batch, 10) * 100 / batch  # every sample's own row far over the clip
+    quiet = GaussianNoise(noise_multiplier=1e-9, clip=1.5, seed=0).apply(big)
+    assert torch.allclose((quiet * batch).norm(dim=1), torch.full((batch,), 1.5), atol=1e-5)
+    assert torch.allclose(quiet / quiet.norm(dim=1, keepdim=True), big / big.norm(dim=1, keepdim=True), atol=1e-5)
+    noise = GaussianNoise(noise_multiplier=2.0, clip=0.5, seed=1).apply(torch.zeros(4000, 25)) * 4000
+    assert noise.std().item() == pytest.approx(2.0 * 0.5, rel=0.02)  # sigma = z * C, on a sample's own row
+    assert noise.mean().item() == pytest.approx(0.0, abs=0.01)
+
+
+def test_laplace_noise_clips_in_l1_and_adds_noise_of_the_stated_scale():
+    batch = 40
+    big = torch.randn(batch, 6) * 10
+    quiet = LaplaceNoise(scale=1e-9, clip=2.0, seed=0).apply(big)
+    assert torch.allclose((quiet * batch).abs().sum(dim=1), torch.full((batch,), 2.0), atol=1e-4)
+    noise = LaplaceNoise(scale=0.7, clip=2.0, seed=3).apply(torch.zeros(4000, 25)) * 4000
+    assert noise.abs().mean().item() == pytest.approx(0.7, rel=0.02)  # E|Laplace(b)| = b
+    assert noise.var().item() == pytest.approx(2 * 0.7**2, rel=0.05)  # Var = 2 b^2
+
+
+def test_sparsification_keeps_each_row_largest_entries_like_numpy():
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(30, 4, 5, generator=g)  # rows of 20 entries
+    kept = GradientSparsification(keep=0.25).apply(grad)
+    assert kept.shape == grad.shape
+    rows, out = grad.reshape(30, -1).numpy(), kept.reshape(30, -1).numpy()
+    for row, sent in zip(rows, out, strict=True):
+        top = np.argsort(-np.abs(row))[:5]
+        expected = np.zeros_like(row)
+        expected[top] = row[top]
+        np.testing.assert_array_equal(sent, expected)
+    assert GradientSparsification(keep=0.01).apply(grad).reshape(30, -1).ne(0).sum(dim=1).eq(1).all()
+
+
+def test_gaussian_epsilon_is_the_renyi_composition():
+    # one release, sensitivity 2C, sigma zC with z = 1: RDP 2 alpha; the optimum alpha is 1 + sqrt(log(1/delta) / 2)
+    delta = 1e-5
+    alpha = 1 + math.sqrt(math.log(1 / delta) / 2)
+    best = 2 * alpha + math.log(1 / delta) / (alpha - 1)
+    assert GaussianNoise(1.0).epsilon(1, delta) == pytest.approx(best, rel=1e-3)
+    assert GaussianNoise(1.0).epsilon(10, delta) > GaussianNoise(1.0).epsilon(1, delta)
+    assert GaussianNoise(4.0).epsilon(10, delta) < GaussianNoise(1.0).epsilon(10, delta)
+    assert LaplaceNoise(scale=2.0, clip=2.0).epsilon(3) == pytest.approx(6.0)
+    assert GradientSparsification(0.5).epsilon(3) is None
+
+
+def test_bad_parameters_are_refused_by_name():
+    with pytest.raises(ValueError, match="GaussianNoise: noise_multiplier must be a positive number, got 0"):
+        GaussianNoise(noise_multiplier=0)
+    with pytest.raises(ValueError, match="LaplaceNoise: clip must be a positive number"):
+        LaplaceNoise(clip=-1)
+    with pytest.raises(ValueError, match=r"GradientSparsification: keep must be in \(0, 1\], got 1.5"):
+        GradientSparsification(keep=1.5)
+
+
+def test_noise_is_drawn_from_os_randomness_not_a_seed():
+    a, b = GaussianNoise(1.0), GaussianNoise(1.0)
+    torch.manual_seed(0)  # the config's seed does not fix it
+    first = a.apply(torch.zeros(8, 4))
+    torch.manual_seed(0)
+    assert not torch.equal(first, b.apply(torch.zeros(8, 4)))
+
+
+def test_the_passive_party_receives_and_trains_on_the_defended_gradient(tmp_path):
+    received = []
+    model = EASTER(parties=mlp_parties(3), embedding_dim=8, gradient_defense=GaussianNoise(2.0, clip=1.0))
+    model.wire.subscribe(lambda src, dst, tag, payload: tag == "gradients" and received.append(payload))
+    attack = DirectLabelInference()
+    trainer = make_trainer(tmp_path, max_epochs=1, callbacks=[attack], limit_val_batches=0, limit_train_batches=6)
+    trainer.fit(model, datamodule=Digits(num_parties=3, batch_size=64))
+    # undefended, every row has exactly one negative entry (softmax minus one-hot); noise of std 2 per entry breaks it
+    negatives = torch.cat(received).lt(0).sum(dim=1)
+    assert negatives.float().mean() > 3
+    assert attack.history[-1]["accuracy"] < 0.5  # the attack reads the noisy gradient: it is no longer exact
