@@ -39,21 +39,45 @@ PMC_RAW = {"class_path": "lvfl.attacks.PassiveModelCompletion", "init_args": {"k
            "name": "pmc_raw"}}  # fmt: skip
 
 #: (protocol piece, data, attacks): digits has 10 classes, breast_cancer 2 (Li et al.'s scoring attacks are binary)
+INVERSION = {"class_path": "lvfl.attacks.EmbeddingInversion", "init_args": {"known_features": 100}}
+#: digits with its first 2 parties (C = 2: C * E - E_1 is the active party's embedding), Plain aggregation (DHMasking
+#: refuses a single passive party; the leak is the same under any backend)
+TWO_PARTIES = ("two_parties",)  # expanded by `expand` (the config's first two party entries)
+
+#: (protocol piece, data, attacks, extra arguments): digits has 10 classes, breast_cancer 2 (Li et al.'s scoring
+#: attacks are binary)
 SETTINGS = [
-    ("easter/default", "digits", [DLI, PMC, PMC_RAW]),
-    ("aggvfl/default", "digits", [DLI]),
-    ("cvfl/default", "digits", [DLI]),
-    ("pravfed/default", "digits", [DLI]),
-    ("splitnn/digits", "digits", [PMC, PMC_RAW]),
-    ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION]),
+    ("easter/default", "digits", [DLI, PMC, PMC_RAW, INVERSION], ()),
+    ("easter/default", "digits", [INVERSION], TWO_PARTIES),
+    ("aggvfl/default", "digits", [DLI], ()),
+    ("cvfl/default", "digits", [DLI], ()),
+    ("pravfed/default", "digits", [DLI], ()),
+    ("splitnn/digits", "digits", [PMC, PMC_RAW], ()),
+    ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION], ()),
 ]
 CLASSES = {"digits": 10, "breast_cancer": 2}
+
+
+def expand(extra: tuple, data: str) -> tuple:
+    """`extra` with "two_parties" replaced by the arguments that cut `data`'s config to its first two parties."""
+    if "two_parties" not in extra:
+        return extra
+    import yaml
+
+    parties = yaml.safe_load((REPO / f"configs/parties/{data}.yaml").read_text())["model"]["init_args"]["parties"]
+    two = (
+        "--data.init_args.num_parties=2",
+        f"--model.init_args.parties={json.dumps(parties[:2])}",
+        '--model.init_args.aggregation={"class_path": "lvfl.privacy.Plain"}',
+    )
+    return tuple(a for a in extra if a != "two_parties") + two
 
 
 def fit(
     protocol: str, data: str, attacks: list[dict], mechanism: dict | None, epochs: int, out: Path, extra: tuple = ()
 ) -> list[dict]:
     """One `lvfl fit` with the attacks (and `extra` arguments); the rows of its metrics.csv."""
+    extra = expand(extra, data)
     command = [
         sys.executable, "-m", "lvfl", "fit",
         "--config", f"configs/data/{data}.yaml", "--config", f"configs/protocols/{protocol}.yaml",
@@ -71,7 +95,7 @@ def fit(
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603 - lvfl
     if done.returncode != 0:
         refused = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
-        if refused and extra:  # a defended run that lvfl stopped (a diverged model): a result, reported as such
+        if refused and any("gradient_defense" in a for a in extra):  # a defended run lvfl stopped (diverged)
             raise Stopped(refused[-1])
         raise SystemExit(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
     (metrics,) = out.rglob("metrics.csv")
@@ -111,9 +135,9 @@ def main() -> None:
           "| last vs bound |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for i, (protocol, data, attacks) in enumerate(SETTINGS):
+        for i, (protocol, data, attacks, extra) in enumerate(SETTINGS):
             for defense, mechanism in (("none", None), (f"RR eps={args.epsilon:g}", rr)):
-                rows = fit(protocol, data, attacks, mechanism, args.epochs, Path(tmp, f"{i}-{defense}"))
+                rows = fit(protocol, data, attacks, mechanism, args.epochs, Path(tmp, f"{i}-{defense}"), extra)
                 rows = [row for row in rows if any(k.startswith("attack/") and row[k] for k in row)]
                 k = CLASSES[data]
                 bound = math.exp(args.epsilon) / (math.exp(args.epsilon) + k - 1) if mechanism else None
@@ -121,7 +145,7 @@ def main() -> None:
                     name = attack["class_path"].rsplit(".", 1)[1]
                     metric_name = attack.get("init_args", {}).get("name") or _metric_name(name)
                     prefix = f"attack/{metric_name}/"
-                    for metric in ("accuracy", "auc"):
+                    for metric in ("accuracy", "auc", "mse"):
                         series = [r for r in rows if r.get(prefix + metric)]
                         if not series:
                             continue
@@ -132,9 +156,10 @@ def main() -> None:
                             se = float(series[-1][prefix + "accuracy_se"])
                             versus = f"{(last - bound) / se:+.1f} se" if se > 0 else "-"
                         shown = f"{bound:.4f}" if bound is not None and metric == "accuracy" else ""
-                        if bound is not None and attack in (PMC, PMC_RAW):  # side knowledge beyond the release
+                        if bound is not None and attack in (PMC, PMC_RAW, INVERSION):  # beyond the release's reach
                             shown, versus = "n/a", "n/a"
-                        print(f"| {protocol.split('/')[0]} | {data} ({k}) | {defense} | {metric_name} | {metric} | "
+                        shown_data = f"{data} ({k}{', 2 parties' if 'two_parties' in extra else ''})"
+                        print(f"| {protocol.split('/')[0]} | {shown_data} | {defense} | {metric_name} | {metric} | "
                               f"{first:.4f} | {last:.4f} | {baseline:.4f} | {shown} | {versus} |")  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from lvfl.attacks import (
     Attack,
     DirectionScoring,
     DirectLabelInference,
+    EmbeddingInversion,
     NormScoring,
     PartyView,
     PassiveModelCompletion,
@@ -107,7 +108,7 @@ def test_the_view_is_exactly_the_party_inbox_and_its_own_slice(tmp_path):
     # the view has no field for anything else: no labels, no other party's slice or model, no protocol module
     assert [f.name for f in fields(PartyView)] == [
         "party", "ids", "features", "inbox", "setup_inbox", "model", "train_ids", "train_features", "known_labels",
-        "kinds", "num_classes", "epoch", "batch_idx",
+        "kinds", "num_classes", "epoch", "batch_idx", "num_parties", "own_encoding", "known_features",
     ]  # fmt: skip
 
 
@@ -120,6 +121,7 @@ def test_attacks_override_no_hook_so_the_view_is_all_they_read():
         "NormScoring",
         "DirectionScoring",
         "PassiveModelCompletion",
+        "EmbeddingInversion",
     }
     for cls in attacks:
         for klass in cls.__mro__[: cls.__mro__.index(Attack)]:
@@ -350,3 +352,57 @@ def test_pmc_on_splitnn_reads_only_its_own_encoder_and_beats_the_prior(tmp_path)
     assert 8 * 64 - 40 <= last["samples"] <= 8 * 64  # the batches' samples, less the known ones among them
     assert last["accuracy"] > last["baseline_accuracy"] + 0.2
     assert logged(tmp_path, "attack/pmc/accuracy") == [last["accuracy"]]
+
+
+# ----------------------------------------------------------------------------------------------- feature reconstruction
+def easter_two() -> EASTER:
+    """EASTER with C = 2: C * E - E_1 is the active party's embedding, whatever the backend (Plain here)."""
+    return EASTER(parties=mlp_parties(2, hidden=(64,)), embedding_dim=64)
+
+
+def test_embedding_inversion_reconstructs_the_active_party_features_from_the_global_embedding(tmp_path):
+    attack = EmbeddingInversion(known_features=100)
+    fit(tmp_path, easter_two(), Digits(num_parties=2, batch_size=128), [attack], epochs=3)
+    assert [h["epoch"] for h in attack.history] == [1.0, 2.0]  # no guess before a first epoch of pairs
+    last = attack.history[-1]
+    assert last["samples"] == 1257 - 100
+    assert last["mse"] < 0.4 * last["baseline_mse"]  # C * E - E_1 = E_a: the active party's strip, reconstructed
+    assert logged(tmp_path, "attack/embedding_inversion/mse") == [h["mse"] for h in attack.history]
+
+
+class CutInversion(EmbeddingInversion):
+    """The same attack with its known samples' features shuffled among them: the link to the embeddings is cut."""
+
+    def on_fit_start(self, trainer, pl_module):
+        super().on_fit_start(trainer, pl_module)
+        ids = list(self._known_features)
+        values = [self._known_features[i] for i in ids[1:] + ids[:1]]
+        self._known_features = dict(zip(ids, values, strict=True))
+
+
+def test_embedding_inversion_learns_nothing_when_its_link_is_cut(tmp_path):
+    attack = CutInversion(known_features=100)
+    fit(tmp_path, easter_two(), Digits(num_parties=2, batch_size=128), [attack], epochs=3)
+    assert attack.history[-1]["mse"] > 0.8 * attack.history[-1]["baseline_mse"]
+
+
+def test_attacks_leave_the_run_bit_identical(tmp_path):
+    import lightning.pytorch as pl
+
+    finals = []
+    for attacks in ([], [EmbeddingInversion(known_features=50), PassiveModelCompletion(known_labels=20)]):
+        pl.seed_everything(0)
+        model = easter_two()
+        fit(tmp_path / str(len(attacks)), model, Digits(num_parties=2, batch_size=128), attacks, epochs=2)
+        finals.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_embedding_inversion_refuses_splitnn_and_needs_known_features(tmp_path):
+    with pytest.raises(ValueError, match="EmbeddingInversion does not apply to SplitNN: it reads global_embedding"):
+        fit(tmp_path, SplitNN(parties=mlp_parties(2), top_model=MLP), Digits(num_parties=2), [EmbeddingInversion()])
+    with pytest.raises(ValueError, match="EmbeddingInversion needs known_features >= 1"):
+        EmbeddingInversion(known_features=0)
+    with pytest.raises(ValueError, match="C_VFL sends the other parties' embeddings one by one"):
+        fit(tmp_path, CVFL(parties=mlp_parties(2), top_model=MLP), Digits(num_parties=2), [EmbeddingInversion()])

@@ -6,12 +6,14 @@ logged as ``attack/<name>/<metric>``; see `lvfl.attacks.base` for what an attack
 
 from lvfl.attacks.base import Attack, PartyView, Received, evaluate
 from lvfl.attacks.completion import PassiveModelCompletion
+from lvfl.attacks.features import EmbeddingInversion
 from lvfl.attacks.label import DirectionScoring, DirectLabelInference, NormScoring
 
 __all__ = [
     "Attack",
     "DirectLabelInference",
     "DirectionScoring",
+    "EmbeddingInversion",
     "NormScoring",
     "PartyView",
     "PassiveModelCompletion",

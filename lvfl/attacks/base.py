@@ -24,9 +24,10 @@ delivers to its observers exactly what the receiving party's process would recei
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -38,7 +39,7 @@ from lvfl.loggers import log_to_loggers
 from lvfl.observing import WireObserver
 from lvfl.wire import Wire
 
-__all__ = ["Attack", "PartyView", "Received", "evaluate"]
+__all__ = ["Attack", "PartyView", "Received", "evaluate", "fit_full_batch"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,11 @@ class PartyView:
         num_classes: the task's number of classes.
         epoch: the training epoch.
         batch_idx: the step's index in the epoch.
+        num_parties: C, the run's number of parties (public: the config).
+        own_encoding: its own encoder's output on its slice of the batch, as the step computed it (for an attack
+            that declares `needs_own_encoding`).
+        known_features: the declared side knowledge of a feature attack: sample ID -> the active party's features,
+            for the `known_features` auxiliary samples it was given.
     """
 
     party: str
@@ -83,6 +89,9 @@ class PartyView:
     num_classes: int
     epoch: int
     batch_idx: int
+    num_parties: int = 0
+    own_encoding: torch.Tensor | None = None
+    known_features: Mapping[int, torch.Tensor] = field(default_factory=dict)
 
     def received(self, kind: str, setup: bool = False) -> list[Any]:
         """The payloads of this step's messages (or the set-up ones) whose tag the protocol declares as `kind`."""
@@ -141,8 +150,27 @@ class Attack(WireObserver):
     metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
     #: the fewest known labels the attack works with
     min_known_labels: ClassVar[int] = 0
+    #: what the attack guesses: "labels" (class scores), or "active_features" (the active party's features)
+    target: ClassVar[str] = "labels"
+    #: the fewest samples of the active party's features the attack works with (a feature attack's side knowledge)
+    min_known_features: ClassVar[int] = 0
+    #: whether the view carries the party's own encoder output of the step (an attack that subtracts it)
+    needs_own_encoding: ClassVar[bool] = False
 
-    def __init__(self, party: str | None = None, known_labels: int = 0, seed: int = 0, name: str | None = None):
+    def __init__(
+        self,
+        party: str | None = None,
+        known_labels: int = 0,
+        seed: int = 0,
+        name: str | None = None,
+        known_features: int = 0,
+    ):
+        if not isinstance(known_features, int) or known_features < self.min_known_features:
+            raise ValueError(
+                f"{type(self).__name__} needs known_features >= {self.min_known_features} (side knowledge: samples "
+                f"of the active party's features), got {known_features!r}"
+            )
+        self.known_features = known_features
         if not isinstance(known_labels, int) or known_labels < 0:
             raise ValueError(
                 f"{type(self).__name__}: known_labels must be a non-negative integer, got {known_labels!r}"
@@ -160,6 +188,10 @@ class Attack(WireObserver):
         self._kinds: dict[str, str] = {}
         self._num_classes = 0
         self._known: dict[int, int] = {}
+        self._known_features: dict[int, torch.Tensor] = {}
+        self._num_parties = 0
+        self._active: str | None = None
+        self._own_encoding: torch.Tensor | None = None
         self._train_ids = torch.zeros(0, dtype=torch.long)
         self._train_features = torch.zeros(0)
         self._model: nn.Module | None = None
@@ -234,6 +266,14 @@ class Attack(WireObserver):
         self._train_ids = train.ids.cpu()[order]
         self._train_features = train.decode({party: train.stored[party]})[party].cpu()[order]
         self._known = self._draw_known(train.ids.cpu(), train.labels.cpu())
+        self._num_parties = len(pl_module.party_names)
+        self._active = pl_module.active
+        if self.known_features:
+            digest = hashlib.sha256(f"lvfl.attacks.known_features/{self.seed}".encode()).digest()
+            generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
+            rows = torch.randperm(len(train.ids), generator=generator)[: self.known_features]
+            active = train.decode({self._active: train.stored[self._active][rows]})[self._active].cpu()
+            self._known_features = {int(train.ids[r]): x for r, x in zip(rows.tolist(), active, strict=True)}
         self._setup = [m for m in self._setup if m.dst == party]
 
     def _draw_known(self, ids: torch.Tensor, labels: torch.Tensor) -> dict[int, int]:
@@ -270,9 +310,16 @@ class Attack(WireObserver):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Open the step's inbox; hold the batch's true labels for scoring only, and the party's own slice."""
         self._step = []
-        self._truth = batch.labels.detach()
+        feature_attack = self.target == "active_features" and self._active is not None
+        self._truth = (batch.features[self._active] if feature_attack else batch.labels).detach()
         self._ids = batch.ids.detach()
         self._features = batch.features[self.party].detach()
+        self._own_encoding = None
+        if self.needs_own_encoding and self._model is not None:
+            # what the party's encoder gives on its slice now, before the step changes it: run on a copy, with the
+            # random streams restored, so the run itself (batch-norm statistics, dropout draws) is untouched
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                self._own_encoding = copy.deepcopy(self._model.encoder)(self._features).detach()
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -295,24 +342,31 @@ class Attack(WireObserver):
             num_classes=self._num_classes,
             epoch=int(trainer.current_epoch),
             batch_idx=int(batch_idx),
+            num_parties=self._num_parties,
+            own_encoding=self._own_encoding,
+            known_features=dict(self._known_features),
         )
         scores = self.infer(view)
         truth, self._truth = self._truth, None
         if scores is None:
             return
-        if scores.shape != (len(truth), self._num_classes):
+        expected = (len(truth), self._num_classes) if self.target == "labels" else tuple(truth.shape)
+        if tuple(scores.shape) != expected:
+            what = "(batch, classes)" if self.target == "labels" else "(the active party's features)"
             raise RuntimeError(
-                f"{type(self).__name__}.infer returned scores of shape {tuple(scores.shape)}; expected "
-                f"{(len(truth), self._num_classes)} (batch, classes)"
+                f"{type(self).__name__}.infer returned a guess of shape {tuple(scores.shape)}; expected {expected} "
+                f"{what}"
             )
-        unknown = torch.tensor([int(i) not in self._known for i in view.ids.tolist()], dtype=torch.bool)
+        known = self._known.keys() | self._known_features.keys()
+        unknown = torch.tensor([int(i) not in known for i in view.ids.tolist()], dtype=torch.bool)
         self._tally.add(scores.cpu()[unknown], truth.cpu()[unknown])
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Log the epoch's metrics and their trivial baselines (single process: attacks run in simulation)."""
         if not len(self._tally):
             return
-        values = evaluate(self._tally.scores, self._tally.labels, self.metrics)
+        prior = torch.stack(list(self._known_features.values())).mean(dim=0) if self._known_features else None
+        values = evaluate(self._tally.scores, self._tally.labels, self.metrics, prior=prior)
         self.history.append({"epoch": float(trainer.current_epoch), **values})
         log_to_loggers(trainer, {f"attack/{self.metric_name}/{k}": v for k, v in values.items()}, epoch=True)
 
@@ -334,12 +388,15 @@ def evaluate(
     scores: torch.Tensor | Sequence[torch.Tensor],
     labels: torch.Tensor | Sequence[torch.Tensor],
     metrics: tuple[str, ...],
+    prior: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The attack's metrics over scored samples (one tensor, or one per step), with trivial baselines and the count.
 
     - accuracy: the fraction whose argmax class is the true label, over every sample; its baseline is guessing the
       most frequent class of these samples (an attacker who knows the class prior and nothing else);
       `accuracy_se` is its binomial standard error.
+    - mse (a feature attack: `labels` are the true features): the mean squared error per feature; its baseline,
+      `baseline_mse`, guesses `prior` (the mean of the samples the attacker knows) for every sample, or zeros.
     - auc (binary): Li et al.'s leak AUC, the ROC AUC of column 1 minus column 0 for label 1, per step and averaged
       over the steps that hold both classes (scores of different steps come from different models and references,
       so they are ranked within a step, as the attacker ranks them); its baseline is 0.5.
@@ -351,6 +408,11 @@ def evaluate(
     every_score, every_label = torch.cat(steps_scores), torch.cat(steps_labels)
     n = len(every_label)
     out: dict[str, float] = {"samples": float(n)}
+    if "mse" in metrics:
+        guess, truth = every_score.float().reshape(n, -1), every_label.float().reshape(n, -1)
+        base = torch.zeros(truth.shape[1]) if prior is None else prior.float().reshape(-1)
+        out["mse"] = (guess - truth).pow(2).mean().item()
+        out["baseline_mse"] = (base.unsqueeze(0) - truth).pow(2).mean().item()
     if "accuracy" in metrics:
         accuracy = (every_score.argmax(dim=1) == every_label).double().mean().item()
         out["accuracy"] = accuracy
@@ -368,3 +430,25 @@ def evaluate(
             out["auc"] = sum(aucs) / len(aucs)
             out["baseline_auc"] = 0.5
     return out
+
+
+def fit_full_batch(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    steps: int,
+    lr: float,
+    weight_decay: float,
+) -> nn.Module:
+    """Fit an attacker's own small model (a head, an inverse map) on its side knowledge: full-batch Adam steps.
+
+    Gradients are on even inside a hook that runs under no_grad; the protocol's models are never touched.
+    """
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    with torch.enable_grad():
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss(model(inputs), targets).backward()
+            optimizer.step()
+    return model

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from lvfl.attacks.base import Attack, PartyView
+from lvfl.attacks.base import Attack, PartyView, fit_full_batch
 
 __all__ = ["PassiveModelCompletion"]
 
@@ -94,14 +94,8 @@ class PassiveModelCompletion(Attack):
         with torch.no_grad():
             head.weight.copy_(torch.randn(head.weight.shape, generator=generator) * 0.01)
             head.bias.zero_()
-        optimizer = torch.optim.Adam(head.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         inputs = (z - mean) / std
-        with torch.enable_grad():
-            for _ in range(self.steps):
-                optimizer.zero_grad()
-                F.cross_entropy(head(inputs), labels).backward()
-                optimizer.step()
-        self._head = head
+        self._head = fit_full_batch(head, inputs, labels, F.cross_entropy, self.steps, self.lr, self.weight_decay)
 
     def infer(self, view: PartyView) -> torch.Tensor | None:
         """The head's logits on this batch's embeddings (refit at each epoch's first step)."""

@@ -60,7 +60,28 @@ def _check_positive(value: float, name: str, what: str) -> float:
     return float(value)
 
 
-class GaussianNoise(GradientDefense):
+class _ClippedNoise(GradientDefense):
+    """Clip each sample's own row to norm `clip` (of order `norm`), add `noise(shape)` to each entry, scale back."""
+
+    norm: ClassVar[int] = 2
+
+    def __init__(self, clip: float, seed: int | None) -> None:
+        self.clip = _check_positive(clip, "clip", type(self).__name__)
+        self.generator = os_seeded_generator(seed)
+
+    @abstractmethod
+    def noise(self, shape: torch.Size) -> torch.Tensor:
+        """Noise of `shape` for the clipped rows, drawn from `self.generator` (CPU)."""
+
+    def apply(self, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        rows, batch = self.rows(grad.detach().float())
+        norms = rows.norm(p=self.norm, dim=1, keepdim=True).clamp_min(1e-12)
+        clipped = rows * (self.clip / norms).clamp(max=1.0)
+        noisy = clipped + self.noise(clipped.shape).to(clipped.device)
+        return (noisy / batch).reshape(grad.shape).to(grad.dtype)
+
+
+class GaussianNoise(_ClippedNoise):
     """Clip each sample's row to L2 norm `clip`, add Gaussian noise of std `noise_multiplier * clip` per entry.
 
     Args:
@@ -73,15 +94,10 @@ class GaussianNoise(GradientDefense):
 
     def __init__(self, noise_multiplier: float = 1.0, clip: float = 1.0, seed: int | None = None) -> None:
         self.noise_multiplier = _check_positive(noise_multiplier, "noise_multiplier", "GaussianNoise")
-        self.clip = _check_positive(clip, "clip", "GaussianNoise")
-        self.generator = os_seeded_generator(seed)
+        super().__init__(clip, seed)
 
-    def apply(self, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        rows, batch = self.rows(grad.detach().float())
-        norms = rows.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        clipped = rows * (self.clip / norms).clamp(max=1.0)
-        noise = torch.randn(clipped.shape, generator=self.generator) * (self.noise_multiplier * self.clip)
-        return ((clipped + noise.to(clipped.device)) / batch).reshape(grad.shape).to(grad.dtype)
+    def noise(self, shape: torch.Size) -> torch.Tensor:  # noqa: D102
+        return torch.randn(shape, generator=self.generator) * (self.noise_multiplier * self.clip)
 
     def epsilon(self, releases: int, delta: float = 1e-5) -> float:
         """(epsilon, delta) over `releases` Gaussian releases of sensitivity 2 * clip, by Renyi DP.
@@ -96,7 +112,7 @@ class GaussianNoise(GradientDefense):
         return min(per_alpha * a + math.log(1 / delta) / (a - 1) for a in alphas)
 
 
-class LaplaceNoise(GradientDefense):
+class LaplaceNoise(_ClippedNoise):
     """Clip each sample's row to L1 norm `clip`, add Laplace noise of scale `scale` per entry.
 
     Args:
@@ -106,22 +122,18 @@ class LaplaceNoise(GradientDefense):
     """
 
     name: ClassVar[str] = "laplace"
+    norm: ClassVar[int] = 1
 
     def __init__(self, scale: float = 1.0, clip: float = 2.0, seed: int | None = None) -> None:
         self.scale = _check_positive(scale, "scale", "LaplaceNoise")
-        self.clip = _check_positive(clip, "clip", "LaplaceNoise")
-        self.generator = os_seeded_generator(seed)
+        super().__init__(clip, seed)
 
-    def apply(self, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        rows, batch = self.rows(grad.detach().float())
-        norms = rows.abs().sum(dim=1, keepdim=True).clamp_min(1e-12)
-        clipped = rows * (self.clip / norms).clamp(max=1.0)
-        uniform = torch.rand(clipped.shape, generator=self.generator) - 0.5  # inverse CDF of Laplace(0, scale)
-        noise = -self.scale * uniform.sign() * torch.log1p(-2 * uniform.abs())
-        return ((clipped + noise.to(clipped.device)) / batch).reshape(grad.shape).to(grad.dtype)
+    def noise(self, shape: torch.Size) -> torch.Tensor:  # noqa: D102
+        uniform = torch.rand(shape, generator=self.generator) - 0.5  # inverse CDF of Laplace(0, scale)
+        return -self.scale * uniform.sign() * torch.log1p(-2 * uniform.abs())
 
     def epsilon(self, releases: int, delta: float = 0.0) -> float:
-        """Releases * 2 * clip / scale: each release is a Laplace mechanism of L1 sensitivity 2 * clip (pure DP)."""
+        """Epsilon = releases * 2 * clip / scale: each release is a Laplace mechanism of L1 sensitivity 2 * clip."""
         if releases < 1:
             raise ValueError(f"LaplaceNoise.epsilon: releases must be >= 1, got {releases}")
         return releases * 2 * self.clip / self.scale
