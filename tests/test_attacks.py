@@ -151,6 +151,7 @@ def test_dli_recovers_every_training_label_from_the_prediction_gradient(tmp_path
     assert last["accuracy"] >= 0.99
     assert last["baseline_accuracy"] < 0.2
     assert logged(tmp_path, "attack/dli/accuracy") == [last["accuracy"]]  # to every logger
+    assert "epsilon_bound" not in last  # no label mechanism, no bound
 
 
 @pytest.mark.parametrize("protocol", ["EASTER", "CVFL", "PraVFed"])
@@ -173,6 +174,7 @@ def test_dli_under_randomized_response_recovers_the_release_not_the_label(tmp_pa
     assert attack.history[-1]["accuracy"] == pytest.approx(sum(kept) / len(kept), abs=1e-12)
     bound = math.e / (math.e + 9)  # e^eps / (e^eps + K - 1), K = 10
     assert attack.history[-1]["accuracy"] <= bound + 3 * attack.history[-1]["accuracy_se"]
+    assert attack.history[-1]["epsilon_bound"] == pytest.approx(bound)  # logged beside the measured accuracy
 
 
 def test_dli_refuses_splitnn_by_name_and_says_what_applies(tmp_path):

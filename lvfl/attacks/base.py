@@ -37,6 +37,7 @@ from torch import nn
 
 from lvfl.loggers import log_to_loggers
 from lvfl.observing import WireObserver
+from lvfl.privacy.label_dp import randomized_response_keep_probability
 from lvfl.wire import Wire
 
 __all__ = ["Attack", "PartyView", "Received", "evaluate", "fit_full_batch"]
@@ -156,6 +157,9 @@ class Attack(WireObserver):
     min_known_features: ClassVar[int] = 0
     #: whether the view carries the party's own encoder output of the step (an attack that subtracts it)
     needs_own_encoding: ClassVar[bool] = False
+    #: whether its accuracy is bounded by a label mechanism's epsilon: a guess from what the release determines, with
+    #: no prior on a sample's label (then `epsilon_bound`, e^eps / (e^eps + K - 1), is logged beside it)
+    bounded_by_release: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -191,6 +195,7 @@ class Attack(WireObserver):
         self._known_features: dict[int, torch.Tensor] = {}
         self._num_parties = 0
         self._active: str | None = None
+        self._bound: float | None = None
         self._own_encoding: torch.Tensor | None = None
         self._train_ids = torch.zeros(0, dtype=torch.long)
         self._train_features = torch.zeros(0)
@@ -267,6 +272,10 @@ class Attack(WireObserver):
         self._train_features = train.decode({party: train.stored[party]})[party].cpu()[order]
         self._known = self._draw_known(train.ids.cpu(), train.labels.cpu())
         self._num_parties = len(pl_module.party_names)
+        mechanism = getattr(pl_module, "label_mechanism", None)
+        self._bound = None
+        if mechanism is not None and self.bounded_by_release and "accuracy" in self.metrics:
+            self._bound = randomized_response_keep_probability(float(mechanism.epsilon), self._num_classes)
         self._active = pl_module.active
         if self.known_features:
             digest = hashlib.sha256(f"lvfl.attacks.known_features/{self.seed}".encode()).digest()
@@ -367,6 +376,8 @@ class Attack(WireObserver):
             return
         prior = torch.stack(list(self._known_features.values())).mean(dim=0) if self._known_features else None
         values = evaluate(self._tally.scores, self._tally.labels, self.metrics, prior=prior)
+        if self._bound is not None:  # the most any eps-label-DP release lets a guess keep, in expectation
+            values["epsilon_bound"] = self._bound
         self.history.append({"epoch": float(trainer.current_epoch), **values})
         log_to_loggers(trainer, {f"attack/{self.metric_name}/{k}": v for k, v in values.items()}, epoch=True)
 

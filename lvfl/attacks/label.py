@@ -80,11 +80,13 @@ class DirectLabelInference(Attack):
 
     Applies where a passive party receives `PREDICTION_GRADIENT` (EASTER, Agg_VFL) or `LABELS` (C_VFL, PraVFed);
     refuses SplitNN (its passive parties receive a cut-layer gradient: use `NormScoring` or `DirectionScoring`).
-    Metric: `attack/dli/accuracy`, against guessing the most frequent class.
+    Metric: `attack/dli/accuracy`, against guessing the most frequent class; with a label mechanism also
+    `attack/dli/epsilon_bound`, the most an eps-label-DP release lets any guess from it keep.
     """
 
     name: ClassVar[str] = "dli"
     reads: ClassVar[tuple[str, ...]] = (PREDICTION_GRADIENT, LABELS)
+    bounded_by_release: ClassVar[bool] = True  # it reads the release (or a gradient computed from it) alone
 
     def infer(self, view: PartyView) -> torch.Tensor | None:
         """The last prediction gradient of the step, else this step's labels, else the release received at set-up."""
