@@ -6,6 +6,7 @@ messages; the audit and the attacks (`lvfl.callbacks.LabelLeakageAudit`, `lvfl.a
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -15,16 +16,16 @@ from lvfl.wire import Wire
 __all__ = ["WireObserver"]
 
 
-class WireObserver(Callback):
+class WireObserver(Callback, ABC):
     """Subscribes `observe(src, dst, tag, payload)` to a protocol's wire (`listen`); unsubscribes when the fit ends."""
 
     def __init__(self) -> None:
         self._wire: Wire | None = None
         self._handle: int | None = None
 
+    @abstractmethod
     def observe(self, src: str, dst: str, tag: str, payload: Any) -> None:
         """Called for every message after it is metered (see `Wire.subscribe`)."""
-        raise NotImplementedError
 
     def listen(self, pl_module: LightningModule) -> Wire:
         """Subscribe to `pl_module.wire` (once per wire); refuses a module without one, naming this callback."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -118,17 +119,17 @@ class _Addressed(Received):
 
 @dataclass
 class _Tally:
-    """One epoch's scored samples: the attack's class scores and the true labels (CPU)."""
+    """One epoch's scored samples, step by step: the attack's guesses and the truth (labels or features; CPU)."""
 
     scores: list[torch.Tensor] = field(default_factory=list)
-    labels: list[torch.Tensor] = field(default_factory=list)
+    truths: list[torch.Tensor] = field(default_factory=list)
 
-    def add(self, scores: torch.Tensor, labels: torch.Tensor) -> None:
+    def add(self, scores: torch.Tensor, truth: torch.Tensor) -> None:
         self.scores.append(scores.detach().float().cpu())
-        self.labels.append(labels.detach().cpu())
+        self.truths.append(truth.detach().cpu())
 
     def __len__(self) -> int:
-        return sum(len(s) for s in self.labels)
+        return sum(len(t) for t in self.truths)
 
 
 class Attack(WireObserver):
@@ -208,12 +209,13 @@ class Attack(WireObserver):
         self._tally = _Tally()
 
     # -- what a subclass implements ----------------------------------------------------------------------------------
+    @abstractmethod
     def infer(self, view: PartyView) -> torch.Tensor | None:
         """Class scores per sample of the batch, (B, K) with K the task's classes (higher: more likely); None: no guess.
 
-        For a binary task, column 1 minus column 0 is the score that ranks samples for the leak AUC.
+        For a binary task, column 1 minus column 0 is the score that ranks samples for the leak AUC; a feature attack
+        (`target = "active_features"`) returns its guess of the active party's features for the batch.
         """
-        raise NotImplementedError
 
     def check_task(self, num_classes: int) -> None:
         """Refuse a task the attack does not apply to (default: any classification task)."""
@@ -375,7 +377,7 @@ class Attack(WireObserver):
         if not len(self._tally):
             return
         prior = torch.stack(list(self._known_features.values())).mean(dim=0) if self._known_features else None
-        values = evaluate(self._tally.scores, self._tally.labels, self.metrics, prior=prior)
+        values = evaluate(self._tally.scores, self._tally.truths, self.metrics, prior=prior)
         if self._bound is not None:  # the most any eps-label-DP release lets a guess keep, in expectation
             values["epsilon_bound"] = self._bound
         self.history.append({"epoch": float(trainer.current_epoch), **values})
