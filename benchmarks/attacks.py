@@ -38,7 +38,13 @@ PMC = {"class_path": "lvfl.attacks.PassiveModelCompletion", "init_args": {"known
 PMC_RAW = {"class_path": "lvfl.attacks.PassiveModelCompletion", "init_args": {"known_labels": 40, "inputs": "raw",
            "name": "pmc_raw"}}  # fmt: skip
 
-#: (protocol piece, data, attacks): digits has 10 classes, breast_cancer 2 (Li et al.'s scoring attacks are binary)
+#: batch-level label inference: Adam steps per attacked batch (VFLAIR: 10,000), on each epoch's first batch
+BLI = {"class_path": "lvfl.attacks.BatchLabelInference", "init_args": {"iterations": 2000}}
+#: under a top model the recovered classes are named by known samples
+BLI_KNOWN = {"class_path": "lvfl.attacks.BatchLabelInference", "init_args": {"iterations": 2000, "known_labels": 40}}
+#: the backdoors, VFLAIR's settings (target class 0, 10 known target samples, 1% poisoned, noise 2)
+REPLACEMENT = {"class_path": "lvfl.attacks.GradientReplacement"}
+NOISY = {"class_path": "lvfl.attacks.NoisySample"}
 INVERSION = {"class_path": "lvfl.attacks.EmbeddingInversion", "init_args": {"known_features": 100}}
 #: digits with its first 2 parties (C = 2: C * E - E_1 is the active party's embedding), Plain aggregation (DHMasking
 #: refuses a single passive party; the leak is the same under any backend)
@@ -47,14 +53,17 @@ TWO_PARTIES = ("two_parties",)  # expanded by `expand` (the config's first two p
 #: (protocol piece, data, attacks, extra arguments): digits has 10 classes, breast_cancer 2 (Li et al.'s scoring
 #: attacks are binary)
 SETTINGS = [
-    ("easter/default", "digits", [DLI, PMC, PMC_RAW, INVERSION], ()),
+    ("easter/default", "digits", [DLI, BLI, PMC, PMC_RAW, INVERSION], ()),
     ("easter/default", "digits", [INVERSION], TWO_PARTIES),
-    ("aggvfl/default", "digits", [DLI], ()),
+    ("aggvfl/default", "digits", [DLI, BLI], ()),
     ("cvfl/default", "digits", [DLI], ()),
     ("pravfed/default", "digits", [DLI], ()),
-    ("splitnn/digits", "digits", [PMC, PMC_RAW], ()),
-    ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION], ()),
+    ("splitnn/digits", "digits", [PMC, PMC_RAW, BLI_KNOWN, REPLACEMENT, NOISY], ()),
+    ("splitnn/digits", "digits", [REPLACEMENT, NOISY], TWO_PARTIES),
+    ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION, BLI_KNOWN], ()),
 ]
+#: metrics of the attack table; a backdoor's accuracy_drop has no baseline (no attack: no drop)
+METRICS = ("accuracy", "auc", "mse", "success_rate", "accuracy_drop")
 CLASSES = {"digits": 10, "breast_cancer": 2}
 
 
@@ -116,6 +125,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--defenses", action="store_true", help="the gradient-defense grid instead (AP, MP, DCS)")
+    parser.add_argument("--only", default="", help="comma-separated attack names: only the rows with one of them")
     parser.add_argument("--plot", type=Path, default=None, help="with --defenses: write the privacy-utility plot here")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
@@ -135,7 +145,12 @@ def main() -> None:
           "| last vs bound |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
+        only = {name for name in args.only.split(",") if name}
         for i, (protocol, data, attacks, extra) in enumerate(SETTINGS):
+            if only:
+                attacks = [a for a in attacks if _attack_name(a) in only]
+                if not attacks:
+                    continue
             for defense, mechanism in (("none", None), (f"RR eps={args.epsilon:g}", rr)):
                 rows = fit(protocol, data, attacks, mechanism, args.epochs, Path(tmp, f"{i}-{defense}"), extra)
                 rows = [row for row in rows if any(k.startswith("attack/") and row[k] for k in row)]
@@ -145,18 +160,18 @@ def main() -> None:
                     name = attack["class_path"].rsplit(".", 1)[1]
                     metric_name = attack.get("init_args", {}).get("name") or _metric_name(name)
                     prefix = f"attack/{metric_name}/"
-                    for metric in ("accuracy", "auc", "mse"):
+                    for metric in METRICS:
                         series = [r for r in rows if r.get(prefix + metric)]
                         if not series:
                             continue
                         first, last = float(series[0][prefix + metric]), float(series[-1][prefix + metric])
-                        baseline = float(series[-1][prefix + "baseline_" + metric])
+                        baseline = float(series[-1].get(prefix + "baseline_" + metric) or 0.0)
                         versus = ""
                         if bound is not None and metric == "accuracy":
                             se = float(series[-1][prefix + "accuracy_se"])
                             versus = f"{(last - bound) / se:+.1f} se" if se > 0 else "-"
                         shown = f"{bound:.4f}" if bound is not None and metric == "accuracy" else ""
-                        if bound is not None and attack in (PMC, PMC_RAW, INVERSION):  # beyond the release's reach
+                        if bound is not None and attack in (PMC, PMC_RAW, INVERSION, REPLACEMENT, NOISY):  # beyond it
                             shown, versus = "n/a", "n/a"
                         shown_data = f"{data} ({k}{', 2 parties' if 'two_parties' in extra else ''})"
                         print(f"| {protocol.split('/')[0]} | {shown_data} | {defense} | {metric_name} | {metric} | "
@@ -248,6 +263,11 @@ def _plot(points: dict[str, list[tuple[str, float, float]]], path: Path) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"\nprivacy-utility plot: {path}")
+
+
+def _attack_name(attack: dict) -> str:
+    """The name an attack logs under (its `name` option, else its class's)."""
+    return attack.get("init_args", {}).get("name") or _metric_name(attack["class_path"].rsplit(".", 1)[1])
 
 
 def _metric_name(class_name: str) -> str:

@@ -33,6 +33,9 @@ from lvfl.shadows import Shadow, as_shadow
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]
 
+#: An interceptor: `fn(src, tag, payload)` -> what its party acts on instead of `payload` (a malicious receiver).
+Interceptor = Callable[[str, str, Any], Any]
+
 #: A message held back by `Wire.recording`: (src, dst, payload as sent, tag, payload as dst would receive it).
 Held = tuple[str, str, Any, str, Any]
 
@@ -145,6 +148,7 @@ class Wire:
         self.bytes: Counter[tuple[str, str, str]] = Counter()
         self.messages: Counter[tuple[str, str, str]] = Counter()
         self._observers: dict[int, Observer] = {}
+        self._interceptors: dict[str, Interceptor] = {}
         self._next_handle = 0
         self._parent: Wire | None = None  # set by `prefixed`: a view that sends on its parent
         self._prefix = ""
@@ -222,6 +226,21 @@ class Wire:
         finally:
             self._tagged = before
 
+    # -- interceptors: what a malicious receiver acts on ---------------------------------------------------------------
+    def intercept(self, party: str, fn: Interceptor | None) -> None:
+        """Have `party` act on `fn(src, tag, payload)` instead of each message it receives; None stops it.
+
+        Models a party that deviates from the protocol in its own code after a message arrived (a backdoor attacker
+        replacing the gradient it trains on, `lvfl.attacks.backdoor`): the message is metered and observed as it
+        arrived; only what the protocol code carries on with changes. One interceptor per party.
+        """
+        if fn is None:
+            self._interceptors.pop(party, None)
+        elif party in self._interceptors and self._interceptors[party] is not fn:
+            raise RuntimeError(f"party {party!r} already has an interceptor on this wire")
+        else:
+            self._interceptors[party] = fn
+
     # -- observers: what a receiving party sees ------------------------------------------------------------------
     def subscribe(self, fn: Observer) -> int:
         """Call `fn(src, dst, tag, payload)` for every later message, after it is metered; returns a handle.
@@ -277,6 +296,8 @@ class Wire:
         if self._observers:
             for fn in tuple(self._observers.values()):  # a copy: an observer may unsubscribe itself
                 fn(src, dst, tag, received)
+        if self._interceptors and dst in self._interceptors:
+            received = self._interceptors[dst](src, tag, received)
         return received
 
     # -- reading the ledger -------------------------------------------------------------------------------------

@@ -408,3 +408,50 @@ def test_embedding_inversion_refuses_splitnn_and_needs_known_features(tmp_path):
         EmbeddingInversion(known_features=0)
     with pytest.raises(ValueError, match="C_VFL sends the other parties' embeddings one by one"):
         fit(tmp_path, CVFL(parties=mlp_parties(2), top_model=MLP), Digits(num_parties=2), [EmbeddingInversion()])
+
+
+# ------------------------------------------------------------------------------------------------ batch-level inference
+def test_batch_inversion_recovers_a_linear_top_models_labels_up_to_naming():
+    from scipy.optimize import linear_sum_assignment
+
+    from lvfl.attacks.batch_label import invert_batch_gradient
+
+    torch.manual_seed(0)
+    batch, width, classes = 64, 8, 4
+    h, weight, rest = torch.randn(batch, width), torch.randn(classes, width), torch.randn(batch, classes)
+    y = torch.randint(classes, (batch,))
+    leaf = h.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(F.cross_entropy(leaf @ weight.T + rest, y), leaf)
+
+    def recovered(g):
+        found = invert_batch_gradient(h, g, classes, True, 1000, 0.05, torch.Generator().manual_seed(1)).argmax(1)
+        votes = torch.zeros(classes, classes).index_put_((found, y), torch.ones(batch), accumulate=True)
+        rows, cols = linear_sum_assignment(-votes.numpy())
+        return votes[rows, cols].sum().item() / batch
+
+    assert recovered(grad) >= 0.9
+    assert recovered(grad[torch.randperm(batch)]) < 0.6  # the rows' link to the samples cut: nothing to invert
+
+
+def test_batch_level_inference_names_classes_by_the_known_samples():
+    scores = F.one_hot(torch.tensor([2, 2, 0, 1, 1]), 3).float()  # found classes; truth is found + 1 (mod 3)
+    v = view(torch.zeros(5, 3), EMBEDDING_GRADIENT, known={0: 0, 3: 2}, num_classes=3)
+    renamed = lvfl.attacks.BatchLabelInference.name_classes(scores, v)
+    assert renamed.argmax(1).tolist() == [0, 0, 1, 2, 2]
+
+
+@pytest.mark.parametrize("protocol", ["EASTER", "AggVFL"])
+def test_batch_level_inference_recovers_a_sum_tops_batch_and_is_bounded_by_the_release(tmp_path, protocol):
+    def make(**kw):
+        return EASTER(mlp_parties(2), embedding_dim=8, **kw) if protocol == "EASTER" else AggVFL(mlp_parties(2), **kw)
+
+    dm = Digits(num_parties=2, batch_size=256)
+    attack = lvfl.attacks.BatchLabelInference(iterations=200, batches=2)
+    fit(tmp_path / "plain", make(), dm, [attack])
+    assert attack.history[-1]["accuracy"] >= 0.99, attack.history
+    assert attack.history[-1]["samples"] == 512  # the first two batches only
+    defended = lvfl.attacks.BatchLabelInference(iterations=200, batches=2)
+    mechanism = RandomizedResponse(epsilon=1.0)
+    fit(tmp_path / "rr", make(label_mechanism=mechanism), Digits(num_parties=2, batch_size=256), [defended])
+    last = defended.history[-1]
+    assert last["accuracy"] <= last["epsilon_bound"] + 3 * last["accuracy_se"]

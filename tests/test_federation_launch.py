@@ -508,6 +508,14 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
             ],
             "does not run the DirectLabelInference callback yet",
         ),  # fmt: skip
+        (
+            [
+                "--config",
+                "configs/easter/digits.yaml",
+                '--trainer.callbacks+={"class_path": "lvfl.attacks.NoisySample"}',
+            ],
+            "does not run the NoisySample callback yet",
+        ),  # fmt: skip
         (["--config", "configs/easter/digits.yaml", "--party", "party9"], "--party party9: the config's parties are"),
         (["predict", "--config", "configs/easter/digits.yaml", "--oblivious=true"], "--oblivious runs in one process"),
         (["export", "--config", "configs/easter/digits.yaml"], "predict; a party exports its own folder"),

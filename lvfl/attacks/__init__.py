@@ -4,16 +4,22 @@ Each is a callback chosen by `class_path` (``--trainer.callbacks+=...``), scored
 logged as ``attack/<name>/<metric>``; see `lvfl.attacks.base` for what an attack may read, and docs/privacy.md.
 """
 
+from lvfl.attacks.backdoor import Backdoor, GradientReplacement, NoisySample
 from lvfl.attacks.base import Attack, PartyView, Received, evaluate
+from lvfl.attacks.batch_label import BatchLabelInference
 from lvfl.attacks.completion import PassiveModelCompletion
 from lvfl.attacks.features import EmbeddingInversion
 from lvfl.attacks.label import DirectionScoring, DirectLabelInference, NormScoring
 
 __all__ = [
     "Attack",
+    "Backdoor",
+    "BatchLabelInference",
     "DirectLabelInference",
     "DirectionScoring",
     "EmbeddingInversion",
+    "GradientReplacement",
+    "NoisySample",
     "NormScoring",
     "PartyView",
     "PassiveModelCompletion",

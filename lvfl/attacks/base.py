@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
 from lvfl.loggers import log_to_loggers
@@ -41,7 +41,7 @@ from lvfl.observing import WireObserver
 from lvfl.privacy.label_dp import randomized_response_keep_probability
 from lvfl.wire import Wire
 
-__all__ = ["Attack", "PartyView", "Received", "evaluate", "fit_full_batch"]
+__all__ = ["Attack", "AttackRecord", "PartyView", "Received", "attacking_party", "evaluate", "fit_full_batch"]
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,33 @@ class _Tally:
         return sum(len(t) for t in self.truths)
 
 
-class Attack(WireObserver):
+class AttackRecord(Callback):
+    """What every attack keeps and logs: its per-epoch metrics (`history`), checkpointed by metric name and party."""
+
+    metric_name: str
+    _party_given: str | None
+    history: list[dict[str, float]]
+
+    def record(self, trainer: Trainer, values: dict[str, float]) -> None:
+        """Keep the epoch's `values` and log them as ``attack/<name>/<metric>`` to every logger."""
+        self.history.append({"epoch": float(trainer.current_epoch), **values})
+        log_to_loggers(trainer, {f"attack/{self.metric_name}/{k}": v for k, v in values.items()}, epoch=True)
+
+    @property
+    def state_key(self) -> str:
+        """Unique per metric name and party as given, so two attacks of one class checkpoint apart."""
+        return self._generate_state_key(name=self.metric_name, party=self._party_given)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The per-epoch history (a resumed run keeps the epochs before it)."""
+        return {"history": [dict(h) for h in self.history]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore `state_dict`."""
+        self.history = [dict(h) for h in state_dict.get("history", [])]
+
+
+class Attack(AttackRecord, WireObserver):
     """The shell of an attack by one party: builds its view each training step, scores its guesses, logs the metrics.
 
     Subclasses set `name`, `reads` (the message kinds, any of which it can attack; none: it reads only the party's own
@@ -243,22 +269,8 @@ class Attack(WireObserver):
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Check the protocol and the party, draw the side knowledge, keep only the party's inbox from now on."""
         self.listen(pl_module)
-        protocol = type(pl_module).__name__
-        passive = list(getattr(pl_module, "passive", []))
-        party = self.party if self.party is not None else (passive[0] if passive else None)
-        if party not in passive:
-            raise ValueError(
-                f"{type(self).__name__}: party must be a passive party of this {protocol} run ({passive}), "
-                f"got {party!r}"
-            )
-        self.party = party
+        party = self.party = attacking_party(self, pl_module, self.party, self.reads)
         kinds = dict(getattr(type(pl_module), "passive_inbox", {}))
-        if self.reads and not set(kinds.values()) & set(self.reads):
-            offers = sorted(set(kinds.values())) or ["nothing this attack reads"]
-            raise ValueError(
-                f"{type(self).__name__} does not apply to {protocol}: it reads {', '.join(self.reads)}, and a passive "
-                f"party of {protocol} receives {', '.join(offers)}"
-            )
         for other in trainer.callbacks:
             if isinstance(other, Attack) and other is not self and other.metric_name == self.metric_name:
                 raise ValueError(f"two attacks log under attack/{self.metric_name}/: give one of them a `name`")
@@ -380,21 +392,29 @@ class Attack(WireObserver):
         values = evaluate(self._tally.scores, self._tally.truths, self.metrics, prior=prior)
         if self._bound is not None:  # the most any eps-label-DP release lets a guess keep, in expectation
             values["epsilon_bound"] = self._bound
-        self.history.append({"epoch": float(trainer.current_epoch), **values})
-        log_to_loggers(trainer, {f"attack/{self.metric_name}/{k}": v for k, v in values.items()}, epoch=True)
+        self.record(trainer, values)
 
-    @property
-    def state_key(self) -> str:
-        """Unique per metric name and party as given, so two attacks of one class checkpoint apart."""
-        return self._generate_state_key(name=self.metric_name, party=self._party_given)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The per-epoch history (a resumed run keeps the epochs before it)."""
-        return {"history": [dict(h) for h in self.history]}
+def attacking_party(attack: object, pl_module: LightningModule, party: str | None, reads: Sequence[str]) -> str:
+    """The passive party that mounts `attack` (the first passive party if None); refuses a protocol it does not fit.
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore `state_dict`."""
-        self.history = [dict(h) for h in state_dict.get("history", [])]
+    Raises:
+        ValueError: `party` is not a passive party of the run, or the protocol's passive parties receive none of the
+            message kinds in `reads` (an attack that reads nothing applies everywhere).
+    """
+    who, protocol = type(attack).__name__, type(pl_module).__name__
+    passive = list(getattr(pl_module, "passive", []))
+    party = party if party is not None else (passive[0] if passive else None)
+    if party not in passive:
+        raise ValueError(f"{who}: party must be a passive party of this {protocol} run ({passive}), got {party!r}")
+    kinds = dict(getattr(type(pl_module), "passive_inbox", {}))
+    if reads and not set(kinds.values()) & set(reads):
+        offers = sorted(set(kinds.values())) or ["nothing this attack reads"]
+        raise ValueError(
+            f"{who} does not apply to {protocol}: it reads {', '.join(reads)}, and a passive party of {protocol} "
+            f"receives {', '.join(offers)}"
+        )
+    return str(party)
 
 
 def evaluate(
