@@ -45,6 +45,11 @@ BLI_KNOWN = {"class_path": "lvfl.attacks.BatchLabelInference", "init_args": {"it
 #: the backdoors, VFLAIR's settings (target class 0, 10 known target samples, 1% poisoned, noise 2)
 REPLACEMENT = {"class_path": "lvfl.attacks.GradientReplacement"}
 NOISY = {"class_path": "lvfl.attacks.NoisySample"}
+#: Luo et al.'s generative regression network at the active party: the paper's objective, and matching the received
+#: embedding (what SplitNN's active party holds anyway)
+GRN = {"class_path": "lvfl.attacks.GenerativeRegression", "init_args": {"name": "grn"}}
+GRN_EMBEDDING = {"class_path": "lvfl.attacks.GenerativeRegression", "init_args": {"match": "embedding",
+                 "name": "grn_embedding"}}  # fmt: skip
 INVERSION = {"class_path": "lvfl.attacks.EmbeddingInversion", "init_args": {"known_features": 100}}
 #: digits with its first 2 parties (C = 2: C * E - E_1 is the active party's embedding), Plain aggregation (DHMasking
 #: refuses a single passive party; the leak is the same under any backend)
@@ -59,12 +64,15 @@ SETTINGS = [
     ("cvfl/default", "digits", [DLI], ()),
     ("pravfed/default", "digits", [DLI], ()),
     ("splitnn/digits", "digits", [PMC, PMC_RAW, BLI_KNOWN, REPLACEMENT, NOISY], ()),
-    ("splitnn/digits", "digits", [REPLACEMENT, NOISY], TWO_PARTIES),
+    ("splitnn/digits", "digits", [REPLACEMENT, NOISY, GRN, GRN_EMBEDDING], TWO_PARTIES),
     ("splitnn/default", "breast_cancer", [NORM, NORM_RARER, DIRECTION, BLI_KNOWN], ()),
 ]
-#: metrics of the attack table; a backdoor's accuracy_drop has no baseline (no attack: no drop)
-METRICS = ("accuracy", "auc", "mse", "success_rate", "accuracy_drop")
+#: metrics of the attack table (a backdoor's accuracy_drop and GRN's random_mse, the paper's random guess, have no
+#: baseline column)
+METRICS = ("accuracy", "auc", "mse", "random_mse", "success_rate", "accuracy_drop")
 CLASSES = {"digits": 10, "breast_cancer": 2}
+#: attacks an epsilon on the label release does not bound (side knowledge beyond it, features, backdoors)
+UNBOUNDED = (PMC, PMC_RAW, INVERSION, REPLACEMENT, NOISY, GRN, GRN_EMBEDDING)
 
 
 def expand(extra: tuple, data: str) -> tuple:
@@ -104,7 +112,7 @@ def fit(
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603 - lvfl
     if done.returncode != 0:
         refused = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
-        if refused and any("gradient_defense" in a for a in extra):  # a defended run lvfl stopped (diverged)
+        if refused and any("_defense" in a for a in extra):  # a defended run lvfl stopped (diverged)
             raise Stopped(refused[-1])
         raise SystemExit(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
     (metrics,) = out.rglob("metrics.csv")
@@ -165,17 +173,26 @@ def main() -> None:
                         if not series:
                             continue
                         first, last = float(series[0][prefix + metric]), float(series[-1][prefix + metric])
-                        baseline = float(series[-1].get(prefix + "baseline_" + metric) or 0.0)
+                        baseline = series[-1].get(prefix + "baseline_" + metric)
+                        baseline = f"{float(baseline):.4f}" if baseline else ""
                         versus = ""
                         if bound is not None and metric == "accuracy":
                             se = float(series[-1][prefix + "accuracy_se"])
                             versus = f"{(last - bound) / se:+.1f} se" if se > 0 else "-"
                         shown = f"{bound:.4f}" if bound is not None and metric == "accuracy" else ""
-                        if bound is not None and attack in (PMC, PMC_RAW, INVERSION, REPLACEMENT, NOISY):  # beyond it
+                        if bound is not None and attack in (
+                            PMC,
+                            PMC_RAW,
+                            INVERSION,
+                            REPLACEMENT,
+                            NOISY,
+                            GRN,
+                            GRN_EMBEDDING,
+                        ):
                             shown, versus = "n/a", "n/a"
                         shown_data = f"{data} ({k}{', 2 parties' if 'two_parties' in extra else ''})"
                         print(f"| {protocol.split('/')[0]} | {shown_data} | {defense} | {metric_name} | {metric} | "
-                              f"{first:.4f} | {last:.4f} | {baseline:.4f} | {shown} | {versus} |")  # fmt: skip
+                              f"{first:.4f} | {last:.4f} | {baseline} | {shown} | {versus} |")  # fmt: skip
 
 
 #: (protocol piece, data, attack, metric): the gradient a passive party receives, defended by the active party
@@ -183,13 +200,18 @@ DEFENDED = [
     ("easter/default", "digits", DLI, "accuracy"),
     ("splitnn/default", "breast_cancer", DIRECTION, "auc"),
 ]
-#: each defense at rising strength (`model.gradient_defense`); None: undefended
+#: each defense at rising strength, with the protocol option that sets it; None: undefended
 DEFENSES = [
     None,
     *({"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": z}} for z in (0.25, 1.0, 4.0)),
     *({"class_path": "lvfl.privacy.LaplaceNoise", "init_args": {"scale": b}} for b in (0.25, 1.0, 4.0)),
     *({"class_path": "lvfl.privacy.GradientSparsification", "init_args": {"keep": k}} for k in (0.5, 0.1)),
+    #: the active party's layer or loss term on the embeddings it receives (SplitNN: `model.received_defense`)
+    *({"class_path": "lvfl.privacy.MID", "init_args": {"lam": lam}} for lam in (1e-4, 1e-2, 1.0)),
+    *({"class_path": "lvfl.privacy.DistanceCorrelation", "init_args": {"lam": lam}} for lam in (1e-4, 1e-2, 0.3)),
 ]
+#: the defenses set by `model.received_defense` (the rest by `model.gradient_defense`)
+RECEIVED = ("lvfl.privacy.MID", "lvfl.privacy.DistanceCorrelation")
 
 
 def dcs(ap: float, mp: float, ideal_ap: float, ideal_mp: float, beta: float = 0.5) -> float:
@@ -201,9 +223,10 @@ def defense_grid(epochs: int, plot: Path | None) -> None:
     """Attack performance (AP) and main-task performance (MP) per defense and strength, with DCS and epsilon."""
     from lvfl.privacy import GaussianNoise, LaplaceNoise
 
-    print(f"# gradient defenses (the active party's `model.gradient_defense`), {epochs} epochs; MP: the active "
-          "party's validation accuracy at the last epoch; DCS: VFLAIR's, beta = 0.5, ideal = (AP 0, the undefended "
-          "MP); epsilon: label DP of a sample's gradient row, released once an epoch, delta = 1e-5")  # fmt: skip
+    print(f"# defenses of the active party (`model.gradient_defense`; SplitNN's `model.received_defense`), {epochs} "
+          "epochs; MP: the active party's validation accuracy at the last epoch; DCS: VFLAIR's, beta = 0.5, ideal = "
+          "(AP 0, the undefended MP); epsilon: label DP of a sample's gradient row, released once an epoch, "
+          "delta = 1e-5")  # fmt: skip
     print()
     print("| protocol | data | attack (AP) | defense | AP | MP | DCS | epsilon |")
     print("|---|---|---|---|---|---|---|---|")
@@ -214,7 +237,11 @@ def defense_grid(epochs: int, plot: Path | None) -> None:
             key = f"attack/{_metric_name(name)}/{metric}"
             undefended_mp = None
             for j, defense in enumerate(DEFENSES):
-                extra = () if defense is None else (f"--model.init_args.gradient_defense={json.dumps(defense)}",)
+                received = defense is not None and defense["class_path"] in RECEIVED
+                if received and not protocol.startswith("splitnn"):
+                    continue  # a layer on what the active party receives before its top model: SplitNN's
+                option = "received_defense" if received else "gradient_defense"
+                extra = () if defense is None else (f"--model.init_args.{option}={json.dumps(defense)}",)
                 label = "none" if defense is None else _defense_label(defense)
                 out = Path(tmp, f"{protocol}-{j}".replace("/", "-"))
                 try:
@@ -256,7 +283,11 @@ def _plot(points: dict[str, list[tuple[str, float, float]]], path: Path) -> None
     for ax, (title, rows) in zip(axes[0], points.items(), strict=True):
         for label, ap, mp in rows:
             ax.scatter(mp, ap)
-            ax.annotate(label.replace("Gradient", "").replace("Noise", ""), (mp, ap), fontsize=7)
+            ax.annotate(
+                label.replace("Gradient", "").replace("Noise", "").replace("DistanceCorrelation", "dCor"),
+                (mp, ap),
+                fontsize=7,
+            )
         ax.set_xlabel("main-task performance (validation accuracy)")
         ax.set_ylabel("attack performance")
         ax.set_title(title, fontsize=9)

@@ -5,19 +5,22 @@ logged as ``attack/<name>/<metric>``; see `lvfl.attacks.base` for what an attack
 """
 
 from lvfl.attacks.backdoor import Backdoor, GradientReplacement, NoisySample
-from lvfl.attacks.base import Attack, PartyView, Received, evaluate
+from lvfl.attacks.base import Attack, AttackRecord, PartyView, Received, evaluate
 from lvfl.attacks.batch_label import BatchLabelInference
 from lvfl.attacks.completion import PassiveModelCompletion
 from lvfl.attacks.features import EmbeddingInversion
 from lvfl.attacks.label import DirectionScoring, DirectLabelInference, NormScoring
+from lvfl.attacks.reconstruction import GenerativeRegression
 
 __all__ = [
     "Attack",
+    "AttackRecord",
     "Backdoor",
     "BatchLabelInference",
     "DirectLabelInference",
     "DirectionScoring",
     "EmbeddingInversion",
+    "GenerativeRegression",
     "GradientReplacement",
     "NoisySample",
     "NormScoring",

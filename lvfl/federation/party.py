@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lvfl.attacks import Attack, Backdoor
+from lvfl.attacks import AttackRecord
 from lvfl.federation import FederationError
 
 __all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
@@ -235,7 +235,7 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
         )
     for callback in trainer.callbacks:
         name = type(callback).__name__
-        if name == "LabelLeakageAudit" or isinstance(callback, Attack | Backdoor):
+        if name == "LabelLeakageAudit" or isinstance(callback, AttackRecord):
             # an attack is scored against every sample's true label (a backdoor's against the validation labels),
             # which only the active party's process holds
             raise ValueError(f"lvfl party does not run the {name} callback yet (use lvfl fit)")

@@ -9,6 +9,7 @@ the active party sends down as gradients (GaussianNoise, LaplaceNoise, GradientS
 
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.ckks import CKKS
+from lvfl.privacy.embedding_defenses import MID, DistanceCorrelation, ReceivedEmbeddingDefense
 from lvfl.privacy.gradient_defenses import GaussianNoise, GradientDefense, GradientSparsification, LaplaceNoise
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels, PrivacyLedger, RandomizedResponse
 from lvfl.privacy.label_release import LabelRelease
@@ -22,6 +23,7 @@ __all__ = [
     "AggregationBackend",
     "CKKS",
     "DHMasking",
+    "DistanceCorrelation",
     "GaussianNoise",
     "GradientDefense",
     "GradientSparsification",
@@ -29,12 +31,14 @@ __all__ = [
     "LabelRelease",
     "LaplaceNoise",
     "LaplaceLabels",
+    "MID",
     "Paillier",
     "PaillierSoftLabels",
     "Plain",
     "PlainSoftLabels",
     "PrivacyLedger",
     "RandomizedResponse",
+    "ReceivedEmbeddingDefense",
     "SoftLabelChannel",
     "SoftLabelParts",
 ]

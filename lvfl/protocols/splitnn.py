@@ -38,19 +38,21 @@ active party's name (and as the mean, which is the same number). All parties sha
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import torch
 
 from lvfl import messages
 from lvfl.models.base import PartyModelFactory
-from lvfl.parties import VFLBatch
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.embedding_defenses import ReceivedEmbeddingDefense
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.protocols.base import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
+from lvfl.wire import is_shadow
 
 Fusion = Literal["concat", "sum", "mean"]
 
@@ -71,6 +73,12 @@ class SplitNN(TopModelProtocol):
         label_mechanism: a label-DP mechanism: the bottom and top models train against its release, so the
             gradients sent down are post-processing of it; a private top model on the detached fused input learns
             the true labels and makes the active party's predictions. None: everything uses the true labels.
+        gradient_defense: what the active party does to each gradient it sends down (`lvfl.privacy.GaussianNoise`,
+            ...), after it is computed.
+        received_defense: the active party's layer and loss term on each passive party's received embedding, before
+            the top model (`lvfl.privacy.MID`, `lvfl.privacy.DistanceCorrelation`; concat fusion): it shapes the
+            gradients sent down at their source. Trained by the active party's optimizer; a private top model (with
+            a label mechanism) sees the fused embeddings as they arrived.
 
     Example:
         >>> from functools import partial
@@ -95,6 +103,7 @@ class SplitNN(TopModelProtocol):
         fusion: Fusion = "concat",
         label_mechanism: LabelMechanism | None = None,
         gradient_defense: GradientDefense | None = None,
+        received_defense: ReceivedEmbeddingDefense | None = None,
     ) -> None:
         super().__init__(
             parties,
@@ -108,6 +117,45 @@ class SplitNN(TopModelProtocol):
         if fusion not in get_args(Fusion):
             raise ValueError(f"model.fusion must be one of {list(get_args(Fusion))}, got fusion={fusion!r}")
         self.fusion: Fusion = fusion
+        if received_defense is not None and fusion != "concat":
+            raise ValueError(
+                f"model.received_defense works on each passive party's slot of the fused embeddings (fusion: concat); "
+                f"with fusion={fusion!r} the active party receives only their sum"
+            )
+        self.received_defense = received_defense
+
+    # ------------------------------------------------------------------------------------------------ building
+    def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
+        """Build the models (base), then the received-embedding defense's per-party parts."""
+        super().build(party_specs, task, rank=rank)
+        if self.received_defense is not None:
+            self.received_defense.build(list(self.passive), self.embedding_dim)
+
+    def party_parameters(self, party: str) -> list[torch.nn.Parameter]:
+        """The base's; the active party's optimizer also trains the received-embedding defense (MID's layers)."""
+        params = super().party_parameters(party)
+        if party == self.active and self.received_defense is not None:
+            params += list(self.received_defense.parameters())
+        return params
+
+    def slots(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each party's slot of the concatenated Z, by party."""
+        return dict(zip(self.party_names, z.split(self.embedding_dim, dim=1), strict=True))
+
+    def defended(self, z: torch.Tensor) -> torch.Tensor:
+        """Z with each passive party's slot through the received-embedding defense (at the active party)."""
+        if self.received_defense is None or is_shadow(z):
+            return z
+        slots = self.slots(z)
+        return torch.cat([slots[k] if k == self.active else self.received_defense(k, slots[k]) for k in slots], dim=1)
+
+    def top_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The top model on the (defended) fused input: the loss that trains it and the bottom models."""
+        return super().top_logits(self.defended(z))
+
+    def predict_from_fused(self, z: torch.Tensor) -> torch.Tensor:
+        """The base's; without a private top model, through the defense (the private one sees Z as it is)."""
+        return super().predict_from_fused(z if self.private_head is not None else self.defended(z))
 
     # ------------------------------------------------------------------------------------------------ fusion
     @property
@@ -176,7 +224,11 @@ class SplitNN(TopModelProtocol):
             self.check_finite(local, "embedding")
         z = self.gather(local).requires_grad_(True)  # steps 2-3: a leaf at the active party
         logits = self.top_logits(z)
-        loss = self.task_loss(logits, self.labels_for(self.active, batch))  # step 3 (the release, with a mechanism)
+        labels = self.labels_for(self.active, batch)
+        loss = self.task_loss(logits, labels)  # step 3 (the release, with a mechanism)
+        if self.received_defense is not None and not is_shadow(z):  # its term shapes the gradients sent down
+            received = {k: v for k, v in self.slots(z).items() if k != self.active}
+            loss = loss + self.received_defense.penalty(received, labels, self.task.num_classes or 1)
         (grad_z,) = torch.autograd.grad(loss, z, retain_graph=True)
         grads = self.embedding_gradients(grad_z)
         surrogate = [loss]  # reaches the top model; each term below reaches only party k's bottom model
