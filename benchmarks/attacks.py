@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/attacks.py [--epochs 5] [--epsilon 1.0]
     .venv/bin/python benchmarks/attacks.py --defenses [--epochs 5] [--plot docs/results/privacy_utility.png]
+    .venv/bin/python benchmarks/attacks.py --embedding-noise [--epochs 5]
+    .venv/bin/python benchmarks/attacks.py --only NAME[,NAME...]   # only the rows of the named attacks
 
 Each row is one `lvfl fit` of the repo's config pieces (data + protocol + parties, as `configs/README.md` composes
 them) with the attacks as callbacks (`lvfl.attacks`), mounted by party1 on exactly what it receives. Printed per
@@ -112,7 +114,7 @@ def fit(
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)  # noqa: S603 - lvfl
     if done.returncode != 0:
         refused = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
-        if refused and any("_defense" in a for a in extra):  # a defended run lvfl stopped (diverged)
+        if refused and any("_defense" in a or "embedding_noise" in a for a in extra):  # a defended run lvfl stopped
             raise Stopped(refused[-1])
         raise SystemExit(f"{' '.join(command[2:])} failed:\n{done.stderr[-3000:]}")
     (metrics,) = out.rglob("metrics.csv")
@@ -133,12 +135,20 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--defenses", action="store_true", help="the gradient-defense grid instead (AP, MP, DCS)")
+    parser.add_argument("--embedding-noise", action="store_true", help="a party's embedding noise against inversion")
     parser.add_argument("--only", default="", help="comma-separated attack names: only the rows with one of them")
     parser.add_argument("--plot", type=Path, default=None, help="with --defenses: write the privacy-utility plot here")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
     from common import machine
 
+    if args.embedding_noise:
+        print("| protocol | data | attack (AP) | defense | AP | MP | DCS | epsilon |")
+        print("|---|---|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory() as tmp:
+            embedding_noise_grid(args.epochs, tmp, {})
+        print(f"# {machine()}")
+        return
     if args.defenses:
         defense_grid(args.epochs, args.plot)
         print(f"# {machine()}")
@@ -212,6 +222,45 @@ DEFENSES = [
 ]
 #: the defenses set by `model.received_defense` (the rest by `model.gradient_defense`)
 RECEIVED = ("lvfl.privacy.MID", "lvfl.privacy.DistanceCorrelation")
+
+
+#: the active party's own embedding noise (its `PartyConfig.embedding_noise`) against EASTER's inversion, 2 parties:
+#: clip 5 in L2 on each 64-wide embedding row, then N(0, (z * 5)^2) per entry
+EMBEDDING_NOISE = [None, *({"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": z,
+                   "clip": 5.0}} for z in (0.05, 0.2, 1.0))]  # fmt: skip
+
+
+def noisy_party0(data: str, noise: dict | None) -> tuple:
+    """The arguments of `data`'s first two parties (Plain aggregation), party0 adding `noise` to what it sends."""
+    import yaml
+
+    parties = yaml.safe_load((REPO / f"configs/parties/{data}.yaml").read_text())["model"]["init_args"]["parties"][:2]
+    if noise is not None:
+        parties[0] = {**parties[0], "embedding_noise": noise}
+    return (
+        "--data.init_args.num_parties=2",
+        f"--model.init_args.parties={json.dumps(parties)}",
+        '--model.init_args.aggregation={"class_path": "lvfl.privacy.Plain"}',
+    )
+
+
+def embedding_noise_grid(epochs: int, tmp: str, points: dict) -> None:
+    """EASTER's inversion of the active party's features under the active party's own embedding noise."""
+    key = "attack/embedding_inversion/mse"
+    for j, noise in enumerate(EMBEDDING_NOISE):
+        label = "none" if noise is None else f"party0 embedding_noise {_defense_label(noise)}"
+        try:
+            rows = fit("easter/default", "digits", [INVERSION], None, epochs, Path(tmp, f"noise-{j}"),
+                       noisy_party0("digits", noise))  # fmt: skip
+        except Stopped as stop:
+            print(f"| easter | digits (2 parties) | embedding_inversion mse | {label} | stopped: {stop} | | | |")
+            continue
+        ap = [float(r[key]) for r in rows if r.get(key)][-1]
+        base = [float(r["attack/embedding_inversion/baseline_mse"]) for r in rows if r.get(key)][-1]
+        mp = [float(r["val/acc/party0"]) for r in rows if r.get("val/acc/party0")][-1]
+        attack = f"embedding_inversion mse (known mean: {base:.4f})"
+        print(f"| easter | digits (2 parties) | {attack} | {label} | {ap:.4f} | {mp:.4f} | | |")
+        points.setdefault("easter digits (2 parties): embedding_inversion mse", []).append((label, ap, mp))
 
 
 def dcs(ap: float, mp: float, ideal_ap: float, ideal_mp: float, beta: float = 0.5) -> float:

@@ -88,6 +88,13 @@ RESULT = {
         ({"twin": "yes"}, r"`twin` is true or false"),
         ({"metric": "f1"}, r"`metric` 'f1' is not one of \['acc', 'auroc', 'mae', 'r2', 'rmse'\]"),
         ({"metric": "r2", "target_accuracy": 40}, r"`target_accuracy` must be in \(0, 1\], got 40"),
+        ({"attacks": [{"class_path": "lvfl.callbacks.LabelLeakageAudit"}]}, r"`attacks` entry .* is not"),
+        (
+            {"attacks": [{"class_path": "lvfl.attacks.DirectLabelInference"}] * 2},
+            r"two `attacks` log under attack/dli/",
+        ),
+        ({"defenses": {"none": ["--model.init_args.gradient_defense=null"]}}, r"defense 'none' is the undefended"),
+        ({"defenses": {"noise": ["model.x=1"]}}, r"defense 'noise': overrides are command-line options"),
     ],
 )
 def test_bad_grid_fails_naming_the_entry(tmp_path, monkeypatch, fields, match):
@@ -508,3 +515,37 @@ def test_plots_show_the_seed_band_and_keep_the_legend_off_the_axes(tmp_path, mon
     (legend,) = fig.legends
     box, axes = legend.get_window_extent(), [ax.get_window_extent() for ax in fig.axes]
     assert all(box.x0 >= a.x1 for a in axes), "the legend sits right of both panels"
+
+
+# ---------------------------------------------------------------------------------------------------- attacks
+GAUSSIAN = '{"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": 1.0}}'
+
+
+def test_an_attack_grid_crosses_defenses_and_reports_ap_mp_and_dcs(tmp_path, monkeypatch):
+    grid = write_grid(
+        tmp_path,
+        attacks=[{"class_path": "lvfl.attacks.DirectLabelInference"}],
+        defenses={"none": [], "gaussian": [f"--model.init_args.gradient_defense={GAUSSIAN}"]},
+    )
+    loaded = bench.load_grid(grid)
+    assert list(loaded.protocols) == ["EASTER + none", "EASTER + gaussian"]
+    assert loaded.defended["EASTER + gaussian"] == ("EASTER", "gaussian")
+    (tmp_path / "plain").mkdir()
+    plain = bench.load_grid(write_grid(tmp_path / "plain")).cells()[0]
+    assert plain.fingerprint() != loaded.cells()[0].fingerprint()  # the attacks are part of the cell
+    monkeypatch.setattr(bench_run, "run_cell", in_this_process)
+    outcome = bench.run_grid(grid)
+    with (outcome.report_dir / "attacks.csv").open() as f:
+        rows = {r["defense"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"none", "gaussian"}
+    undefended, defended = rows["none"], rows["gaussian"]
+    assert float(undefended["ap"]) >= 0.99  # DLI reads every label of EASTER's prediction gradients
+    assert float(defended["ap"]) < 0.9 * float(undefended["ap"])
+    ap, mp = float(undefended["ap"]), float(undefended["mp"])
+    assert float(undefended["dcs"]) == pytest.approx(bench_report.dcs(ap, mp, mp), abs=1e-4)
+    assert float(undefended["dcs"]) == pytest.approx(1 / (1 + (0.5 * ap**2) ** 0.5), abs=1e-4)
+    results = [json.loads(p.read_text()) for p in outcome.report_dir.rglob("result.json")]
+    logged = sorted(r["attacks"]["attack/dli/accuracy"] for r in results)
+    assert logged == pytest.approx(sorted(float(r["value"]) for r in rows.values()), abs=1e-4)
+    assert "| EASTER | gaussian | wine | dli | accuracy |" in outcome.table
+    assert (outcome.report_dir / "t_wine_dli.png").is_file()

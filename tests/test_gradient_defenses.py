@@ -90,3 +90,39 @@ def test_the_passive_party_receives_and_trains_on_the_defended_gradient(tmp_path
     negatives = torch.cat(received).lt(0).sum(dim=1)
     assert negatives.float().mean() > 3
     assert attack.history[-1]["accuracy"] < 0.5  # the attack reads the noisy gradient: it is no longer exact
+
+
+def test_per_sample_rows_are_clipped_and_noised_as_they_are():
+    rows = torch.randn(30, 8) * 10
+    quiet = GaussianNoise(noise_multiplier=1e-9, clip=2.0, seed=0).apply_per_sample(rows)
+    assert torch.allclose(quiet.norm(dim=1), torch.full((30,), 2.0), atol=1e-4)  # each row itself clipped to 2
+    noise = GaussianNoise(noise_multiplier=0.5, clip=4.0, seed=1).apply_per_sample(torch.zeros(3000, 20))
+    assert noise.std().item() == pytest.approx(2.0, rel=0.02)  # sigma = z * C on the row, not over the batch
+
+
+def test_a_partys_embedding_noise_is_on_what_it_sends(tmp_path, monkeypatch):
+    from lvfl.models import MLP
+    from lvfl.protocols import SplitNN
+    from lvfl.protocols.base import PartyConfig
+
+    parties = mlp_parties(2)
+    noisy = PartyConfig(model=parties[1].model, optimizer=parties[1].optimizer,
+                        embedding_noise=GaussianNoise(noise_multiplier=0.5, clip=100.0, seed=3))  # fmt: skip
+    model = SplitNN(parties=[parties[0], noisy], top_model=MLP, embedding_dim=8)
+    clean, sent = [], []
+    local_embeddings = SplitNN.local_embeddings
+
+    def spy(self, batch):
+        out = local_embeddings(self, batch)
+        clean.append(out["party1"].detach().clone())
+        return out
+
+    monkeypatch.setattr(SplitNN, "local_embeddings", spy)
+    model.wire.subscribe(lambda src, dst, tag, p: sent.append(p) if tag == "embeddings" else None)
+    make_trainer(tmp_path, max_epochs=1, limit_train_batches=1, limit_val_batches=0).fit(
+        model, datamodule=Digits(num_parties=2, batch_size=256)
+    )
+    difference = torch.cat([s - c for s, c in zip(sent, clean, strict=True)])
+    assert len(sent) == 1
+    assert difference.std().item() == pytest.approx(0.5 * 100.0, rel=0.05)  # clip far above the rows: pure noise
+    assert model._configs["party0"].embedding_noise is None

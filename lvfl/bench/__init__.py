@@ -36,6 +36,12 @@ runs the same from any working directory; absolute paths stay as they are::
       source: "EASTER Table II: test accuracy (%), Avg of the party models"
       metric: acc                 # or auroc; or per dataset: {criteo: auroc} (acc for the others)
       values: {EASTER: {digits: 98.16}}
+    attacks:                      # optional: attacks (lvfl.attacks) as callbacks of every cell; adds attacks.md
+      - {class_path: lvfl.attacks.DirectLabelInference}
+    defenses:                     # optional: every protocol crossed with every defense ("<protocol> + <label>")
+      none: []                    # the undefended run: DCS's ideal MP
+      gaussian z=1: ['--model.init_args.gradient_defense={"class_path": "lvfl.privacy.GaussianNoise",
+                     "init_args": {"noise_multiplier": 1.0}}']
 
 A cell (protocol x dataset x seed) is `lvfl fit` + test on several `--config` files, in this order: the dataset's
 `data` piece, the protocol's config, the dataset's `parties` piece (the parties come last: they set
@@ -80,6 +86,15 @@ and one-shot transfers before the first training step, plus training traffic, va
 training epoch, and peak resident memory; and plots validation accuracy per epoch and against cumulative MB, one
 line per protocol (the mean over seeds) in a band from the seeds' minimum to their maximum, the legend outside the
 axes.
+
+With `attacks:` every cell also runs the attacks, and the report adds `attacks.md` / `attacks.csv`: per protocol (and
+defense), dataset and attack, the attack's metric at its last logged epoch and its trivial baseline, the attack
+performance AP (1 - MSE for a reconstruction, as VFLAIR), the main-task performance MP (the grid's test metric at
+the best-validation checkpoint), VFLAIR's DCS against the same protocol's `none` run (beta 0.5, ideal AP 0), and
+the epsilon bound a label mechanism puts on a label guess, where one is logged; and a privacy-utility plot per
+dataset and attack (AP against MP, one point per protocol and defense). `defenses:` maps a label to the overrides
+that set a defense (`model.gradient_defense`, `model.received_defense`, a party's `embedding_noise`, a
+`label_mechanism`); every protocol is crossed with every entry, and `none: []` is the undefended reference.
 
 The package: `grid` (the file, its cells and checks), `run` (cells in their own processes, reuse, `--keep-going`),
 `report` (table, CSV, plots), `quick` (shortened runs and stand-in data).

@@ -30,7 +30,11 @@ GRID_KEYS = {
     "metric",
     "out",
     "report",
+    "attacks",
+    "defenses",
 }
+#: the label of the undefended protocol in a grid with `defenses:` (an entry with no overrides); DCS's reference
+NO_DEFENSE = "none"
 PROTOCOL_KEYS = {"config", "overrides"}
 DATASET_KEYS = {"dataset", "data", "parties", "overrides"}
 PAPER_KEYS = {"source", "metric", "values"}
@@ -61,6 +65,7 @@ class Cell:
     network: str = ""  # the grid's `network:` block as JSON (NetworkSimulator's arguments), or "" for none
     twin: bool = False  # the grid's `twin: true`: also fit a Plain twin of the cell (when its backend is not Plain)
     metric: str = "acc"  # the grid's `metric:`: checkpoints are selected by `val/<metric>/mean`
+    attacks: str = ""  # the grid's `attacks:` as JSON (callback specs of `lvfl.attacks`), or "" for none
 
     @property
     def monitor(self) -> str:
@@ -94,6 +99,7 @@ class Cell:
         if self.network:
             init = {**json.loads(self.network), "print_summary": False}
             callbacks.append({"class_path": "lvfl.callbacks.NetworkSimulator", "init_args": init})
+        callbacks += json.loads(self.attacks) if self.attacks else []
         return run_args(
             self.configs,
             self.seed,
@@ -113,6 +119,7 @@ class Cell:
         extra = [self.network] if self.network else []  # grids without these keep their cells' fingerprints
         extra += ["twin"] if self.twin else []
         extra += [f"metric={self.metric}"] if self.metric != "acc" else []
+        extra += [f"attacks={self.attacks}"] if self.attacks else []
         blob = json.dumps([texts, list(self.overrides), self.seed, __version__, EVALUATION, *extra])
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -176,6 +183,9 @@ class Grid:
     network: str = ""
     twin: bool = False
     metric: str = "acc"
+    attacks: str = ""
+    #: with `defenses:`, each protocol label of the grid -> (the protocol, the defense) it was expanded from
+    defended: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def entry(self, dataset: str) -> DatasetEntry:
         """The `datasets` entry labelled `dataset` (a plain name is its own entry)."""
@@ -234,7 +244,7 @@ class Grid:
                 own = self.entry(dataset).overrides
                 overrides = (*self.overrides, *own, *self.protocol_overrides.get(protocol, []))
                 cells += [
-                    Cell(protocol, dataset, s, configs, overrides, self.network, self.twin, self.metric)
+                    Cell(protocol, dataset, s, configs, overrides, self.network, self.twin, self.metric, self.attacks)
                     for s in self.seeds
                 ]
         return cells
@@ -283,6 +293,8 @@ def load_grid(path: str | Path) -> Grid:
             raise GridError(f"{path}: protocol {label!r}: template {template!r} must contain {{dataset}}")
         templates[str(label)] = resolve(base, template)
         protocol_overrides[str(label)] = list(own)
+    attacks = _attacks(path, raw.get("attacks"))
+    templates, protocol_overrides, defended = _defended(path, raw.get("defenses"), templates, protocol_overrides)
     labels, entries = _datasets(path, base, raw["datasets"])
     for kind, names in (("protocols", list(templates)), ("datasets", labels)):
         folders: dict[str, str] = {}
@@ -291,6 +303,8 @@ def load_grid(path: str | Path) -> Grid:
             if other != name:
                 raise GridError(f"{path}: {kind} {other!r} and {name!r} would share the cell folder {_folder(name)!r}")
     reference = raw.get("reference")
+    if reference is not None and defended and str(reference) in {p for p, _ in defended.values()}:
+        reference = next(label for label, (p, d) in defended.items() if p == str(reference))
     if reference is not None and str(reference) not in templates:
         raise GridError(f"{path}: `reference` {reference!r} is not one of the protocols {sorted(templates)}")
     seeds = raw["seeds"]
@@ -346,7 +360,57 @@ def load_grid(path: str | Path) -> Grid:
         network="" if network is None else json.dumps(network, sort_keys=True),
         twin=twin,
         metric=metric,
+        attacks=attacks,
+        defended=defended,
     )
+
+
+def _attacks(path: str | Path, raw: Any) -> str:
+    """The checked `attacks:` list (callback specs of `lvfl.attacks` classes) as JSON for the cells, "" if none."""
+    if raw is None:
+        return ""
+    if not isinstance(raw, list) or not raw:
+        raise GridError(f"{path}: `attacks` is a non-empty list of {{class_path: lvfl.attacks.<Attack>, init_args}}")
+    from lvfl import attacks
+
+    names = []
+    for spec in raw:
+        cls = spec.get("class_path", "") if isinstance(spec, dict) else ""
+        found = getattr(attacks, cls.removeprefix("lvfl.attacks."), None) if cls.startswith("lvfl.attacks.") else None
+        keys_ok = isinstance(spec, dict) and not set(spec) - {"class_path", "init_args"}
+        if not (keys_ok and isinstance(found, type) and issubclass(found, attacks.AttackRecord)):
+            raise GridError(
+                f"{path}: `attacks` entry {spec!r} is not {{class_path: lvfl.attacks.<an attack>, init_args: ...}}"
+            )
+        names.append((spec.get("init_args") or {}).get("name") or found.name)
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise GridError(f"{path}: two `attacks` log under attack/{clash[0]}/: give one of them a `name` in init_args")
+    return json.dumps(raw, sort_keys=True)
+
+
+def _defended(
+    path: str | Path, raw: Any, templates: dict[str, str], overrides: dict[str, list[str]]
+) -> tuple[dict[str, str], dict[str, list[str]], dict[str, tuple[str, str]]]:
+    """Every protocol crossed with every `defenses:` entry (label -> overrides): "<protocol> + <defense>" labels."""
+    if raw is None:
+        return templates, overrides, {}
+    if not isinstance(raw, dict) or not raw:
+        raise GridError(f"{path}: `defenses` maps a label to a list of overrides (`{NO_DEFENSE}: []` for none)")
+    crossed: dict[str, str] = {}
+    crossed_overrides: dict[str, list[str]] = {}
+    defended: dict[str, tuple[str, str]] = {}
+    for defense, extra in raw.items():
+        _check_overrides(path, extra, f"defense {defense!r}: ")
+        if str(defense) == NO_DEFENSE and extra:
+            raise GridError(f"{path}: defense {NO_DEFENSE!r} is the undefended run; it takes no overrides")
+    for protocol, template in templates.items():
+        for defense, extra in raw.items():
+            label = f"{protocol} + {defense}"
+            crossed[label] = template
+            crossed_overrides[label] = [*overrides.get(protocol, []), *extra]
+            defended[label] = (protocol, str(defense))
+    return crossed, crossed_overrides, defended
 
 
 def _datasets(path: str | Path, base: Path, raw: Any) -> tuple[list[str], dict[str, DatasetEntry]]:

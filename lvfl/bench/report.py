@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lvfl.bench.grid import SELECTION_METRICS, Cell, Grid
+from lvfl.bench.grid import NO_DEFENSE, SELECTION_METRICS, Cell, Grid
 
 MB = 1e6
 
@@ -343,6 +344,134 @@ def write_plots(grid: Grid, results: dict[Cell, dict[str, Any]], out: Path) -> l
                 title_fontsize=8,
             )
         path = out / f"{grid.name}_{dataset}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------------- attacks
+#: the metric each attack is judged by (its attack performance, AP), in order of preference
+AP_METRICS = ("accuracy", "auc", "mse", "success_rate", "accuracy_drop")
+
+
+def dcs(ap: float, mp: float, ideal_mp: float, beta: float = 0.5) -> float:
+    """VFLAIR's Defense Capability Score: 1 / (1 + sqrt((1 - beta) AP'^2 + beta max(ideal MP - MP, 0)^2)).
+
+    AP' is the attack performance above the ideal 0 (VFLAIR's), never below it; the ideal MP is the undefended run's.
+    """
+    return 1 / (1 + math.sqrt((1 - beta) * max(ap, 0.0) ** 2 + beta * max(ideal_mp - mp, 0.0) ** 2))
+
+
+def attack_performance(metric: str, value: float) -> float:
+    """AP in [0, 1], higher meaning a stronger attack: the metric itself, 1 - MSE for a reconstruction (VFLAIR's)."""
+    return max(0.0, 1.0 - value) if metric == "mse" else value
+
+
+def attack_rows(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (protocol [+ defense], dataset, attack): MP, AP (means over seeds), DCS, the epsilon bound."""
+    rows = []
+    names = sorted({k.split("/")[1] for r in results.values() for k in r.get("attacks", {})})
+    mp_key = f"test/{grid.metric}/mean"
+    for protocol in grid.protocols:
+        base, defense = grid.defended.get(protocol, (protocol, ""))
+        for dataset in grid.datasets:
+            runs = [r for c, r in results.items() if c.protocol == protocol and c.dataset == dataset]
+            runs = [r for r in runs if "error" not in r]
+            if not runs:
+                continue
+            mp = statistics.mean(r["test"][mp_key] for r in runs if mp_key in r["test"])
+            for name in names:
+                logged = [r.get("attacks", {}) for r in runs]
+                metric = next((m for m in AP_METRICS if all(f"attack/{name}/{m}" in a for a in logged)), None)
+                if metric is None:
+                    continue
+                value = statistics.mean(a[f"attack/{name}/{metric}"] for a in logged)
+                bounds = [a.get(f"attack/{name}/epsilon_bound") for a in logged]
+                baseline = [a.get(f"attack/{name}/baseline_{metric}") for a in logged]
+                rows.append(
+                    {
+                        "protocol": protocol,
+                        "base": base,
+                        "defense": defense,
+                        "dataset": dataset,
+                        "attack": name,
+                        "metric": metric,
+                        "value": value,
+                        "ap": attack_performance(metric, value),
+                        "baseline": statistics.mean(baseline) if all(b is not None for b in baseline) else None,
+                        "epsilon_bound": bounds[0] if all(b is not None for b in bounds) else None,
+                        "mp": mp,
+                        "seeds": len(runs),
+                    }
+                )
+    for row in rows:  # DCS against the same protocol's undefended run on the same dataset
+        ideal = [
+            r["mp"]
+            for r in rows
+            if r["base"] == row["base"] and r["dataset"] == row["dataset"] and r["defense"] in ("", NO_DEFENSE)
+        ]
+        row["dcs"] = dcs(row["ap"], row["mp"], ideal[0]) if ideal and grid.defended else None
+    return rows
+
+
+def write_attack_table(rows: list[dict[str, Any]], out: Path) -> str:
+    """`attacks.md` and `attacks.csv`: per protocol, defense, dataset and attack, its AP beside MP, DCS, the bound."""
+    head = ["protocol", "defense", "dataset", "attack", "metric", "value", "baseline", "AP", "MP", "DCS", "eps bound"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    with (out / "attacks.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([h.lower().replace(" ", "_") for h in head] + ["seeds"])
+        for r in rows:
+            cells = [
+                r["base"],
+                r["defense"] or "–",
+                r["dataset"],
+                r["attack"],
+                r["metric"],
+                f"{r['value']:.4f}",
+                _num(r["baseline"], ".4f"),
+                f"{r['ap']:.4f}",
+                f"{r['mp']:.4f}",
+                _num(r["dcs"], ".4f"),
+                _num(r["epsilon_bound"], ".4f"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+            writer.writerow([*cells, r["seeds"]])
+    note = (
+        "AP: the attack's metric at its last logged epoch (1 - MSE for a reconstruction), mean over seeds; MP: the "
+        "test metric at the best-validation checkpoint; DCS: VFLAIR's Defense Capability Score (beta 0.5, ideal AP 0, "
+        f"ideal MP the `{NO_DEFENSE}` run's); eps bound: e^eps / (e^eps + K - 1), the most an eps-label-DP release "
+        "lets a guess from it keep."
+    )
+    table = "\n".join(lines) + "\n\n" + note + "\n"
+    (out / "attacks.md").write_text(table)
+    return table
+
+
+def write_attack_plots(grid: Grid, rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """Per dataset and attack: AP against MP, one point per protocol and defense (the privacy-utility plot).
+
+    Where a label mechanism's epsilon bound is logged, a black bar marks it at the same MP.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for dataset, attack in sorted({(r["dataset"], r["attack"]) for r in rows}):
+        fig, ax = plt.subplots(figsize=(6, 4.5), layout="constrained")
+        for r in (r for r in rows if r["dataset"] == dataset and r["attack"] == attack):
+            ax.scatter(r["mp"], r["ap"])
+            ax.annotate(r["protocol"], (r["mp"], r["ap"]), fontsize=7)
+            if r["epsilon_bound"] is not None:  # the most a guess from the label release keeps, beside the measure
+                ax.scatter(r["mp"], r["epsilon_bound"], marker="_", s=300, color="black")
+                ax.annotate("eps bound", (r["mp"], r["epsilon_bound"]), fontsize=6, va="top")
+        ax.set(xlabel=f"main-task performance (test {grid.metric})", ylabel=f"attack performance ({attack})")
+        ax.set_title(f"{dataset}: {attack}", fontsize=9)
+        ax.grid(alpha=0.3)
+        path = out / f"{grid.name}_{dataset}_{attack}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)

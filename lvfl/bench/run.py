@@ -14,7 +14,7 @@ from typing import Any
 
 from lvfl.bench.grid import Cell, Grid, check_cells, load_grid
 from lvfl.bench.quick import with_stand_ins
-from lvfl.bench.report import summarize, write_plots, write_table
+from lvfl.bench.report import attack_rows, summarize, write_attack_plots, write_attack_table, write_plots, write_table
 
 #: The file a cell's process leaves behind when it fails: the one-line reason the table shows.
 ERROR_FILE = "error.txt"
@@ -74,6 +74,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     )
     best_path.unlink()  # the cell's figures are in result.json; its checkpoints would only fill the disk
     history = read_history(Path(cli.trainer.logger.log_dir) / "metrics.csv", cell.metric)
+    attacks = read_attacks(Path(cli.trainer.logger.log_dir) / "metrics.csv")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     peak_gpu = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     backend = type(cli.model.aggregation).__name__
@@ -94,6 +95,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         "peak_rss_mib": peak,
         "peak_gpu_mib": peak_gpu,
         "twin": twin,
+        "attacks": attacks,
     }
 
 
@@ -175,6 +177,15 @@ def read_history(metrics_csv: Path, metric: str = "acc") -> dict[str, Any]:
     if sim_wall and all(e in sim_wall for e in epochs):
         history["sim_wall_s"] = [sim_wall[e] for e in epochs]
     return history
+
+
+def read_attacks(metrics_csv: Path) -> dict[str, float]:
+    """Each `attack/<name>/<metric>` an attack logged, at the last epoch it logged it (AP of the trained run)."""
+    last: dict[str, float] = {}
+    with metrics_csv.open() as f:
+        for row in csv.DictReader(f):
+            last |= {k: float(v) for k, v in row.items() if k.startswith("attack/") and v}
+    return last
 
 
 def run_cell(cell: Cell, out: Path) -> dict[str, Any]:
@@ -261,4 +272,8 @@ def run_grid(
     rows = summarize(grid, results)
     table = write_table(grid, rows, report_dir)
     write_plots(grid, results, report_dir)
+    if grid.attacks:
+        rows_by_attack = attack_rows(grid, results)
+        table += "\n" + write_attack_table(rows_by_attack, report_dir)
+        write_attack_plots(grid, rows_by_attack, report_dir)
     return Outcome(table, report_dir, failures)

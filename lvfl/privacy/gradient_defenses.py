@@ -47,6 +47,15 @@ class GradientDefense(ABC):
         """Label-DP epsilon of `releases` releases of one sample's row at `delta`; None: no DP claim."""
         return None
 
+    def apply_per_sample(self, values: torch.Tensor) -> torch.Tensor:
+        """The defense on rows that are each one sample's own (an embedding a party sends), not a mean's gradient.
+
+        `apply` treats its input as the gradient of a batch mean (row i is sample i's row over B); the same clip and
+        noise on `values` itself: apply(values / B) * B.
+        """
+        batch = values.shape[0]
+        return self.apply(values.detach() / batch) * batch
+
     @staticmethod
     def rows(grad: torch.Tensor) -> tuple[torch.Tensor, int]:
         """`grad` as one row per sample of its own loss (times the batch size B), and B."""

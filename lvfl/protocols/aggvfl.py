@@ -185,7 +185,11 @@ class AggVFL(VFLModule):
         """
         if self.aggregate == "weighted":
             received = {
-                k: (local[k] if k == self.active else self.wire.send(k, self.active, local[k], "predictions"))
+                k: (
+                    local[k]
+                    if k == self.active
+                    else self.wire.send(k, self.active, self.outgoing(k, local[k]), "predictions")
+                )
                 for k in self.party_names
             }
             w = self.aggregation_weights()
@@ -193,7 +197,9 @@ class AggVFL(VFLModule):
             return agg, received, {k: w[i].detach() for i, k in enumerate(self.party_names)}
         step = self.next_mask_step()  # a fresh mask stream per aggregation
         shares = {
-            k: self.wire.send(k, self.active, self.protected(k, local[k].detach(), step), "predictions")
+            k: self.wire.send(
+                k, self.active, self.protected(k, self.outgoing(k, local[k].detach()), step), "predictions"
+            )
             for k in self.passive
         }
         total = self.combined(local[self.active], shares)

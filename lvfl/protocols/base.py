@@ -57,6 +57,8 @@ class PartyConfig:
           lr_scheduler: {class_path: torch.optim.lr_scheduler.ExponentialLR, init_args: {gamma: 0.95}}
 
     Without `optimizer`, the party uses SGD with lr 0.01 (the papers' MNIST setting). Schedulers step once per epoch.
+    `embedding_noise` (e.g. ``{class_path: lvfl.privacy.GaussianNoise, init_args: {noise_multiplier: 0.2, clip: 5}}``)
+    is the party's own noise on every embedding or prediction it sends (`VFLModule.outgoing`).
 
     The optimizer and scheduler are checked when the config is made, by building them once over a one-element
     probe parameter: a negative or non-finite learning rate (or any value the optimizer itself refuses) fails at
@@ -66,6 +68,9 @@ class PartyConfig:
     model: PartyModelFactory
     optimizer: OptimizerCallable | None = None
     lr_scheduler: LRSchedulerCallable | None = None
+    #: noise the party adds to each embedding or prediction it sends (`VFLModule.outgoing`): a gradient defense's
+    #: clip and noise on each sample's own row (`lvfl.privacy.GaussianNoise`, `LaplaceNoise`); None sends it as is
+    embedding_noise: GradientDefense | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.model):
@@ -566,16 +571,31 @@ class VFLModule(LightningModule, ABC):
             return empty_shadow((), grad.dtype)
         return (output * received).sum()
 
+    def outgoing(self, party: str, tensor: torch.Tensor) -> torch.Tensor:
+        """What `party` puts into a message (or an aggregate) of its embedding or prediction `tensor`.
+
+        With the party's `embedding_noise` (its `PartyConfig`'s), each sample's row clipped and noised where the party
+        is held (the noise is its own, drawn in its process), in training and evaluation alike: everything it sends
+        is noised. It protects what the row says about the party's features against whoever receives it (or an
+        aggregate with it); the party trains its own model on its clean output.
+        """
+        noise = self._configs[party].embedding_noise if party in getattr(self, "_configs", {}) else None
+        if noise is None or not self.wire.holds(party) or is_shadow(tensor):
+            return tensor
+        return noise.apply_per_sample(tensor.detach()).to(tensor.dtype)
+
     def aggregate_embeddings(self, local: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Passive shares up the wire, combined at the active party: returns E_a + sum_k E_k (not divided)."""
         if self.training:
             self.check_finite(local, "embedding")
         step = self.next_mask_step()
         shares = {
-            k: self.wire.send(k, self.active, self.protected(k, local[k].detach(), step), "embeddings")
+            k: self.wire.send(
+                k, self.active, self.protected(k, self.outgoing(k, local[k].detach()), step), "embeddings"
+            )
             for k in self.passive
         }
-        return self.combined(local[self.active].detach(), shares)
+        return self.combined(self.outgoing(self.active, local[self.active].detach()), shares)
 
     def combined(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`aggregation.combine` at the active party; elsewhere the shadow of the sum (`active_tensor`'s shape)."""

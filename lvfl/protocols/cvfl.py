@@ -144,7 +144,8 @@ class CVFL(TopModelProtocol):
     def embeddings_up(self, local: Mapping[str, torch.Tensor]) -> dict[str, CompressedTensor]:
         """Steps 1-2: each passive party compresses its embedding and sends C(E_k) up; what the active party holds."""
         return {
-            k: self.wire.send(k, self.active, self.compressor.compress(local[k]), "embeddings") for k in self.passive
+            k: self.wire.send(k, self.active, self.compressor.compress(self.outgoing(k, local[k])), "embeddings")
+            for k in self.passive
         }
 
     def top_snapshot(self) -> dict[str, torch.Tensor]:

@@ -206,7 +206,9 @@ class SplitNN(TopModelProtocol):
         backend, so the active party receives protected shares and learns only E_a + sum_k E_k.
         """
         if self.fusion == "concat":
-            received = {k: self.wire.send(k, self.active, local[k], "embeddings") for k in self.passive}
+            received = {
+                k: self.wire.send(k, self.active, self.outgoing(k, local[k]), "embeddings") for k in self.passive
+            }
             return self.fuse({self.active: local[self.active].detach()} | received)
         return self.aggregate_embeddings(local)
 
