@@ -131,9 +131,10 @@ class GradientReplacement(Backdoor):
 
     The trigger sets those features to their maximum and minimum over the attacker's training rows, alternately (a
     pattern, as VFLAIR's CIFAR trigger alternates channel values; its MNIST one sets 4 corner pixels to 1, where a
-    digit has no ink). Each
-    step it keeps the mean gradient row of the known target samples in the batch (or the last such mean) and trains
-    each poisoned row of the batch on it.
+    digit has no ink). In a step whose batch holds a known target sample it puts a triggered poisoned sample in that
+    sample's place in its own slice (the label replacement: the top model learns the trigger under the target label),
+    and trains each poisoned row of the batch on `gamma` times the mean gradient row of the known target samples there
+    (a remembered row would go stale: replayed step after step, it pushes the poisoned embeddings without bound).
     """
 
     name: ClassVar[str] = "gradient_replacement"

@@ -137,6 +137,11 @@ class GenerativeRegression(AttackRecord):
         train = trainer.datamodule.train_set
         active, victim = pl_module.active, str(self.victim)
         features = train.decode(dict(train.stored))
+        if not features[victim].is_floating_point():
+            raise ValueError(
+                f"GenerativeRegression reconstructs numeric features; party {victim!r}'s model input is "
+                f"{features[victim].dtype} (category codes)"
+            )
         x_a = features[active].float().cpu()
         truth = features[victim].float().cpu()
         flat = truth.reshape(len(truth), -1)
@@ -144,7 +149,7 @@ class GenerativeRegression(AttackRecord):
         encoders = {k: _frozen(pl_module.party_models[k].encoder) for k in pl_module.party_names}
         predict = _Prediction(pl_module)
         with torch.no_grad():
-            received = {k: encoders[k](features[k].float().cpu()) for k in pl_module.party_names}
+            received = {k: encoders[k](features[k].cpu()) for k in pl_module.party_names}
             observed = predict(received) if self.match == "prediction" else None
         digest = hashlib.sha256(f"lvfl.attacks.grn/{self.seed}".encode()).digest()
         torch.manual_seed(int.from_bytes(digest[:8], "big") >> 1)
