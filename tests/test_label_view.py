@@ -20,7 +20,7 @@ from helpers import bank_retailer_tables, make_trainer, mlp_parties, relabelled
 from lvfl.compression import CompressedTensor, Compressor
 from lvfl.datamodules import Digits
 from lvfl.models import MLP
-from lvfl.privacy import DHMasking, LaplaceLabels, RandomizedResponse
+from lvfl.privacy import MID, DHMasking, DistanceCorrelation, LaplaceLabels, RandomizedResponse
 from lvfl.protocols import CVFL, EASTER, AggVFL, PraVFed, SplitNN, VFLModule
 
 PARTIES = 3
@@ -51,6 +51,17 @@ def protocols() -> dict[str, Callable[..., VFLModule]]:
         ),
         "splitnn_concat": lambda mech: SplitNN(
             parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, top_hidden=8, label_mechanism=mech
+        ),
+        # the active party's received-embedding defenses learn from the release too, never from the true labels
+        "splitnn_mid": lambda mech: SplitNN(
+            parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, label_mechanism=mech, received_defense=MID()
+        ),
+        "splitnn_dcor": lambda mech: SplitNN(
+            parties=mlp_parties(PARTIES),
+            top_model=top,
+            embedding_dim=8,
+            label_mechanism=mech,
+            received_defense=DistanceCorrelation(lam=0.1),
         ),
         "splitnn_sum": lambda mech: SplitNN(
             parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, fusion="sum", label_mechanism=mech
