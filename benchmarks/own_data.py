@@ -81,7 +81,7 @@ def main() -> None:
         print(psi)
         for which in ("last", "best"):
             said = lvfl("test", *base, "--ckpt_path", which)
-            loaded = next((line for line in said.splitlines() if "--ckpt_path best: loading" in line), "")
+            loaded = next((line for line in said.splitlines() if "--ckpt_path best: loaded" in line), "")
             acc, auroc = metric(said, "test/acc/mean"), metric(said, "test/auroc/mean")
             epoch = f" ({loaded.split('(')[-1]}" if loaded else ""
             print(f"lvfl test --ckpt_path {which}: mean of the parties' models acc {acc}, AUROC {auroc}{epoch}")

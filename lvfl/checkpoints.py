@@ -8,9 +8,11 @@
   `FileNotFoundError` / `IsADirectoryError` that `lvfl.errors` reports as a user error).
 - `resolve_ckpt_path(trainer, ckpt_path)`: the file that ``--ckpt_path last`` or ``--ckpt_path best`` names, found
   on disk so that it works in a new process (Lightning resolves "best" only from the callback of a fit in the same
-  process). ``last`` is the newest last checkpoint of the run's checkpoint callbacks (`ExperimentCheckpoint`'s
-  ``<save_dir>/<name>/checkpoints/last.ckpt``), ``best`` the best epoch by the task's main validation metric
-  (``best.ckpt`` beside it) or any monitored top-1 checkpoint kept under a fixed file name.
+  process). Every fit writes its own version folder, ``<save_dir>/<name>/version_N/checkpoints/``
+  (`ExperimentCheckpoint`), so a second fit never touches the first's files; ``last`` and ``best`` are looked up
+  within one run, the newest version that holds a checkpoint (an older run's file is named by its path). ``last``
+  is its ``last.ckpt``, ``best`` the best epoch by the task's main validation metric (``best.ckpt`` beside it) or
+  any monitored top-1 checkpoint kept under a fixed file name.
 - `describe_checkpoint(path, checkpoint)`: what the CLI prints about the file it loaded; `weights_only_kwargs()`:
   what to pass Lightning's `Trainer.fit/test/...` so that its own load of the file is weights-only too.
 
@@ -29,10 +31,15 @@ from typing import Any
 
 __all__ = [
     "SPECIAL_CKPT_PATHS",
+    "best_file",
     "CheckpointError",
     "describe_checkpoint",
+    "experiment_folder",
     "load_checkpoint",
+    "named_version",
+    "refuse_a_used_version",
     "resolve_ckpt_path",
+    "run_checkpoint_folder",
     "weights_only_kwargs",
 ]
 
@@ -160,10 +167,11 @@ def weights_only_kwargs() -> dict[str, bool]:
 def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) -> Path | None:
     """The file that `ckpt_path` names for `trainer`'s run: None for None, a path as given, or `last` / `best` found.
 
-    ``last``: the newest ``last*.ckpt`` of the run's checkpoint callbacks (`ExperimentCheckpoint`: the experiment's
-    ``<save_dir>/<name>/checkpoints/last.ckpt``). ``best``: the best file a checkpoint callback of this process
-    kept (after a fit in the same process), else the file a monitored top-1 checkpoint keeps under a fixed name
-    (`ExperimentCheckpoint`'s ``best.ckpt``), read from disk so that a new process finds it. Nothing is loaded.
+    ``last`` and ``best`` are looked up in one run's checkpoint folder (`run_checkpoint_folder`): after a fit in this
+    process, the one it wrote; else the newest version of the experiment (``<save_dir>/<name>/version_N``) holding
+    a checkpoint. ``last``: its ``last.ckpt``. ``best``: the best file a
+    checkpoint callback of this process kept, else the file a monitored top-1 checkpoint keeps under a fixed name
+    (`ExperimentCheckpoint`'s ``best.ckpt``) in that folder. Nothing is loaded.
 
     Raises:
         FileNotFoundError: nothing was fitted with this experiment yet (the folder looked in is named).
@@ -178,16 +186,81 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) ->
     return Path(ckpt_path)
 
 
+def experiment_folder(trainer: Any) -> Path | None:
+    """``<save_dir>/<name>`` of the trainer's first logger (the folder of its version folders), or None."""
+    if not trainer.loggers:
+        return None
+    logger = trainer.loggers[0]
+    save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
+    return Path(save_dir) / str(logger.name)
+
+
+def named_version(trainer: Any) -> str | None:
+    """The version folder's name when the logger was given a version (``version_3``, or a string as given), else None.
+
+    Read before the logger picks its next free version (Lightning's loggers keep a given version in `_version`).
+    """
+    if not trainer.loggers:
+        return None
+    version = getattr(trainer.loggers[0], "_version", None)
+    if version is None:
+        return None
+    return version if isinstance(version, str) else f"version_{version}"
+
+
+def _version_number(folder: Path) -> int:
+    match = re.fullmatch(r"version_(\d+)", folder.name)
+    return int(match.group(1)) if match else -1
+
+
+def run_checkpoint_folder(trainer: Any, folder_name: str = "checkpoints") -> Path | None:
+    """The checkpoint folder of the run `--ckpt_path last|best` means (None: the experiment has no version yet).
+
+    The newest ``version_N`` (by N) of the experiment whose folder holds a ``.ckpt``: a later `lvfl test`, which
+    logs into a version of its own and writes no checkpoint, does not hide the fit before it. An older run's file
+    is named by its path.
+    """
+    root = experiment_folder(trainer)
+    if root is None:
+        return None
+    versions = sorted((p for p in root.glob("version_*") if p.is_dir()), key=_version_number, reverse=True)
+    for version in versions:
+        if any((version / folder_name).glob("*.ckpt")):
+            return version / folder_name
+    return None
+
+
+def refuse_a_used_version(trainer: Any) -> None:
+    """Refuse a logger version named on purpose whose folder holds files already: lvfl never overwrites a run.
+
+    (Lightning's loggers would write into it: the CSV logger deletes its metrics, a fit replaces its checkpoints.)
+    """
+    named, root = named_version(trainer), experiment_folder(trainer)
+    if named is None or root is None:
+        return
+    folder = root / named
+    if folder.is_dir() and any(folder.iterdir()):
+        raise ValueError(
+            f"--trainer.logger.init_args.version: {folder} holds a run already, and lvfl does not overwrite one; "
+            "name another version, or leave the version out (each command then writes the next free one)"
+        )
+
+
 def _keepers(trainer: Any) -> list[Any]:
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from lvfl.callbacks import ExperimentCheckpoint
+    return [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
 
-    keepers = [cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)]
+
+def _folders(trainer: Any, keepers: list[Any]) -> list[Path]:
+    """Where the keepers' files are: a folder given to a keeper as it is, else the run's (`run_checkpoint_folder`)."""
+    folders: list[Path] = []
     for keeper in keepers:
-        if isinstance(keeper, ExperimentCheckpoint):
-            keeper._use_experiment_dir(trainer)
-    return keepers
+        given = keeper.dirpath if not getattr(keeper, "dirpath_is_run_folder", False) else None
+        folder = Path(given) if given is not None else run_checkpoint_folder(trainer)
+        if folder is not None and folder not in folders:
+            folders.append(folder)
+    return folders
 
 
 def _no_callback(which: str) -> ValueError:
@@ -198,41 +271,57 @@ def _no_callback(which: str) -> ValueError:
     )
 
 
+def _looked_in(trainer: Any, folders: list[Path]) -> str:
+    if folders:
+        return ", ".join(str(f) for f in folders)
+    root = experiment_folder(trainer)
+    return "the run's log folder" if root is None else f"any {root}/version_*/checkpoints"
+
+
 def _last(trainer: Any) -> Path:
-    """The newest last checkpoint of the run's checkpoint callbacks (Lightning's rule, from disk)."""
+    """The run's last checkpoint: this process's fit's, else the one in the run's folder (or an exception's)."""
     from lightning.pytorch.callbacks import OnExceptionCheckpoint
 
     keepers = _keepers(trainer)
     exception_keepers = [cb for cb in trainer.callbacks if isinstance(cb, OnExceptionCheckpoint)]
     if not keepers and not exception_keepers:
         raise _no_callback("last")
-    candidates = {getattr(cb, "ckpt_path", None) for cb in exception_keepers}
+    for keeper in keepers:  # a fit in this process: the file it wrote
+        written = getattr(keeper, "last_model_path", "")
+        if written and os.path.isfile(written):
+            return Path(written)
+    folders = _folders(trainer, keepers)
+    candidates = [getattr(cb, "ckpt_path", None) for cb in exception_keepers]
     for keeper in keepers:
-        candidates |= keeper._find_last_checkpoints(trainer)  # ExperimentCheckpoint: raises naming its folder
+        name = f"{keeper.CHECKPOINT_NAME_LAST}{keeper.FILE_EXTENSION}"
+        candidates += [str(folder / name) for folder in folders]
     found = [Path(p) for p in candidates if p and os.path.isfile(p)]
     if not found:
-        folders = sorted({str(k.dirpath) for k in keepers if k.dirpath is not None}) or ["the run's log folder"]
         raise FileNotFoundError(
-            f"--ckpt_path last: there is no last checkpoint in {', '.join(folders)} (nothing was fitted with "
-            "this configuration yet); fit first, or pass the path of a checkpoint"
+            f"--ckpt_path last: there is no last checkpoint in {_looked_in(trainer, folders)} (nothing was fitted "
+            "with this configuration yet); fit first, or pass the path of a checkpoint"
         )
     return max(found, key=lambda p: p.stat().st_mtime)
 
 
 def _best(trainer: Any) -> Path:
-    """The best epoch's file: kept by a callback of this process, else found on disk (see `best_file`)."""
-    from lvfl.callbacks.checkpoint import best_file
-
+    """The best epoch's file: kept by a callback of this process, else found in the run's folder (`best_file`)."""
     keepers = _keepers(trainer)
     if not keepers:
         raise _no_callback("best")
     for keeper in keepers:  # a fit in this process: the callback knows its best file
         if keeper.best_model_path and os.path.isfile(keeper.best_model_path):
             return Path(keeper.best_model_path)
-    files = [(keeper, best_file(keeper)) for keeper in keepers]
+    folders = _folders(trainer, keepers)
+    files = [(keeper, best_file(keeper, folder)) for keeper in keepers for folder in folders]
     for _, file in files:
         if file is not None and file.is_file():
             return file
+    if not folders:
+        raise FileNotFoundError(
+            f"--ckpt_path best: there is no checkpoint in {_looked_in(trainer, folders)} (nothing was fitted with "
+            "this configuration yet); fit first, or pass the path of a checkpoint"
+        )
     known = [(keeper, file) for keeper, file in files if file is not None]
     if not known:
         raise ValueError(
@@ -253,3 +342,18 @@ def _best(trainer: Any) -> Path:
         f"--ckpt_path best: there is no {file.name} in {file.parent} (nothing was fitted with this configuration "
         "yet); fit first, or pass the path of a checkpoint"
     )
+
+
+def best_file(keeper: Any, folder: str | os.PathLike[str] | None = None) -> Path | None:
+    """Where `keeper` (a `ModelCheckpoint`) keeps its best epoch under a fixed name, or None if it has none.
+
+    That is a top-1 checkpoint (``save_top_k=1``) with a monitor (`ExperimentCheckpoint`, whose `auto_monitor` says
+    it picks its monitor at set-up) and a file name without ``{metric}`` fields, in `folder` (default: the keeper's
+    own, once known).
+    """
+    monitored = keeper.monitor is not None or getattr(keeper, "auto_monitor", False)
+    name = keeper.filename
+    folder = keeper.dirpath if folder is None else folder
+    if not monitored or keeper.save_top_k != 1 or folder is None or not name or "{" in name:
+        return None
+    return Path(folder) / f"{name}{keeper.FILE_EXTENSION}"

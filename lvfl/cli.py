@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Optional
 
+from lightning.pytorch import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
@@ -64,6 +65,23 @@ class VFLCLI(LightningCLI):
                 "else; leave --weights_only out"
             )
         check_party_optimizers(config)
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        """LightningCLI's parse, with config-relative table paths (`lvfl.config_files`) and a close match named.
+
+        An unrecognised option (abbreviations are refused: `--trainer.max_epoch` is not `--trainer.max_epochs`) is
+        reported with the closest option the subcommand has.
+        """
+        from argparse import ArgumentError
+
+        from lvfl.config_files import resolve_table_paths
+
+        if isinstance(args, list | tuple):
+            args = resolve_table_paths(args)
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            raise ArgumentError(None, _with_close_option(str(err), parser, args)) from err
 
     def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> Any:
         """The subcommand's parser, with lvfl's help for `--ckpt_path` and `--weights_only` (default True)."""
@@ -138,9 +156,10 @@ class VFLCLI(LightningCLI):
             return None
         special = str(given) in SPECIAL_CKPT_PATHS
         checkpoint = load_checkpoint(path, what=f"--ckpt_path {given} ({path})" if special else f"--ckpt_path {path}")
-        if special and self.trainer.is_global_zero:
+        if self.trainer.is_global_zero:  # said once it loaded: a refused checkpoint is one line, the refusal
             about = describe_checkpoint(path, checkpoint)
-            print(f"lvfl {subcommand}: --ckpt_path {given}: loading {path}" + (f" ({about})" if about else ""))
+            line = f"lvfl {subcommand}: --ckpt_path {given}: loaded {path}" + (f" ({about})" if about else "")
+            self.trainer.callbacks.append(_SayOnce(line))
         return path
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
@@ -193,7 +212,8 @@ class VFLCLI(LightningCLI):
             "--default_callbacks",
             type=bool,
             default=True,
-            help="Add lvfl's callbacks (CommunicationMeter, ExactResume, ExperimentCheckpoint) to trainer.callbacks, "
+            help="Add lvfl's callbacks (CommunicationMeter, ExactResume, EpochLines, ExperimentCheckpoint) to "
+            "trainer.callbacks, "
             "each unless the config lists one of its kind; false: only the config's own callbacks.",
         )
         for option, (kind, text) in {**PREDICT_OPTIONS, **FIT_OPTIONS}.items():
@@ -237,12 +257,17 @@ class VFLCLI(LightningCLI):
             self.trainer.callbacks.append(self._step_timer)
 
     def after_fit(self) -> None:
-        """With `--twin`: fit the Plain twin and print what the run's privacy mechanisms cost (`lvfl.twin`)."""
+        """The fit's summary (`lvfl.console.fit_summary`); with `--twin`, the Plain twin and what privacy cost."""
         import time
 
         from lvfl.twin import PLAIN, Measured, StepTimer, cost_rows, format_table, twin_args
 
         config = self.config.get("fit", self.config)
+        if self.trainer.is_global_zero:
+            from lvfl.console import fit_summary
+
+            seconds = time.perf_counter() - self._fit_started
+            print(fit_summary(self.trainer, self.model, self.datamodule, seconds), flush=True)
         if not config.get("twin"):
             return
         run = Measured.of(time.perf_counter() - self._fit_started, self._step_timer, self.model.wire.bytes_by_tag())
@@ -290,14 +315,24 @@ class VFLCLI(LightningCLI):
         after_predict(self)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
-        """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`)."""
+        """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`).
+
+        A progress bar only where standard output is a terminal, unless the config says (`enable_progress_bar`):
+        redirected to a file it is carriage returns, and `lvfl.console.EpochLines` prints a line per epoch instead.
+        """
         config = self.config_init.get(str(self.subcommand), self.config_init)
+        trainer = config.get("trainer") or {}
         if config.get("default_callbacks", True) and "callbacks" not in kwargs:
-            trainer = config.get("trainer") or {}
             kwargs["callbacks"] = with_default_callbacks(
                 trainer.get("callbacks"), checkpointing=trainer.get("enable_checkpointing") is not False
             )
-        return super().instantiate_trainer(**kwargs)
+        if trainer.get("enable_progress_bar") is None and "enable_progress_bar" not in kwargs:
+            kwargs["enable_progress_bar"] = sys.stdout.isatty()
+        built = super().instantiate_trainer(**kwargs)
+        from lvfl.checkpoints import refuse_a_used_version
+
+        refuse_a_used_version(built)  # every command writes a version folder of its own
+        return built
 
 
 _CKPT_FILES = (
@@ -367,7 +402,8 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     """The default callbacks of lvfl, followed by the configured `callbacks` (a list, one callback, or None).
 
     The defaults are `CommunicationMeter` (the wire's figures), `ExactResume` (a resumed fit continues the run it
-    resumes) and `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads, and the best epoch's
+    resumes), `lvfl.console.EpochLines` (a line per epoch where no progress bar draws; the fit summary's figures) and
+    `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads, and the best epoch's
     `best.ckpt` that `--ckpt_path best` loads). Each is added unless the configured list already holds a callback of
     its kind, which then takes its place: a configured `CommunicationMeter(print_summary=false)` replaces the
     default one, and any configured `ModelCheckpoint` takes checkpointing over (`lvfl bench` keeps only its
@@ -378,9 +414,10 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
 
     from lvfl.callbacks import CommunicationMeter, ExperimentCheckpoint
     from lvfl.callbacks.checkpoint import ExactResume
+    from lvfl.console import EpochLines
 
     configured = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
-    defaults = [(CommunicationMeter, CommunicationMeter), (ExactResume, ExactResume)]
+    defaults = [(CommunicationMeter, CommunicationMeter), (ExactResume, ExactResume), (EpochLines, EpochLines)]
     if checkpointing:
         defaults.append((ModelCheckpoint, ExperimentCheckpoint))
     added = [make() for kind, make in defaults if not any(isinstance(cb, kind) for cb in configured)]
@@ -403,10 +440,11 @@ def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True, par
         args=args,
         run=run,
         auto_configure_optimizers=False,
-        parser_kwargs={
+        parser_kwargs={  # no abbreviations: `--trainer.max_epoch=3` is a typo, not `--trainer.max_epochs=3`
             "exit_on_error": exit_on_error,
             "epilog": DEBUG_HELP,
-            **{subcommand: {"epilog": DEBUG_HELP} for subcommand in VFLCLI.subcommands()},
+            "allow_abbrev": False,
+            **{subcommand: {"epilog": DEBUG_HELP, "allow_abbrev": False} for subcommand in VFLCLI.subcommands()},
         },
     )
 
@@ -472,6 +510,33 @@ def run_experiment(
         return metrics, cli
 
 
+def _option_strings(parser: Any, args: Any) -> list[str]:
+    """Every long option of `parser`, or of the subcommand parser `args` selects."""
+    actions = getattr(parser, "_subcommands_action", None)
+    if actions is not None and isinstance(args, list | tuple):
+        chosen = next((a for a in args if a in actions.choices), None)
+        if chosen is not None:
+            parser = actions.choices[chosen]
+    return [o for o in getattr(parser, "_option_string_actions", {}) if o.startswith("--")]
+
+
+def _with_close_option(message: str, parser: Any, args: Any) -> str:
+    """Jsonargparse's "unrecognized arguments: --x=1" with the closest option of the parser named."""
+    import difflib
+
+    prefix = "unrecognized arguments:"
+    if not message.startswith(prefix):
+        return message
+    given = [a.split("=", 1)[0] for a in message[len(prefix) :].split() if a.startswith("--")]
+    options = _option_strings(parser, args)
+    hints = []
+    for option in given:
+        close = difflib.get_close_matches(option, options, n=1, cutoff=0.8)
+        if close:
+            hints.append(f"{option}: did you mean {close[0]}?")
+    return message + (f" ({'; '.join(hints)})" if hints else "")
+
+
 def main(args: list[str] | None = None, party: Any = None) -> None:
     """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.entry.main`).
 
@@ -485,6 +550,13 @@ def main(args: list[str] | None = None, party: Any = None) -> None:
     debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
     subcommand = argv[0] if argv and argv[0] in VFLCLI.subcommands() else ""
     with _reporting_interrupts(subcommand), reported_errors(debug):
+        if subcommand in ("validate", "test", "predict"):  # from a checkpoint alone: the run's saved config
+            from lvfl.config_files import with_saved_config
+
+            given = argv[1:]
+            argv = [subcommand, *with_saved_config(given, f"lvfl {subcommand}")]
+            if len(argv) - 1 != len(given):
+                print(f"lvfl {subcommand}: the run's config: {argv[2]}")
         _run(argv, party)
 
 
@@ -493,6 +565,20 @@ def _run(argv: list[str], party: Any = None) -> None:
         build_cli(argv, exit_on_error=False, party=party)
     finally:
         _close_process_group()
+
+
+class _SayOnce(Callback):
+    """Prints a line when the subcommand's loop starts, after Lightning restored the checkpoint it names."""
+
+    def __init__(self, line: str) -> None:
+        self.line: str | None = line
+
+    def _say(self, *args: Any) -> None:
+        if self.line is not None:
+            print(self.line, flush=True)
+            self.line = None
+
+    on_fit_start = on_validation_start = on_test_start = on_predict_start = _say
 
 
 class Interrupted(BaseException):

@@ -36,6 +36,15 @@ HELP = "\n".join(
 )
 
 
+def unknown_subcommand(given: str) -> str:
+    """The one-line refusal of a subcommand lvfl does not have: every subcommand, and the closest if one is close."""
+    import difflib
+
+    close = difflib.get_close_matches(given, list(SUBCOMMANDS), n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"no subcommand {given!r}; {hint}the subcommands are {', '.join(SUBCOMMANDS)} (lvfl --help)"
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the `lvfl` console script and of `python -m lvfl`."""
     argv = list(sys.argv[1:] if args is None else args)
@@ -44,6 +53,9 @@ def main(args: list[str] | None = None) -> None:
         if not argv:
             raise SystemExit(2)
         return
+    if not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
+        print(f"lvfl: error: {unknown_subcommand(argv[0])}", file=sys.stderr)
+        raise SystemExit(2)
     if argv[0] == "export":
         from lvfl.export import main as export_main
 

@@ -30,6 +30,7 @@ Warnings that lvfl itself emits are never silenced here: they are fixed where th
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import difflib
 import functools
@@ -49,6 +50,7 @@ from typing import Any
 
 __all__ = [
     "DEBUG_ENV",
+    "OneLineParser",
     "check_party_optimizers",
     "debug_requested",
     "quiet_third_party",
@@ -75,7 +77,6 @@ _SILENCED_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"LightningCLI's args parameter is intended to run from within Python", UserWarning),
     (r".*does not have many workers", UserWarning),
     (r".*smaller than the logging interval", UserWarning),
-    (r".*exists and is not empty", UserWarning),
     (r"GPU available but not used", UserWarning),
     (r".*isinstance\(treespec, LeafSpec\)", FutureWarning),
     (r".*isinstance\(treespec, LeafSpec\)", DeprecationWarning),
@@ -83,8 +84,27 @@ _SILENCED_WARNINGS: tuple[tuple[str, type[Warning]], ...] = (
     (r"(?s).*was deprecated in v4\.\d+\.\d+", Warning),
     (r"(?s).*By default only one JsonargparseDeprecationWarning", Warning),
 )
-_SILENCED_LOG_PREFIXES = ("💡 Tip:",)  # Lightning's advertisements for litlogger / litmodels
-_RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+# Lightning's advertisements for litlogger / litmodels, and its set-up chatter, which would otherwise come before a
+# one-line error and between a fit's lines: the seed (public, in the config), the accelerators found (the fit summary
+# names the device used), the restore (lvfl prints which checkpoint it loaded) and why fit stopped (the summary says)
+_SILENCED_LOG_PREFIXES = (
+    "💡 Tip:",
+    "Seed set to",
+    "GPU available:",
+    "TPU available:",
+    "HPU available:",
+    "IPU available:",
+    "LOCAL_RANK:",
+    "`Trainer.fit` stopped:",
+    "Restoring states from the checkpoint path",
+    "Restored all states from the checkpoint",
+    "Loaded model weights from the checkpoint",
+)
+_RANK_ZERO_LOGGERS = (
+    "lightning.pytorch.utilities.rank_zero",
+    "lightning.fabric.utilities.rank_zero",
+    "lightning.fabric.utilities.seed",
+)
 
 
 # ------------------------------------------------------------------------------------------------- debug switch
@@ -120,10 +140,26 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose refusals are one line, ``lvfl: error: <prog>: <message>`` (no usage block), status 2.
+
+    For the commands outside LightningCLI (`lvfl bench`, `pki`, `party`, `launch`); ``<prog> --help`` shows the usage.
+    Abbreviated options are refused: an unknown prefix is a typo, not another option.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> Any:  # noqa: D102 - argparse's hook
+        print(f"lvfl: error: {self.prog}: {_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 # ------------------------------------------------------------------------------------------------- quiet runs
 class _DropTips(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_SILENCED_LOG_PREFIXES)
+        return not re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).startswith(_SILENCED_LOG_PREFIXES)
 
 
 @contextlib.contextmanager
@@ -131,7 +167,8 @@ def quiet_third_party() -> Iterator[None]:
     """Silence the third-party warnings and tips listed above (by message and category) for the duration.
 
     The command-line counterpart of `[tool.pytest.ini_options] filterwarnings` in pyproject.toml, plus Lightning's
-    "💡 Tip" log lines and its "GPU available but not used" hint. Each entry is targeted by message and category;
+    "💡 Tip" log lines, its set-up lines ("Seed set to 0", the accelerators found) and its "GPU available but not
+    used" hint. Each entry is targeted by message and category;
     any other warning, and every warning lvfl itself emits (such as ``allow_insecure=True``), is still printed.
     """
     tip_filter = _DropTips()

@@ -463,12 +463,8 @@ def _export_from_checkpoint(cli: Any, ckpt_path: str, party: str | None, out: st
 
     model, datamodule, trainer = cli.model, cli.datamodule, cli.trainer
     path = resolve_ckpt_path(trainer, ckpt_path)
-    special = ckpt_path in SPECIAL_CKPT_PATHS
-    what = f"--ckpt_path {ckpt_path} ({path})" if special else f"--ckpt_path {path}"
+    what = f"--ckpt_path {ckpt_path} ({path})" if ckpt_path in SPECIAL_CKPT_PATHS else f"--ckpt_path {path}"
     checkpoint = load_checkpoint(path, what=what)
-    if special:
-        about = describe_checkpoint(path, checkpoint)
-        print(f"lvfl export: --ckpt_path {ckpt_path}: loading {path}" + (f" ({about})" if about else ""))
     trainer.datamodule, datamodule.trainer = datamodule, trainer  # as Lightning attaches a datamodule
     trainer.strategy.connect(model)  # the datamodule's set-up sees the protocol (a label mechanism's split)
     model.trainer = trainer
@@ -480,8 +476,14 @@ def _export_from_checkpoint(cli: Any, ckpt_path: str, party: str | None, out: st
         model.load_state_dict(checkpoint["state_dict"])
     else:
         _load_party_state(model, datamodule, checkpoint["state_dict"], party, path)
+    about = describe_checkpoint(path, checkpoint)  # said once loaded: a refused checkpoint is one line, the refusal
+    print(f"lvfl export: --ckpt_path {ckpt_path}: loaded {path}" + (f" ({about})" if about else ""))
     config = cli.config.as_dict() if hasattr(cli.config, "as_dict") else dict(cli.config)
     return export_parties(model, datamodule, config, out, only=party)
+
+
+#: the keys of a run's saved config that describe the run (the rest are a subcommand's options)
+RUN_KEYS = ("seed_everything", "trainer", "model", "data", "default_callbacks")
 
 
 def main(argv: Sequence[str]) -> None:
@@ -498,7 +500,9 @@ def main(argv: Sequence[str]) -> None:
     from lvfl.errors import debug_requested, reported_errors
 
     debug, argv = debug_requested(list(argv))
-    parser = argparse.ArgumentParser(prog="lvfl export", description=__doc__.splitlines()[0], exit_on_error=False)
+    parser = argparse.ArgumentParser(
+        prog="lvfl export", description=__doc__.splitlines()[0], exit_on_error=False, allow_abbrev=False
+    )
     parser.add_argument(
         "--ckpt_path",
         help="the fitted run's checkpoint: a path, 'last' (the experiment's last.ckpt) or 'best' (its best.ckpt, "
@@ -527,6 +531,11 @@ def main(argv: Sequence[str]) -> None:
                 raise ValueError(f"lvfl export needs --{option}: {what}")
         if args.federation is not None and args.party is None:
             raise ValueError("lvfl export --federation exports one party's folder: give its --party too")
+        if not any(a == "--config" or a.startswith("--config=") for a in rest):  # from the checkpoint alone
+            from lvfl.config_files import saved_config_of, with_saved_config
+
+            rest = with_saved_config(rest, "lvfl export", args.ckpt_path, RUN_KEYS)
+            print(f"lvfl export: the run's config: {saved_config_of(args.ckpt_path)}")
         cli = build_cli(rest, run=False, exit_on_error=False)
         datamodule = cli.datamodule
         if args.party is not None and hasattr(datamodule, "exchange_on") and args.federation is None:

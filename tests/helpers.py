@@ -19,6 +19,14 @@ from lvfl.protocols import EASTER, PartyConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
+def checkpoints_of(experiment: Path) -> Path:
+    """`<experiment>/version_N/checkpoints` of the newest fit (highest N) that wrote a checkpoint there."""
+    folders = [p / "checkpoints" for p in experiment.glob("version_*") if list((p / "checkpoints").glob("*.ckpt"))]
+    if not folders:
+        raise FileNotFoundError(f"no version of {experiment} holds a checkpoint")
+    return max(folders, key=lambda p: int(p.parent.name.split("_")[1]))
+
+
 def make_trainer(tmp_path: Path, **kwargs) -> pl.Trainer:
     """A CPU trainer with lvfl's meter, no progress bar, checkpoints only when asked for."""
     defaults = {

@@ -157,7 +157,7 @@ def test_lvfl_test_refuses_the_last_checkpoint_of_another_backend(tmp_path, monk
     build_cli(["fit", *common])
     build_cli(
         ["fit", *common, "--model.aggregation=lvfl.privacy.Plain"]
-    )  # overwrites easter_wine/checkpoints/last.ckpt
+    )  # a second version: --ckpt_path last is now its last.ckpt
     with pytest.raises(CheckpointMismatchError, match=r"aggregation\.class=lvfl\.privacy\.plain\.Plain.*DHMasking"):
         build_cli(["test", *common, "--ckpt_path=last"])
     tested = build_cli(["test", *common, "--model.aggregation=lvfl.privacy.Plain", "--ckpt_path=last"])

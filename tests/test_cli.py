@@ -150,7 +150,7 @@ def test_more_parties_than_columns_names_both_counts(tmp_path):
 def test_fit_then_resume_restores_everything(tmp_path):
     config = "configs/easter/digits_hetero_optim.yaml"  # DHMasking and an LR scheduler on party1
     first = build_cli(["fit", "--config", config, "--trainer.max_epochs=2", *quick(tmp_path)])
-    ckpt_path = tmp_path / "easter_digits_hetero_optim" / "checkpoints" / "last.ckpt"
+    ckpt_path = tmp_path / "easter_digits_hetero_optim" / "version_0" / "checkpoints" / "last.ckpt"
     assert ckpt_path.exists()
     ckpt = torch.load(ckpt_path, weights_only=False)
     steps_per_epoch = len(first.datamodule.train_dataloader()) + len(first.datamodule.val_dataloader())
@@ -264,7 +264,7 @@ def test_default_callbacks_can_be_switched_off(tmp_path):
 
 
 def test_ckpt_path_last_without_a_checkpoint_names_the_directory(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"no last checkpoint in .*easter_wine.checkpoints"):
+    with pytest.raises(FileNotFoundError, match=r"no last checkpoint in any .*easter_wine/version_\*/checkpoints"):
         build_cli(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         build_cli(["fit", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
@@ -278,7 +278,7 @@ def test_own_callbacks_then_test_last_loads_the_fitted_weights(tmp_path):
     config.write_text(text.replace("trainer:\n", own))
     common = ["--config", str(config), *quick(tmp_path)]
     fitted = build_cli(["fit", *common, "--trainer.max_epochs=1"])
-    last = tmp_path / "easter_wine" / "checkpoints" / "last.ckpt"
+    last = tmp_path / "easter_wine" / "version_0" / "checkpoints" / "last.ckpt"
     assert last.exists()
     tested = build_cli(["test", *common, "--ckpt_path=last"])
     assert Path(tested.trainer.ckpt_path) == last
@@ -290,7 +290,7 @@ def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path
     with pytest.raises(SystemExit) as info:
         main(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
     assert info.value.code != 0, "testing an untrained model is not a success"
-    assert str(tmp_path / "easter_wine" / "checkpoints") in capsys.readouterr().err
+    assert str(tmp_path / "easter_wine" / "version_*" / "checkpoints") in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("protocol", ["easter", "aggvfl", "splitnn", "cvfl"])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, make_trainer, mlp_parties
+from helpers import REPO, checkpoints_of, make_trainer, mlp_parties
 
 from lvfl.cli import build_cli, main
 from lvfl.compression import Compressor
@@ -94,7 +94,7 @@ def loaded(run: Run):
     cli.trainer.datamodule = cli.datamodule
     cli.model.trainer = cli.trainer
     cli.model.setup("predict")
-    state = torch.load(run.logs / "bank_retailer" / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    state = torch.load(checkpoints_of(run.logs / "bank_retailer") / "last.ckpt", weights_only=False)["state_dict"]
     cli.model.load_state_dict(state)
     return cli.model.eval(), cli.datamodule, state
 
@@ -145,7 +145,7 @@ def test_each_folder_holds_its_partys_tensors_and_none_of_the_others(plain, monk
         assert not any(v.shape == value.shape and torch.equal(v, value) for v in theirs)
     # the TorchScript files too: every array stored in them is one of the party's own tensors (no other party's,
     # no example rows kept from tracing)
-    student = load_student(plain.logs / "bank_retailer" / "checkpoints").state_dict()
+    student = load_student(checkpoints_of(plain.logs / "bank_retailer")).state_dict()
     assert_stores_only(plain.out / "party0" / "completion.pt", own["party0"].values())
     assert_stores_only(plain.out / "party0" / "student.pt", student.values())
     assert_stores_only(plain.out / "party1" / "contribution.pt", own["party1"].values())
@@ -242,7 +242,7 @@ def test_the_serving_script_without_lvfl_answers_like_lvfl_predict(name, request
         assert (mine["path"], mine["prediction"], mine["reason"]) == (row["path"], row["prediction"], ""), row["id"]
         for label in ("default", "ok"):
             assert float(mine[f"prob_{label}"]) == pytest.approx(float(row[f"prob_{label}"]), abs=1e-5)
-    student = load_student(run.logs / "bank_retailer" / "checkpoints")
+    student = load_student(checkpoints_of(run.logs / "bank_retailer"))
     x = dm.active_rows(dm.sample_ids_for(only)).features["party0"]
     with torch.no_grad():
         expected = student.eval()(x).softmax(-1)
@@ -259,7 +259,7 @@ def test_without_a_student_the_ids_only_the_active_party_holds_get_a_reason(plai
     monkeypatch.chdir(REPO)
     (tmp_path / "elsewhere").mkdir()
     bare = tmp_path / "elsewhere" / "last.ckpt"
-    shutil.copyfile(plain.logs / "bank_retailer" / "checkpoints" / "last.ckpt", bare)
+    shutil.copyfile(checkpoints_of(plain.logs / "bank_retailer") / "last.ckpt", bare)
     out = tmp_path / "export"
     lvfl(["export", *plain.args, "--trainer.enable_progress_bar=false", "--ckpt_path", str(bare), "--out", str(out)])
     _, dm, _ = loaded(plain)

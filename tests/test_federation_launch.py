@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, checkpoints_of
 
 from lvfl.checkpoints import load_checkpoint
 from lvfl.federation.federation_file import write_federation
@@ -66,8 +66,9 @@ def party_cmd(name: str, federation: Path, run_id: str, save_dir: Path, *fit: st
 
 
 def checkpoint(save_dir: Path, which: str = "last") -> dict:
-    (path,) = save_dir.glob(f"*/checkpoints/{which}.ckpt")
-    return load_checkpoint(path)
+    """`which`.ckpt of the newest run (version) under `save_dir` (a resumed fit writes a version of its own)."""
+    (experiment,) = {p.parent for p in save_dir.glob("*/version_*")}
+    return load_checkpoint(checkpoints_of(experiment) / f"{which}.ckpt")
 
 
 def ledger(state: dict, sent_by: str | None = None) -> Counter:
@@ -231,7 +232,9 @@ def test_paillier_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
     assert all(t.device.type == "meta" for t in coordinator["state_dict"].values())  # no party's tensor
     everyone = {**parties, "coordinator": tmp_path / "launch" / "coordinator"}
     assert_parity(tmp_path / "fit", everyone, holds_none={"coordinator"})
-    assert not list((tmp_path / "launch" / "coordinator").glob("*/checkpoints/best.ckpt"))  # it keeps last only
+    assert not list(
+        (tmp_path / "launch" / "coordinator").glob("*/version_*/checkpoints/best.ckpt")
+    )  # it keeps last only
     best = checkpoint(tmp_path / "fit", "best")
     for name, directory in parties.items():  # every party kept the epoch the active party chose
         state = checkpoint(directory, "best")
@@ -263,14 +266,26 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     everything = tmp_path / "both"
     everything.mkdir()
     make_tables(everything)
-    config = tmp_path / "bank_retailer.yaml"
-    text = (REPO / "examples" / "bank_retailer" / "config.yaml").read_text()
-    config.write_text(text.replace("examples/bank_retailer/", ""))  # paths relative to each party's own folder
+    text = (REPO / "examples" / "bank_retailer" / "config.yaml").read_text()  # table paths relative to the file
+    (everything / "bank_retailer.yaml").write_text(text)
     sites = {"party0": "bank.csv", "party1": "retailer.csv"}
-    for name, table in sites.items():  # each organisation's disk: its own table, nothing of the other's
+    for name, table in sites.items():  # each organisation's disk: the config and its own table, not the other's
         (tmp_path / name).mkdir()
         (tmp_path / name / table).write_bytes((everything / table).read_bytes())
-    run = ["--config", str(config), *SHORT, STUDENT, PROBE, "--trainer.enable_progress_bar=false"]
+        (tmp_path / name / "bank_retailer.yaml").write_text(text)
+
+    def at(folder: Path) -> list[str]:
+        """The run's arguments with the config file on the disk of `folder`."""
+        return [
+            "--config",
+            str(folder / "bank_retailer.yaml"),
+            *SHORT,
+            STUDENT,
+            PROBE,
+            "--trainer.enable_progress_bar=false",
+        ]
+
+    run = at(everything)
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
     probes = tmp_path / "probes"
     probes.mkdir()
@@ -285,7 +300,12 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     processes = {
         name: subprocess.Popen(  # noqa: S603
             party_cmd(
-                name, tmp_path / "pki" / "federation.yaml", "bank-retailer", tmp_path / "launch", *run, timeout=60
+                name,
+                tmp_path / "pki" / "federation.yaml",
+                "bank-retailer",
+                tmp_path / "launch",
+                *at(tmp_path / name),
+                timeout=60,
             ),
             cwd=tmp_path / name,
             stdout=subprocess.PIPE,
@@ -301,11 +321,11 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     parties = {name: tmp_path / "launch" / name for name in sites}
     assert_parity(tmp_path / "fit", parties)
     assert_parity(tmp_path / "fit", parties, which="best")
-    students = [next(d.glob("*/checkpoints/student.pt")) for d in (tmp_path / "fit", parties["party0"])]
+    students = [next(d.glob("*/version_*/checkpoints/student.pt")) for d in (tmp_path / "fit", parties["party0"])]
     fitted, launched = (torch.load(path, weights_only=True) for path in students)
     assert fitted.keys() == launched.keys()
     assert all(torch.equal(fitted[k], launched[k]) for k in fitted)
-    assert not list(parties["party1"].glob("*/checkpoints/student.*"))  # the student is the bank's alone
+    assert not list(parties["party1"].glob("*/version_*/checkpoints/student.*"))  # the student is the bank's alone
     figures = [student_figures(d) for d in (tmp_path / "fit", parties["party0"])]
     assert figures[0]
     assert figures[0] == figures[1]
@@ -338,8 +358,8 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     processes = {}
     for name in sites:
-        cmd = party_cmd(name, tmp_path / "pki" / "federation.yaml", "bank-retailer-predict", tmp_path / "launch", *run,
-                        *ask, "--output", str(tmp_path / f"{name}.csv"))  # fmt: skip
+        cmd = party_cmd(name, tmp_path / "pki" / "federation.yaml", "bank-retailer-predict", tmp_path / "launch",
+                        *at(tmp_path / name), *ask, "--output", str(tmp_path / f"{name}.csv"))  # fmt: skip
         cmd.insert(cmd.index("party") + 1, "predict")
         processes[name] = subprocess.Popen(  # noqa: S603
             cmd, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
@@ -368,7 +388,7 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
                 "-m",
                 "lvfl",
                 "export",
-                *run,
+                *at(tmp_path / name),
                 f"--trainer.logger.init_args.save_dir={parties[name]}",
                 "--ckpt_path",
                 "best",
@@ -440,7 +460,7 @@ def test_a_killed_party_stops_the_others_in_one_line_and_a_restart_resumes_bit_i
     processes = start_parties(tmp_path, config, timeout)
     first = tmp_path / "run" / "party2"
     deadline = time.monotonic() + 240
-    while not list(first.glob("*/checkpoints/last.ckpt")):  # epoch 0 is checkpointed: kill party2 in epoch 1
+    while not list(first.glob("*/version_*/checkpoints/last.ckpt")):  # epoch 0 is checkpointed: kill party2 in epoch 1
         assert time.monotonic() < deadline
         assert all(p.poll() is None for p in processes.values())
         time.sleep(0.1)

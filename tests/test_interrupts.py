@@ -81,7 +81,7 @@ class Fit:
         ]
         env = {k: v for k, v in os.environ.items() if k != "LVFL_DEBUG"}
         env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-        self.last = folder / "tiny" / "checkpoints" / "last.ckpt"
+        self.last = folder / "tiny" / "version_0" / "checkpoints" / "last.ckpt"  # the first fit in `folder`
         self.process = subprocess.Popen(  # noqa: S603 - lvfl's own command
             [sys.executable, "-c", DEFAULT_SIGINT_THEN_LVFL, *args[2:]],
             cwd=REPO,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, checkpoints_of
 
 from lvfl.callbacks import PredictionWriter
 from lvfl.cli import build_cli, main
@@ -74,7 +74,7 @@ def test_predict_writes_one_row_per_test_sample_equal_to_the_models_outputs(fitt
 
     # the same checkpoint in this process: the active party's model on the test split
     cli = build_cli([*args(fitted)[:-2]], run=False)
-    checkpoint = torch.load(fitted / "bank_retailer" / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(checkpoints_of(fitted / "bank_retailer") / "last.ckpt", weights_only=False)
     cli.datamodule.setup("test")
     cli.model.trainer = cli.trainer  # setup() reads the datamodule from the trainer
     cli.trainer.datamodule = cli.datamodule
@@ -139,7 +139,7 @@ def test_predict_answers_the_requested_ids_in_their_order_from_any_split(fitted,
     assert {r["path"] for r in rows} == {"vfl"}
 
     # the same samples' outputs in this process
-    checkpoint = torch.load(fitted / "bank_retailer" / "checkpoints" / "last.ckpt", weights_only=False)
+    checkpoint = torch.load(checkpoints_of(fitted / "bank_retailer") / "last.ckpt", weights_only=False)
     cli.trainer.datamodule = dm
     cli.model.trainer = cli.trainer
     cli.model.setup("predict")
@@ -190,7 +190,7 @@ def with_student(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_student, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    saved = with_student / "bank_retailer" / "checkpoints" / "student.pt"
+    saved = checkpoints_of(with_student / "bank_retailer") / "student.pt"
     assert saved.is_file()
     dm = build_cli([*args(with_student)[:-2]], run=False).datamodule
     only = dm.business_ids(dm.active_only_set("test").ids[:2])
@@ -242,7 +242,7 @@ def test_oblivious_predict_rebuilds_the_router_from_the_run_and_answers_like_the
     # without a student, an ID only the active party holds gets a reason, as on the plain path
     (tmp_path / "no_student").mkdir()
     bare = tmp_path / "no_student" / "last.ckpt"
-    bare.write_bytes((with_student / "bank_retailer" / "checkpoints" / "last.ckpt").read_bytes())
+    bare.write_bytes((checkpoints_of(with_student / "bank_retailer") / "last.ckpt").read_bytes())
     for name, extra in (("bare_ot.csv", ["--oblivious=true"]), ("bare_plain.csv", [])):
         out = f"--output={tmp_path / name}"
         main(["predict", *args(with_student)[:-2], "--ckpt_path", str(bare), ids, out, *extra])
@@ -326,7 +326,7 @@ def test_plain_and_oblivious_files_are_the_same_rows_on_the_default_split(
     rows (the shared customers by the VFL model, the bank's own by the student, or with the reason without one), the
     same predictions and probabilities; the console counts each path."""
     monkeypatch.chdir(REPO)
-    ckpt = with_student / "bank_retailer" / "checkpoints" / "last.ckpt"
+    ckpt = checkpoints_of(with_student / "bank_retailer") / "last.ckpt"
     if not student:
         (tmp_path / "bare").mkdir()
         (tmp_path / "bare" / "last.ckpt").write_bytes(ckpt.read_bytes())

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, tiny_wine_cli
+from helpers import REPO, checkpoints_of, tiny_wine_cli
 
 from lvfl.checkpoints import CheckpointError, load_checkpoint
 from lvfl.cli import main
@@ -137,7 +137,7 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
 
 def test_lvfls_own_checkpoints_hold_only_safe_loadable_content(fitted):
     tmp, _ = fitted
-    folder = tmp / "tiny" / "checkpoints"
+    folder = checkpoints_of(tmp / "tiny")
     for name in ("last.ckpt", "best.ckpt"):
         assert torch.serialization.get_unsafe_globals_in_checkpoint(folder / name) == []
         checkpoint = load_checkpoint(folder / name)
@@ -179,7 +179,7 @@ def test_every_load_is_weights_only(fitted, tmp_path, monkeypatch, name):
     assert calls, "the checkpoint was loaded"
     assert all(c is True for c in calls), calls
     if name == "fit":  # the resume happened (and restored the callbacks' state from the safe load)
-        assert load_checkpoint(root / "tiny" / "checkpoints" / "last.ckpt")["epoch"] == 2
+        assert load_checkpoint(checkpoints_of(root / "tiny") / "last.ckpt")["epoch"] == 2
 
 
 def test_lvfl_bench_loads_its_best_checkpoint_weights_only(tmp_path, monkeypatch):
@@ -245,7 +245,7 @@ BAD_FILES = {
 @pytest.mark.parametrize("kind", list(BAD_FILES))
 def test_load_checkpoint_names_the_file_and_the_fault(fitted, tmp_path, kind):
     make, phrases = BAD_FILES[kind]
-    path = make(tmp_path, fitted[0] / "tiny" / "checkpoints" / "last.ckpt")
+    path = make(tmp_path, checkpoints_of(fitted[0] / "tiny") / "last.ckpt")
     errors = {"directory": IsADirectoryError, "missing": FileNotFoundError}
     with pytest.raises(errors.get(kind, CheckpointError)) as info:
         load_checkpoint(path)
@@ -257,7 +257,7 @@ def test_load_checkpoint_names_the_file_and_the_fault(fitted, tmp_path, kind):
 @pytest.mark.parametrize("kind", list(BAD_FILES))
 def test_a_bad_checkpoint_is_one_line(fitted, tmp_path, capsys, kind, name):
     make, phrases = BAD_FILES[kind]
-    path = make(tmp_path, fitted[0] / "tiny" / "checkpoints" / "last.ckpt")
+    path = make(tmp_path, checkpoints_of(fitted[0] / "tiny") / "last.ckpt")
     line = refused(command(name, tiny(tmp_path), str(path), tmp_path), capsys)
     assert f"--ckpt_path {path}" in line
     for phrase in phrases:
@@ -270,7 +270,7 @@ def test_export_without_a_checkpoint_is_one_line(tmp_path, capsys):
     assert "lvfl export needs --ckpt_path" in line
     line = refused(command("export", args, "last", tmp_path), capsys)
     assert "no last checkpoint in" in line
-    assert str(tmp_path / "tiny" / "checkpoints") in line
+    assert str(tmp_path / "tiny" / "version_*" / "checkpoints") in line
 
 
 # ---------------------------------------------------------------------------------------------------- another run
@@ -279,7 +279,7 @@ def test_export_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     args = tiny(tmp_path)
     main(["fit", *args, "--trainer.max_epochs=1", "--data.init_args.seed=0"])
     line = refused(command("export", [*args, "--data.init_args.seed=1"], "last", tmp_path), capsys)
-    assert f"checkpoint {tmp_path / 'tiny' / 'checkpoints' / 'last.ckpt'} belongs to another run" in line
+    assert f"checkpoint {checkpoints_of(tmp_path / 'tiny') / 'last.ckpt'} belongs to another run" in line
     assert "data.settings.seed=0, this run has data.settings.seed=1" in line
     assert not (tmp_path / "out").exists(), "nothing was exported"
     lvfl(command("export", [*args, "--data.init_args.seed=0"], "last", tmp_path))  # its own run exports

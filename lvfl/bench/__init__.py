@@ -111,6 +111,7 @@ from lvfl.bench.grid import Cell, DatasetEntry, Grid, GridError, Paper, check_ce
 from lvfl.bench.quick import shorten, with_stand_ins
 from lvfl.bench.report import mb_to_target, summarize, write_plots, write_table
 from lvfl.bench.run import CellFailed, Outcome, cached_result, read_history, run_cell, run_cell_in_process, run_grid
+from lvfl.errors import OneLineParser
 
 __all__ = [
     "Cell",
@@ -142,8 +143,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     Also the internal `--cell SPEC`, the body of a cell's own process.
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="lvfl bench",
+        allow_abbrev=False,
         description="Run a grid of lvfl experiments (protocols x datasets x seeds) and report them.",
         epilog="Paths inside a grid file are relative to the grid file's folder; see `lvfl.bench` for the format.",
     )

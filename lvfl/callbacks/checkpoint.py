@@ -1,13 +1,14 @@
-"""Checkpoints per experiment: `ExperimentCheckpoint` keeps the last and the best epoch, `ExactResume` resumes exactly.
+"""Checkpoints per run: `ExperimentCheckpoint` keeps the last and the best epoch, `ExactResume` resumes exactly.
 
-Lightning's `ModelCheckpoint` writes under the logger's *version* folder, and every new run gets a new version, so
-`--ckpt_path last` from a fresh command finds nothing. `ExperimentCheckpoint` writes to
-`<save_dir>/<name>/checkpoints` (the experiment, not the version) unless `dirpath` is given: `last.ckpt` after every
-epoch, and `best.ckpt`, the epoch with the best value of the task's main validation metric (`val/acc/mean` for a
-multiclass task, `val/auroc/mean` for a binary one, `val/r2/mean` for a regression; all maximised). Both are found
-from disk by `lvfl.checkpoints.resolve_ckpt_path`, so `--ckpt_path last` and `--ckpt_path best` work in a new
-process; asking for either when the folder holds none is an error naming the folder (Lightning only warns, then
-trains from scratch or tests an untrained model, and resolves "best" only in the process that fitted).
+Every fit writes its own version folder, `<save_dir>/<name>/version_N/` (the logger's: `metrics.csv`, the run's
+`config.yaml`, and `checkpoints/`), so a second fit never touches the first's files. `ExperimentCheckpoint` keeps
+`checkpoints/last.ckpt` after every epoch and `checkpoints/best.ckpt`, the epoch with the best value of the task's main
+validation metric (`val/acc/mean` for a multiclass task, `val/auroc/mean` for a binary one, `val/r2/mean` for a
+regression; all maximised). `lvfl.checkpoints.resolve_ckpt_path` finds both from disk within one run (the version
+the logger names, else the newest version holding a checkpoint), so `--ckpt_path last` and `--ckpt_path best` work
+in a new process; asking for either when there is none is an error naming the folder (Lightning only warns, then
+trains from scratch or tests an untrained model, and resolves "best" only in the process that fitted). A resumed
+fit writes a version folder of its own too, and carries the run's best epoch over into it.
 
 A resumed fit equals the uninterrupted one (bit-identical parameters, the same validation metrics) when every
 source of randomness in epoch e is a function of the run's seed and e alone: the training order
@@ -21,13 +22,14 @@ again would put validation traffic on the wire and use mask steps that the unint
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import shutil
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lvfl.checkpoints import best_file, resolve_ckpt_path
 from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 from lvfl.runs import derive_seed
 
@@ -36,20 +38,22 @@ BEST_NAME = "best"
 
 
 class ExperimentCheckpoint(ModelCheckpoint):
-    """A `ModelCheckpoint` with a per-experiment directory that keeps `last.ckpt` and the best epoch, `best.ckpt`.
+    """A `ModelCheckpoint` in the run's version folder that keeps `last.ckpt` and the best epoch, `best.ckpt`.
 
     Defaults differ from Lightning's where resuming and a later `--ckpt_path best` need it: `save_last=True`,
     written after every epoch (Lightning writes it only with a top-k file), `enable_version_counter=False` so that
-    `last.ckpt` and `best.ckpt` are overwritten by each run instead of piling up `last-v1.ckpt`, ...; without a
-    `monitor`, the monitor is the task's main validation metric (`main_validation_metric`, read from the
-    datamodule at set-up) with `mode="max"`, and the one best file is `best.ckpt` (`filename` when given). A run
-    that validates no epoch (or whose datamodule has no task) keeps no best file; a fresh fit removes the folder's
-    `best.ckpt` of an earlier run first, so that `--ckpt_path best` never finds another run's.
-    Runs that share the directory (the same logger name) share these files; every lvfl checkpoint records the run
-    that wrote it (`lvfl.runs.run_fingerprint`), and loading it into a run that differs is refused.
+    `last.ckpt` and `best.ckpt` keep their names (a version folder holds one run); without a `monitor`, the monitor
+    is the task's main validation metric (`main_validation_metric`, read from the datamodule at set-up) with
+    `mode="max"`, and the one best file is `best.ckpt` (`filename` when given). A run that validates no epoch (or
+    whose datamodule has no task) keeps no best file. A fresh fit into a folder that holds an earlier run's best
+    file (a `dirpath` given) removes it first, so that `--ckpt_path best` never finds another run's (`lvfl.cli`
+    refuses a logger version whose folder holds a run). A resumed fit, in a version folder of its own, copies the best
+    epoch of the run it resumes there, so that its folder holds the whole run's best. Every lvfl checkpoint records
+    the run that wrote it (`lvfl.runs.run_fingerprint`), and loading it into a run that differs is refused.
 
     Args:
-        dirpath: the folder; default `<save_dir>/<name>/checkpoints` of the trainer's first logger.
+        dirpath: the folder; default `<save_dir>/<name>/version_N/checkpoints` of the trainer's first logger (the
+            run's version folder).
         filename: the best file's name without .ckpt; default `best` (Lightning's `epoch=..` names when
             `save_top_k` is not 1).
         monitor: the metric the best epoch is selected by; default: the task's main validation metric.
@@ -84,12 +88,18 @@ class ExperimentCheckpoint(ModelCheckpoint):
             **kwargs,
         )
         self.monitor = monitor  # None: chosen in `setup`
+        #: the folder is the run's version folder (not one given): `--ckpt_path last|best` looks in the run's
+        self.dirpath_is_run_folder = dirpath is None
+        self._inherited_best: tuple[str, Any] | None = None  # a resume's best epoch, copied at train start
 
-    def _use_experiment_dir(self, trainer: Trainer) -> None:
+    def _use_run_folder(self, trainer: Trainer) -> None:
+        """`<save_dir>/<name>/<version>/checkpoints` of this run's logger (the version it picks, or was given)."""
         if self.dirpath is None and trainer.loggers:
             logger = trainer.loggers[0]
             save_dir = logger.save_dir if logger.save_dir is not None else trainer.default_root_dir
-            self.dirpath = os.path.join(save_dir, str(logger.name), "checkpoints")
+            version = logger.version
+            version = version if isinstance(version, str) else f"version_{version}"
+            self.dirpath = os.path.join(save_dir, str(logger.name), version, "checkpoints")
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Resolve the experiment directory and the monitor (the datamodule's task) before Lightning's set-up.
@@ -97,7 +107,7 @@ class ExperimentCheckpoint(ModelCheckpoint):
         The monitor is part of the callback's `state_key`: set here, before a resume restores the callback's state,
         it is the same when a checkpoint is written and when it is read.
         """
-        self._use_experiment_dir(trainer)
+        self._use_run_folder(trainer)
         if self.auto_monitor and self.monitor is None:
             from lvfl.parties import TaskInfo
 
@@ -118,7 +128,7 @@ class ExperimentCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """A fresh fit (no `ckpt_path`) removes the folder's `best.ckpt` of an earlier run: it is not this run's.
+        """Make the folder's `best.ckpt` this run's: a fresh fit removes an earlier run's, a resume copies its own.
 
         (Here rather than in `on_fit_start`: with some strategies Lightning restores the checkpoint, and sets
         `trainer.ckpt_path`, only after `on_fit_start`.)
@@ -127,6 +137,35 @@ class ExperimentCheckpoint(ModelCheckpoint):
         best = best_file(self)
         if trainer.ckpt_path is None and best is not None and best.is_file():
             trainer.strategy.remove_checkpoint(best)
+        inherited, self._inherited_best = self._inherited_best, None
+        if inherited is not None and best is not None and trainer.ckpt_path is not None:
+            source, score = inherited
+            if trainer.is_global_zero:
+                best.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, best)
+            trainer.strategy.barrier("lvfl-inherit-best")
+            self.best_model_path, self.best_model_score = str(best), score
+            self.best_k_models = {str(best): score}
+            self.kth_best_model_path, self.kth_value = str(best), score
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning's restore; a resume into another folder (its own version) keeps the run's best epoch too.
+
+        Lightning restores only the best file's path when the folder changed, and would then keep the first resumed
+        epoch as "best" whatever the earlier epochs scored: the resumed run's best file is copied into this run's
+        folder at train start, with its score, so that `best.ckpt` stays the best epoch of the whole run.
+        """
+        saved = state_dict.get("dirpath", self.dirpath)
+        if self.dirpath is not None and saved != self.dirpath:
+            state_dict = {**state_dict, "dirpath": self.dirpath}  # restore the counters without Lightning's warning
+            path, score = state_dict.get("best_model_path"), state_dict.get("best_model_score")
+            state_dict.update(best_k_models={}, kth_best_model_path="", last_model_path="")
+            super().load_state_dict(state_dict)
+            self.best_model_score, self.best_model_path = None, ""
+            if path and score is not None and os.path.isfile(path):
+                self._inherited_best = (str(path), score)
+            return
+        super().load_state_dict(state_dict)
 
     def _save_topk_checkpoint(self, trainer: Trainer, monitor_candidates: dict[str, torch.Tensor]) -> None:
         """Keep the best epoch; with the task's metric as monitor, an epoch without validation keeps none.
@@ -160,24 +199,12 @@ class ExperimentCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _find_last_checkpoints(self, trainer: Trainer) -> set[str]:
-        """The last checkpoints in the experiment directory (Lightning calls this for `ckpt_path="last"` only).
+        """The run's last checkpoint (Lightning calls this for `ckpt_path="last"` only): `resolve_ckpt_path`'s.
 
         Raises:
-            FileNotFoundError: when there is none and no other checkpoint callback could supply one, naming the
-                directory looked in.
+            FileNotFoundError: when there is none, naming the folder looked in.
         """
-        self._use_experiment_dir(trainer)
-        found = super()._find_last_checkpoints(trainer)
-        others = [
-            cb for cb in trainer.callbacks if cb is not self and isinstance(cb, ModelCheckpoint | OnExceptionCheckpoint)
-        ]
-        if not found and not others:
-            where = self.dirpath if self.dirpath is not None else os.path.join(trainer.default_root_dir, "checkpoints")
-            raise FileNotFoundError(
-                f'ckpt_path="last": there is no last checkpoint in {os.path.abspath(where)} (nothing was fitted '
-                "with this experiment's logger save_dir and name yet); fit first, or pass the path of a checkpoint"
-            )
-        return found
+        return {str(resolve_ckpt_path(trainer, "last"))}
 
 
 class ExactResume(Callback):
@@ -236,16 +263,3 @@ class ExactResume(Callback):
         """Restore the base seed."""
         if state_dict.get("base_seed") is not None:
             self.base_seed = int(state_dict["base_seed"])
-
-
-def best_file(keeper: Any) -> Path | None:
-    """Where `keeper` (a `ModelCheckpoint`) keeps its best epoch under a fixed name, or None if it has none.
-
-    That is a top-1 checkpoint (``save_top_k=1``) with a monitor (`ExperimentCheckpoint` picks its monitor at
-    set-up) and a file name without ``{metric}`` fields, in a known folder.
-    """
-    monitored = keeper.monitor is not None or (isinstance(keeper, ExperimentCheckpoint) and keeper.auto_monitor)
-    name = keeper.filename
-    if not monitored or keeper.save_top_k != 1 or keeper.dirpath is None or not name or "{" in name:
-        return None
-    return Path(keeper.dirpath) / f"{name}{keeper.FILE_EXTENSION}"

@@ -139,7 +139,8 @@ class CommunicationMeter(Callback):
             rows = [(*key, int(b), int(m)) for key, (b, m) in zip(keys, counts.tolist(), strict=True)]
             summed.load_state_dict({"bytes": [r[:4] for r in rows], "messages": [(*r[:3], r[4]) for r in rows]})
             wire, title = summed, f"{title}, summed over {trainer.world_size} ranks"
-        rank_zero_info(format_summary(wire, title))
+        lead = "\n" if trainer.progress_bar_callback is not None else ""  # below a progress bar's last line
+        rank_zero_info(lead + format_summary(wire, title))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lvfl.errors import OneLineParser
 from lvfl.federation.party import SUBCOMMANDS, coordinator_of
 
 __all__ = ["launch", "main", "pki_main"]
@@ -41,7 +42,7 @@ LAUNCH_HELP = (
 
 def launch_parser() -> argparse.ArgumentParser:
     """The options of `lvfl launch` itself; every other argument is `lvfl fit`'s, passed to every party."""
-    parser = argparse.ArgumentParser(prog="lvfl launch", add_help=False, allow_abbrev=False)
+    parser = OneLineParser(prog="lvfl launch", add_help=False, allow_abbrev=False)
     parser.add_argument("--pki", type=Path, default=None, help="where to write the test PKI (default: a temp folder)")
     parser.add_argument("--timeout", type=float, default=60.0, help="each party's --timeout (default 60 s)")
     parser.add_argument("--run_id", default=None, help="the run ID (default: a fresh random one)")
@@ -202,7 +203,7 @@ def main(argv: list[str]) -> None:
 
 def pki_parser() -> argparse.ArgumentParser:
     """`lvfl pki`'s options."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="lvfl pki",
         allow_abbrev=False,
         description="Write a test certificate authority, a certificate and key per party, and a federation file.",

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lvfl.attacks import AttackRecord
+from lvfl.errors import OneLineParser
 from lvfl.federation import FederationError
 
 __all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
@@ -63,7 +64,7 @@ PARTY_HELP = (
 
 def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
     """The options of `lvfl party` itself; every other argument is `lvfl fit`'s."""
-    parser = argparse.ArgumentParser(prog=prog, add_help=False, allow_abbrev=False)
+    parser = OneLineParser(prog=prog, add_help=False, allow_abbrev=False)
     parser.add_argument("--party", required=True, help="this party's name in the federation file and the config")
     parser.add_argument("--federation", required=True, type=Path, help="the federation file (same at every party)")
     parser.add_argument(
@@ -91,18 +92,35 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
     """A digest per section of what every party must agree on: ``model=...,data=...,seed=...,trainer=...``.
 
     `config` is a fit's parsed config (`cli.config["fit"]` as a dict). Logging, progress bars, callbacks and the
-    checkpoint to resume from are each party's own and left out.
+    checkpoint to resume from are each party's own and left out, and so are where the party tables lie: a table's
+    `path` is resolved against the config file's folder on each party's own disk (`lvfl.config_files`), and each
+    party reads only its own.
     """
     trainer = config.get("trainer") or {}
     return ",".join(
         f"{name}={_digest(value)}"
         for name, value in (
             ("model", config.get("model")),
-            ("data", config.get("data")),
+            ("data", _without_table_paths(config.get("data"))),
             ("seed", config.get("seed_everything")),
             ("trainer", {k: trainer.get(k) for k in TRAINER_KEYS}),
         )
     )
+
+
+def _without_table_paths(data: Any) -> Any:
+    """The data section with each party table's `path` left out (`lvfl.config_files.TABLE_LISTS`)."""
+    from lvfl.config_files import TABLE_LISTS
+
+    init = data.get("init_args") if isinstance(data, Mapping) else None
+    if not isinstance(init, Mapping):
+        return data
+    tables = {
+        key: [{k: v for k, v in t.items() if k != "path"} if isinstance(t, Mapping) else t for t in init[key]]
+        for key in TABLE_LISTS
+        if isinstance(init.get(key), list)
+    }
+    return {**data, "init_args": {**init, **tables}}
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""What `lvfl` prints: the fit summary, a line per epoch without a terminal, and refusals in exactly one line.
+
+The summary's figures are checked against what the run wrote independently of it: the CSV logger's metrics, the
+checkpoint's ledger, and the shared IDs counted from the two example tables themselves.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, checkpoints_of
+
+from lvfl.checkpoints import load_checkpoint
+from lvfl.cli import main
+
+CONFIG = str(REPO / "examples/bank_retailer/config.yaml")
+
+
+def table_ids(path: Path, column: str) -> set[str]:
+    with path.open(newline="") as f:
+        return {row[column] for row in csv.DictReader(f)}
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory) -> tuple[Path, list[str]]:
+    """The bank/retailer example fitted for 4 epochs in this process: (its experiment folder, what it printed)."""
+    tmp = tmp_path_factory.mktemp("summary")
+    with pytest.MonkeyPatch.context() as patch, _Capture() as out:
+        patch.chdir(tmp)  # the config's tables are found from another folder: relative to the config file
+        main(["fit", "--config", CONFIG, "--trainer.max_epochs=4", f"--trainer.logger.init_args.save_dir={tmp}"])
+    return tmp / "bank_retailer", out.lines
+
+
+class _Capture:
+    """Standard output of the block, as lines (a module-scoped stand-in for capsys)."""
+
+    def __enter__(self) -> _Capture:
+        import io
+
+        self._saved, self._buffer = sys.stdout, io.StringIO()
+        sys.stdout = self._buffer
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sys.stdout = self._saved
+        self.lines = self._buffer.getvalue().splitlines()
+
+
+def metrics_rows(experiment: Path) -> list[dict[str, str]]:
+    (path,) = experiment.glob("version_0/metrics.csv")
+    with path.open() as f:
+        return [row for row in csv.DictReader(f) if row.get("val/auroc/mean")]
+
+
+def test_fit_ends_with_a_summary_of_the_run(summary):
+    experiment, lines = summary
+    start = max(i for i, line in enumerate(lines) if line.startswith("lvfl fit: 4 epochs"))
+    block = lines[start:]
+    assert re.match(r"lvfl fit: 4 epochs in [\d.]+ s \(EASTER, cpu\)$", block[0]), block[0]
+    rows = metrics_rows(experiment)
+    assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
+    for who in ("party0", "party1", "mean"):
+        values = [float(r[f"val/auroc/{who}"]) for r in rows]
+        best = max(values)
+        epoch = values.index(best) + 1
+        (row,) = [line for line in block if line.split()[:1] == [who]]
+        assert row.split() == [who, f"{best:.4f}", f"({epoch})", f"{values[-1]:.4f}"], row
+    folder = checkpoints_of(experiment)
+    ledger = load_checkpoint(folder / "last.ckpt")["lvfl"]["wire"]["bytes"]
+    total = sum(row[3] for row in ledger)
+    assert f"  wire: {total / 1e6:.3f} MB ({total:,} bytes) in " in "\n".join(block)
+    bank = table_ids(REPO / "examples/bank_retailer/bank.csv", "customer_id")
+    retailer = table_ids(REPO / "examples/bank_retailer/retailer.csv", "client")
+    assert (
+        f"  PSI: {len(bank & retailer):,} IDs every party holds (of party0 {len(bank):,}, party1 {len(retailer):,})"
+        in (block)
+    )
+    means = [float(r["val/auroc/mean"]) for r in rows]
+    best_epoch = means.index(max(means)) + 1
+    assert f"  best: {folder / 'best.ckpt'} (epoch {best_epoch}, val/auroc/mean {max(means):.4f})" in block
+    assert f"  last: {folder / 'last.ckpt'}" in block
+    assert f"  logs: {folder.parent}" in block
+    assert load_checkpoint(folder / "best.ckpt")["epoch"] + 1 == best_epoch
+
+
+def test_without_a_terminal_each_epoch_is_one_line(summary):
+    experiment, lines = summary
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert [line.split()[1] for line in epochs] == ["1/4", "2/4", "3/4", "4/4"]
+    rows = metrics_rows(experiment)
+    for line, row in zip(epochs, rows, strict=True):
+        assert f"mean {float(row['val/auroc/mean']):.4f}" in line, line
+    assert not any("\r" in line or "it/s" in line for line in lines), "no progress bar off a terminal"
+
+
+def lvfl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LVFL_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run(  # noqa: S603 - lvfl's own command
+        [sys.executable, "-m", "lvfl", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
+
+
+ONE_LINE = {
+    "negative batch size": (
+        ["fit", "--config", "configs/easter/wine.yaml", "--data.init_args.batch_size=-1"],
+        "lvfl: error: data (lvfl.datamodules.Wine): batch_size must be at least 1, got -1",
+    ),
+    "abbreviated option": (
+        ["fit", "--config", "configs/easter/wine.yaml", "--trainer.max_epoch=3"],
+        "lvfl: error: unrecognized arguments: --trainer.max_epoch=3 (--trainer.max_epoch: did you mean "
+        "--trainer.max_epochs?)",
+    ),
+    "misspelt subcommand": (
+        ["fitt", "--config", "configs/easter/wine.yaml"],
+        "lvfl: error: no subcommand 'fitt'; did you mean 'fit'? the subcommands are fit, validate, test, predict, "
+        "bench, export, party, launch, pki (lvfl --help)",
+    ),
+    "missing config": (
+        ["fit", "--config", "configs/easter/no_such.yaml"],
+        None,
+    ),
+    "misspelt class": (
+        ["fit", "--config", "configs/easter/wine.yaml", "--model.aggregation=lvfl.privacy.DHMasklng"],
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ONE_LINE))
+def test_a_refused_input_is_exactly_one_line(case, tmp_path):
+    """Nothing before it (no seed, accelerator or tip lines), nothing after it, exit status 2."""
+    args, expected = ONE_LINE[case]
+    done = lvfl(*args, f"--trainer.logger.init_args.save_dir={tmp_path}")
+    output = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 2, done
+    assert len(output) == 1, output
+    assert output[0].startswith("lvfl: error: "), output
+    if expected is not None:
+        assert output[0] == expected
+
+
+def test_an_abbreviation_is_refused_not_taken_for_the_option(tmp_path):
+    """`--trainer.max_epoch=1` must not run a fit of one epoch (argparse would take any unique prefix)."""
+    done = lvfl("fit", "--config", "configs/easter/wine.yaml", "--trainer.max_epoch=1",
+                f"--trainer.logger.init_args.save_dir={tmp_path}")  # fmt: skip
+    assert done.returncode == 2
+    assert not list(tmp_path.rglob("*.ckpt")), "nothing was fitted"
+
+
+def documented_errors() -> list[tuple[str, str]]:
+    """The (command, output) pairs of the ``$ lvfl ...`` examples in the getting-started page's error section."""
+    text = (REPO / "docs/getting-started.md").read_text()
+    section = text.split("## When something is wrong", 1)[1].split("\n## ", 1)[0]
+    lines = section.splitlines()
+    return [(line[2:], lines[i + 1]) for i, line in enumerate(lines) if line.startswith("$ lvfl ")]
+
+
+def test_the_documented_errors_are_what_lvfl_prints(tmp_path):
+    """Each example of the docs, run as written (`my.yaml`: digits with party1's learning rate negative)."""
+    examples = documented_errors()
+    assert len(examples) >= 2
+    digits = (REPO / "configs/easter/digits.yaml").read_text()
+    first, second = digits.split("lr: 0.1", 2)[:2], digits.split("lr: 0.1", 2)[2]
+    (tmp_path / "my.yaml").write_text(first[0] + "lr: 0.1" + first[1] + "lr: -0.1" + second)
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    for command, expected in examples:
+        args = command.split()[1:]
+        done = lvfl(*args, f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", cwd=tmp_path)
+        assert done.returncode == 2, (command, done.stderr)
+        assert (done.stdout + done.stderr).splitlines() == [expected], command
