@@ -26,7 +26,7 @@ the lambda sweep, then the acceptance lines.
   the clear; accuracy is the same either way).
 
 Runs with one torch thread by default (`--threads`): every step here is tiny, and spinning OpenMP threads cost
-far more than they gain (measured in docs/results.md section 4).
+far more than they gain (measured in docs/results.md section 6).
 
 .venv/bin/python benchmarks/student.py | tee /tmp/student_results.md
 .venv/bin/python benchmarks/student.py --seeds 0 --alphas 0.5 --datasets breast_cancer --families mlp

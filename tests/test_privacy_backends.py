@@ -140,7 +140,7 @@ def test_pair_keys_agree_and_never_cross_the_wire():
 
 
 def test_an_active_party_that_swaps_a_relayed_key_is_caught_by_the_passive_party():
-    """The man in the middle of the README's threat model: the relay replaces p2's key by one of its own (signed by
+    """The man in the middle (docs/backends.md): the relay replaces p2's key by one of its own (signed by
     itself, or re-signed by nobody); p1 refuses it, naming both, and derives no pair key."""
     from lvfl.crypto import keys
 

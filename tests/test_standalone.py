@@ -204,7 +204,7 @@ def test_configs_use_the_easter_active_party_and_split(protocol):
 
     Their protocol piece adds only the class and the log name; `lvfl bench` composes every dataset's cell of both
     from the very files EASTER's cell uses, and tests/test_cli.py checks that EASTER's runnable configs equal those
-    compositions, so the README's EASTER runs and the baselines share split, seed, batch size and active party.
+    compositions, so the documented EASTER runs and the baselines share split, seed, batch size and active party.
     """
     piece = yaml.safe_load((REPO / "configs" / "protocols" / protocol.lower() / "default.yaml").read_text())
     assert piece["model"] == {"class_path": f"lvfl.protocols.{protocol}"}  # no parties, no backend, no width

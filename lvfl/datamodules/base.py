@@ -687,7 +687,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move a `VFLBatch` tensor by tensor, non-blocking, instead of Lightning's generic dataclass walk.
 
-        The two are compared by `benchmarks/costs.py` (docs/results.md section 6).
+        The two are compared by `benchmarks/costs.py` (docs/results.md section 8).
         """
         if isinstance(batch, VFLBatch):
             return batch.to(device, non_blocking=True)

@@ -51,7 +51,7 @@ L the bits of the primes left at decryption (all but the special prime). The sum
 (L = 100: `headroom` 2**59), which bounds `K * max_abs + M`, ample for the default mask M = 2**30. `combine` takes
 no weights (see `lvfl.privacy.base`: a weighted sum, as in PraVFed, is weighted by each party before `protect`), so
 no rescale is ever needed and a longer chain only adds headroom: the often-quoted (60, 40, 40, 60) (headroom 2**99)
-costs more time and bytes for headroom lvfl does not need (docs/results.md, section 6; `benchmarks/backends.py
+costs more time and bytes for headroom lvfl does not need (docs/results.md, section 8; `benchmarks/backends.py
 --ckks-moduli 60 40 40 60`).
 
 Precision: decryption error per value is bounded (with overwhelming probability) by `error_bound()`, the bound of
@@ -63,8 +63,8 @@ observed at the defaults (~8e-7 for 3 passive parties and a 128 x 128 batch, wit
 sum beyond `K * max_abs` plus that bound is refused as corrupted (wrong key or tampered ciphertexts).
 
 Cost: one 128 x 128 float batch per passive party costs 4 ciphertexts, and protect + combine for 3 passive parties
-is dominated by the 12 public-key encryptions (unit costs in docs/results.md, section 6; protect + combine in the
-README's backend table). `n_threads` does not help:
+is dominated by the 12 public-key encryptions (unit costs in docs/results.md, section 8; protect + combine in the
+backend table of docs/costs.md). `n_threads` does not help:
 TenSEAL encrypts a vector on one thread and holds the GIL. `poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55)`
 meets the same 128-bit bound (109 bits) faster and in fewer bytes, but its headroom 2**13 only fits a mask_bound
 below 2**13 - K * max_abs, i.e. far weaker hiding (`combine` refuses it unless max_abs shrinks too or

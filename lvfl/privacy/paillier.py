@@ -67,7 +67,7 @@ over 3,000 encryptions a second per core (`benchmarks/paillier_speed.py`). A par
 encrypted `TABLE_AFTER` ciphertexts; before that each `h_s**r` is one plain exponentiation by the 448-bit r (the
 same ciphertexts, no set-up cost for a party that encrypts little). Packing S values divides the passive parties'
 work, the ciphertext bytes and the coordinator's (CRT) decryptions by S; the unit costs are measured by
-`benchmarks/costs.py` (docs/results.md section 6). Calls of at least `MIN_PARALLEL_CIPHERTEXTS` ciphertexts run
+`benchmarks/costs.py` (docs/results.md section 8). Calls of at least `MIN_PARALLEL_CIPHERTEXTS` ciphertexts run
 the exponentiations in a `ProcessPoolExecutor` of `workers` processes (reused across calls, work split into a few
 chunks per worker, each worker building and keeping its own table of each party's h_s). Decryption stays in the
 coordinator's own process.

@@ -17,11 +17,11 @@ One training step, every cross-party move on the wire:
 5. one backward pass over the surrogate LF(A, Y) + sum_k <L_k, dLF/dL_k> (as in EASTER, everything that crossed the
    wire is detached, so each term reaches only its own party's parameters), then every party's optimizer steps.
 
-What each message reveals: under `DHMasking` a share is uniformly random in Z_2^64 and the active party learns only
-the sum of the logits (which is what `sum`/`mean` need); under `Plain` (and always for `weighted`, since the active
-party cannot weight what it cannot see: masks cancel only in an unweighted sum) it learns every party's logits.
-The returned gradient c_k * (softmax(A) - onehot(Y)) / B reveals the labels it was computed from (each row's only
-negative entry is the label's), so it is computed against `labels_for(k)`, as in EASTER; under `weighted` it also
+What each message reveals: under `DHMasking` a share is uniformly random in the ring (Z_2^32 by default) and the active
+party learns only the sum of the logits (which is what `sum`/`mean` need); under `Plain` (and always for `weighted`,
+since the active party cannot weight what it cannot see: masks cancel only in an unweighted sum) it learns every party's
+logits. The returned gradient c_k * (softmax(A) - onehot(Y)) / B reveals the labels it was computed from (each row's
+only negative entry is the label's), so it is computed against `labels_for(k)`, as in EASTER; under `weighted` it also
 reveals w_k up to the unknown scale of dLF/dA.
 
 With a `label_mechanism`, every loss whose gradient goes down is computed against the release Y' (`labels_for`),

@@ -20,14 +20,14 @@ trained on the true labels over E.detach(): its output and parameters never leav
 gradient reaches no other parameter. So every message a passive party receives is a function of Y', the active
 party's features and the passive parties' own messages.
 
-What each message reveals: [E_k] alone is uniformly random in Z_2^64 under DHMasking (only the sum is learned);
-E is the average of all parties' embeddings, so a passive party learns C*E - E_k, the sum of the *other* parties'
-embeddings (with C = 2 that is E_a itself; DHMasking hides single shares from the active party, never this sum from
-the receivers of E). R_k is party k's prediction; dloss_k/dR_k reveals the label it was computed against: the true
-label without a label mechanism (a passive party can read it off the gradient), the epsilon-label-DP release with
-one (randomized response: cross-entropy on the released class; Laplace: PraVFed's MSE on the noisy one-hot row,
-see `task_loss`). Party k's loss reaches only party k's parameters: the head sees E.detach() + (E_k -
-E_k.detach()) / C, whose value is E and whose gradient flows only into h_k (E_k's 1/C share of the mean) and p_k
+What each message reveals: [E_k] alone is uniformly random in the ring (Z_2^32 by default) under DHMasking (only the sum
+is learned); E is the average of all parties' embeddings, so a passive party learns C*E - E_k, the sum of the *other*
+parties' embeddings (with C = 2 that is E_a itself; DHMasking hides single shares from the active party, never this sum
+from the receivers of E). R_k is party k's prediction; dloss_k/dR_k reveals the label it was computed against: the true
+label without a label mechanism (a passive party can read it off the gradient), the epsilon-label-DP release with one
+(randomized response: cross-entropy on the released class; Laplace: PraVFed's MSE on the noisy one-hot row, see
+`task_loss`). Party k's loss reaches only party k's parameters: the head sees E.detach() + (E_k - E_k.detach()) / C,
+whose value is E and whose gradient flows only into h_k (E_k's 1/C share of the mean) and p_k
 (`encoder_gradient="whole"` drops the 1/C: h_k then gets dL_k/dE itself).
 """
 
@@ -52,8 +52,9 @@ ENCODER_GRADIENTS = ("mean_share", "whole")
 class EASTER(VFLModule):
     """EASTER / VFedMH: C heterogeneous party models trained in one run on the averaged global embedding.
 
+    `parties`, `aggregation`, `embedding_dim`, `label_mechanism` and the other options are `VFLModule`'s.
+
     Args:
-        parties, aggregation, embedding_dim, label_mechanism: as `VFLModule`.
         encoder_gradient: what h_k receives of dL_k/dE. ``"mean_share"`` (default): its share through the mean of
             Eq. 7, (1/C) dL_k/dE, the chain rule of Eq. 3. ``"whole"``: dL_k/dE itself, as party k gets it when it
             backpropagates through its own network with the received E in place of its embedding layer's output

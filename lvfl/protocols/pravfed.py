@@ -20,16 +20,16 @@ Algorithm 1 lines 1-9 and Algorithm 2), every cross-party move on the wire:
 4. for Lightning's epochs (T) the active party trains its own model on E = E_a + E_p, with E_a = h_a(x_a) and
    E_p looked up by sample ID, against its TRUE labels (cross-entropy); only its optimizer steps.
 
-Weighting before masking (step 3) equals the paper's weighted masks (Eq. 7, 9): the masks r_k are built to sum to
-zero in the ring Z_2^64, so sum_k (w_k E_k + r_k) = sum_k w_k E_k exactly in the ring; the only error is the
-fixed-point rounding of each w_k E_k (at most 2^-(f+1) per entry and party, f = `frac_bits`). Weighting the masks
+Weighting before masking (step 3) equals the paper's weighted masks (Eq. 7, 9): the masks r_k are built to sum to zero
+in the backend's ring (Z_2^32 by default), so sum_k (w_k E_k + r_k) = sum_k w_k E_k exactly in the ring; the only error
+is the fixed-point rounding of each w_k E_k (at most 2^-(f+1) per entry and party, f = `frac_bits`). Weighting the masks
 instead (w_k (E_k + r_k)) would need the weighted masks to cancel, sum_k w_k r_k = 0, which pairwise masks do not
-satisfy for unequal real-valued weights in a ring; multiplying ring elements by a real w_k is not even defined
-exactly. Weighting first keeps the backend unchanged (any backend that sums works: Plain, DHMasking, HE).
+satisfy for unequal real-valued weights in a ring; multiplying ring elements by a real w_k is not even defined exactly.
+Weighting first keeps the backend unchanged (any backend that sums works: Plain, DHMasking, HE).
 
 What each message reveals: Y' is the epsilon-label-DP release (everything a passive party computes from it is
 post-processing); acc_k reveals how well party k's features predict Y'; w_k reveals the normalised accuracies of
-all parties (K numbers, per party); under DHMasking a share is uniformly random in Z_2^64 and the active party
+all parties (K numbers, per party); under DHMasking a share is uniformly random in the ring and the active party
 learns only the weighted sum E_p, never an individual E_k (under `Plain` it sees each w_k E_k). Passive parties
 receive nothing during training: no embeddings, predictions or gradients, so the only thing derived from labels they
 ever see is Y' (and w_k). The epsilon is spent once (one release, on the `PrivacyLedger`).

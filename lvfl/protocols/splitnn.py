@@ -24,9 +24,9 @@ steps' gradients changed with the true labels at a fixed release). The active pa
 from a private top model (the top model's design) trained on the true labels over Z.detach(); nothing it computes
 leaves the active party.
 
-What each message reveals: a concatenated E_k is party k's embedding in the clear (this is why masking makes no
-sense for `concat`: the active party must see each embedding in its own slot, and masks only cancel in a sum);
-under DHMasking a sum/mean share is uniformly random in Z_2^64 and only the sum is learned; dloss/dE_k depends on
+What each message reveals: a concatenated E_k is party k's embedding in the clear (this is why masking makes no sense
+for `concat`: the active party must see each embedding in its own slot, and masks only cancel in a sum); under DHMasking
+a sum/mean share is uniformly random in the ring (Z_2^32 by default) and only the sum is learned; dloss/dE_k depends on
 the labels (gradient-based label inference on split learning applies: see `labels_for` and label mechanisms).
 
 The top model's backward runs twice per step: once (`torch.autograd.grad`) to obtain dloss/dZ for the wire, and

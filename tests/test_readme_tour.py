@@ -1,0 +1,75 @@
+"""The README's five-minute tour, run as written: a trained model, a predictions file, an export served without lvfl,
+and the federation runs (the bank and the retailer, then four digits parties as four processes).
+
+The commands are read from the README's first ```bash block under "A five-minute tour", so the README cannot drift
+from what runs. They run in a fresh folder that sees the repository's `examples/` and `configs/`, as a newcomer's
+clone does from its root.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+
+def tour_commands() -> list[list[str]]:
+    text = (REPO / "README.md").read_text()
+    block = text.split("## A five-minute tour", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(command) for command in block.replace("\\\n", " ").splitlines() if command.strip()]
+
+
+def table_ids(path: Path) -> set[str]:
+    return {row[next(iter(row))] for row in rows(path)}
+
+
+def rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_the_readme_tour_runs_as_written(tmp_path):
+    for name in ("examples", "configs"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = {k: v for k, v in os.environ.items() if k != "LVFL_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    commands = tour_commands()
+    assert [c[:2] for c in commands] == [
+        ["lvfl", "fit"], ["lvfl", "test"], ["lvfl", "predict"], ["lvfl", "export"],
+        ["python", "examples/serve_exported.py"], ["lvfl", "launch"], ["lvfl", "launch"],
+    ]  # fmt: skip
+    printed = {}
+    for command in commands:
+        program = [sys.executable, "-m", "lvfl"] if command[0] == "lvfl" else [sys.executable]
+        done = subprocess.run(  # noqa: S603 - the README's own commands
+            [*program, *command[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env
+        )
+        assert done.returncode == 0, (command, done.stderr[-3000:])
+        printed[" ".join(command[:3])] = done.stdout
+    run = tmp_path / "runs" / "bank_retailer" / "version_0"
+    assert {"best.ckpt", "last.ckpt", "student.pt", "student.json"} <= {p.name for p in (run / "checkpoints").iterdir()}
+    assert "lvfl fit: 30 epochs" in printed["lvfl fit --config"]
+    assert "  PSI: 604 IDs every party holds" in printed["lvfl fit --config"]
+    assert (
+        f"--ckpt_path best: loaded {Path('runs/bank_retailer/version_0/checkpoints/best.ckpt')}"
+        in (printed["lvfl test --config"])
+    )
+    predicted, served = rows(tmp_path / "predictions.csv"), rows(tmp_path / "served.csv")
+    assert len(predicted) == 180  # the bank's test customers
+    assert {r["path"] for r in predicted} == {"vfl", "student"}
+    by_id = {r["id"]: r for r in served}  # every customer of the bank, served from the exported folders
+    assert len(by_id) == len(table_ids(REPO / "examples/bank_retailer/bank.csv"))
+    for row in predicted:
+        assert (by_id[row["id"]]["prediction"], by_id[row["id"]]["path"]) == (row["prediction"], row["path"])
+    assert sorted(p.name for p in (tmp_path / "parties").iterdir()) == ["party0", "party1"]
+    for party in ("party0", "party1"):  # the launched bank/retailer run: a process per party, each its own folder
+        assert (tmp_path / "runs" / party / "bank_retailer" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    for party in ("party0", "party1", "party2", "party3"):  # four digits parties, four processes
+        assert (tmp_path / "runs" / party / "easter_digits" / "version_0" / "checkpoints" / "last.ckpt").is_file()
