@@ -84,8 +84,9 @@ class EpochLines(Callback):
         if last is not None and self.metric is not None:
             family = _family(self.metric)
             shown = " ".join(f"{k[len(family) + 1 :]} {v:.4f}" for k, v in last.items() if k != "epoch")
-            best = max(h.get(self.metric, float("-inf")) for h in self.history)
-            mark = " (best)" if last.get(self.metric) == best and len(self.history) > 1 else ""
+            before = max((h.get(self.metric, float("-inf")) for h in self.history[:-1]), default=None)
+            value = last.get(self.metric)  # "best" as best.ckpt keeps it: a strict improvement (a tie keeps the first)
+            mark = " (best)" if before is not None and value is not None and value > before else ""
             parts.append(f"{family} {shown}{mark}")
         losses = [float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/loss_epoch/")]
         if losses:

@@ -97,6 +97,10 @@ def test_without_a_terminal_each_epoch_is_one_line(summary):
     for line, row in zip(epochs, rows, strict=True):
         assert f"mean {float(row['val/auroc/mean']):.4f}" in line, line
     assert not any("\r" in line or "it/s" in line for line in lines), "no progress bar off a terminal"
+    means = [float(r["val/auroc/mean"]) for r in rows]  # "(best)": a strict improvement, as best.ckpt keeps it
+    improved = [e + 1 for e in range(1, len(means)) if means[e] > max(means[:e])]
+    marked = [int(line.split()[1].split("/")[0]) for line in epochs if "(best)" in line]
+    assert marked == improved
 
 
 def lvfl(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
