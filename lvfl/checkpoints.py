@@ -169,9 +169,9 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | os.PathLike[str] | None) ->
 
     ``last`` and ``best`` are looked up in one run's checkpoint folder (`run_checkpoint_folder`): after a fit in this
     process, the one it wrote; else the newest version of the experiment (``<save_dir>/<name>/version_N``) holding
-    a checkpoint. ``last``: its ``last.ckpt``. ``best``: the best file a
-    checkpoint callback of this process kept, else the file a monitored top-1 checkpoint keeps under a fixed name
-    (`ExperimentCheckpoint`'s ``best.ckpt``) in that folder. Nothing is loaded.
+    a checkpoint. ``last``: its ``last.ckpt``. ``best``: the best file a checkpoint callback of this process kept,
+    else the file a monitored top-1 checkpoint keeps under a fixed name (`ExperimentCheckpoint`'s ``best.ckpt``) in
+    that folder. Nothing is loaded.
 
     Raises:
         FileNotFoundError: nothing was fitted with this experiment yet (the folder looked in is named).

@@ -531,10 +531,10 @@ def main(argv: Sequence[str]) -> None:
                 raise ValueError(f"lvfl export needs --{option}: {what}")
         if args.federation is not None and args.party is None:
             raise ValueError("lvfl export --federation exports one party's folder: give its --party too")
-        if not any(a == "--config" or a.startswith("--config=") for a in rest):  # from the checkpoint alone
-            from lvfl.config_files import saved_config_of, with_saved_config
+        from lvfl.config_files import saved_config_of, with_saved_config
 
-            rest = with_saved_config(rest, "lvfl export", args.ckpt_path, RUN_KEYS)
+        given, rest = rest, with_saved_config(rest, "lvfl export", args.ckpt_path, RUN_KEYS)
+        if len(rest) != len(given):  # from the checkpoint alone
             print(f"lvfl export: the run's config: {saved_config_of(args.ckpt_path)}")
         cli = build_cli(rest, run=False, exit_on_error=False)
         datamodule = cli.datamodule

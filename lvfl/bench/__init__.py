@@ -145,7 +145,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     """
     parser = OneLineParser(
         prog="lvfl bench",
-        allow_abbrev=False,
         description="Run a grid of lvfl experiments (protocols x datasets x seeds) and report them.",
         epilog="Paths inside a grid file are relative to the grid file's folder; see `lvfl.bench` for the format.",
     )

@@ -4,8 +4,8 @@ Every fit writes its own version folder, `<save_dir>/<name>/version_N/` (the log
 `config.yaml`, and `checkpoints/`), so a second fit never touches the first's files. `ExperimentCheckpoint` keeps
 `checkpoints/last.ckpt` after every epoch and `checkpoints/best.ckpt`, the epoch with the best value of the task's main
 validation metric (`val/acc/mean` for a multiclass task, `val/auroc/mean` for a binary one, `val/r2/mean` for a
-regression; all maximised). `lvfl.checkpoints.resolve_ckpt_path` finds both from disk within one run (the version
-the logger names, else the newest version holding a checkpoint), so `--ckpt_path last` and `--ckpt_path best` work
+regression; all maximised). `lvfl.checkpoints.resolve_ckpt_path` finds both from disk within one run (the newest
+version holding a checkpoint), so `--ckpt_path last` and `--ckpt_path best` work
 in a new process; asking for either when there is none is an error naming the folder (Lightning only warns, then
 trains from scratch or tests an untrained model, and resolves "best" only in the process that fitted). A resumed
 fit writes a version folder of its own too, and carries the run's best epoch over into it.

@@ -42,7 +42,7 @@ LAUNCH_HELP = (
 
 def launch_parser() -> argparse.ArgumentParser:
     """The options of `lvfl launch` itself; every other argument is `lvfl fit`'s, passed to every party."""
-    parser = OneLineParser(prog="lvfl launch", add_help=False, allow_abbrev=False)
+    parser = OneLineParser(prog="lvfl launch", add_help=False)
     parser.add_argument("--pki", type=Path, default=None, help="where to write the test PKI (default: a temp folder)")
     parser.add_argument("--timeout", type=float, default=60.0, help="each party's --timeout (default 60 s)")
     parser.add_argument("--run_id", default=None, help="the run ID (default: a fresh random one)")
@@ -205,7 +205,6 @@ def pki_parser() -> argparse.ArgumentParser:
     """`lvfl pki`'s options."""
     parser = OneLineParser(
         prog="lvfl pki",
-        allow_abbrev=False,
         description="Write a test certificate authority, a certificate and key per party, and a federation file.",
     )
     parser.add_argument("--parties", nargs="+", required=True, help="the party names (party0 party1 ...)")

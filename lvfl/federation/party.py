@@ -64,7 +64,7 @@ PARTY_HELP = (
 
 def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
     """The options of `lvfl party` itself; every other argument is `lvfl fit`'s."""
-    parser = OneLineParser(prog=prog, add_help=False, allow_abbrev=False)
+    parser = OneLineParser(prog=prog, add_help=False)
     parser.add_argument("--party", required=True, help="this party's name in the federation file and the config")
     parser.add_argument("--federation", required=True, type=Path, help="the federation file (same at every party)")
     parser.add_argument(
