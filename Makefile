@@ -23,6 +23,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check lvfl tests benchmarks
 	$(BIN)/ruff format --check lvfl tests benchmarks
+	$(BIN)/python tests/layer_contract.py
 
 # the documentation site, into site/ (open site/index.html); --strict: a broken link, anchor or API reference fails.
 # Installs the docs extra the first time.

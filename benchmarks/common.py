@@ -8,7 +8,7 @@ import warnings
 
 import torch
 
-from lvfl.cli import run_experiment
+from lvfl.commands.fit import run_experiment
 
 
 def quiet() -> None:

@@ -152,7 +152,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", help="candidate labels to run (default: all)")
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    from lvfl import bench
+    from lvfl.commands import bench
 
     rows = []
     for label, spec in candidates().items():

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, quiet  # noqa: E402
 
 from lvfl.callbacks import NetworkSimulator  # noqa: E402
-from lvfl.cli import build_cli, run_args  # noqa: E402
+from lvfl.commands.fit import build_cli, run_args  # noqa: E402
 from lvfl.network import DEVICE_CLASSES, LinkProfile  # noqa: E402
 
 PROTOCOLS = {"EASTER": "easter", "SplitNN": "splitnn", "AggVFL": "aggvfl"}

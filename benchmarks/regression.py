@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, quiet  # noqa: E402
 
-from lvfl.cli import build_cli, run_args  # noqa: E402
+from lvfl.commands.fit import build_cli, run_args  # noqa: E402
 
 DATA = "configs/data/diabetes_regression.yaml"
 PARTIES = "configs/parties/diabetes_regression.yaml"

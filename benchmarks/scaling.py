@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, quiet  # noqa: E402
 
-from lvfl import bench  # noqa: E402
+from lvfl.commands import bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine, quiet  # noqa: E402
 
-from lvfl.cli import run_experiment  # noqa: E402
+from lvfl.commands.fit import run_experiment  # noqa: E402
 from lvfl.inference.cross_fit import cross_fitted_soft_labels, untrained_copy  # noqa: E402
 from lvfl.inference.evaluation import evaluate_student  # noqa: E402
 from lvfl.inference.student import build_student, fit_student  # noqa: E402

@@ -5,7 +5,7 @@
   an arbitrary object runs code; lvfl's own checkpoints hold only tensors and plain data, so they load this way.
   Every way a file can fail to be a checkpoint (missing, a directory, empty, truncated, text, pickled objects)
   raises an error whose one-line message names the file and what is wrong with it (`CheckpointError`, or the
-  `FileNotFoundError` / `IsADirectoryError` that `lvfl.errors` reports as a user error).
+  `FileNotFoundError` / `IsADirectoryError` that `lvfl.commands.errors` reports as a user error).
 - `resolve_ckpt_path(trainer, ckpt_path)`: the file that ``--ckpt_path last`` or ``--ckpt_path best`` names, found
   on disk so that it works in a new process (Lightning resolves "best" only from the callback of a fit in the same
   process). Every fit writes its own version folder, ``<save_dir>/<name>/version_N/checkpoints/``
@@ -16,7 +16,7 @@
 - `describe_checkpoint(path, checkpoint)`: what the CLI prints about the file it loaded; `weights_only_kwargs()`:
   what to pass Lightning's `Trainer.fit/test/...` so that its own load of the file is weights-only too.
 
-`lvfl.cli` (fit, validate, test, predict), `lvfl export` and `lvfl bench` load checkpoints through these.
+`lvfl.commands.fit` (fit, validate, test, predict), `lvfl export` and `lvfl bench` load checkpoints through these.
 """
 
 from __future__ import annotations

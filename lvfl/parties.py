@@ -1,7 +1,8 @@
 """What a protocol learns about the parties from the datamodule, and the batch they share.
 
 The datamodule describes each party (`PartySpec`) and the learning task (`TaskInfo`); protocols build the party
-models from these in `setup()`, so one config runs on any dataset and any number of parties.
+models from these in `setup()`, so one config runs on any dataset and any number of parties. Party `i` of a
+config is named `party_name(i)` everywhere: in batches, on the wire, in metrics and in a federation file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ from typing import Literal
 import torch
 
 Role = Literal["active", "passive", "coordinator"]
+
+
+def party_name(index: int) -> str:
+    """The name of party `index`, the key of its slice in `VFLBatch.features`."""
+    return f"party{index}"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import REPO
 
-from lvfl.cli import run_experiment
+from lvfl.commands.fit import run_experiment
 
 pytestmark = pytest.mark.slow
 

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from helpers import REPO
 
-from lvfl import bench
-from lvfl.bench import report as bench_report
-from lvfl.bench import run as bench_run
-from lvfl.cli import run_experiment
+from lvfl.commands import bench
+from lvfl.commands.bench import report as bench_report
+from lvfl.commands.bench import run as bench_run
+from lvfl.commands.fit import run_experiment
 
 EASTER = str(REPO / "configs/easter/{dataset}.yaml")  # a whole config per dataset (no pieces)
 

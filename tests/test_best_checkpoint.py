@@ -24,8 +24,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from lvfl.callbacks import ExperimentCheckpoint
 from lvfl.callbacks.checkpoint import main_validation_metric
 from lvfl.checkpoints import load_checkpoint, resolve_ckpt_path
-from lvfl.cli import build_cli, main
-from lvfl.entry import main as lvfl
+from lvfl.commands.entry import main as lvfl
+from lvfl.commands.fit import build_cli, main
 from lvfl.parties import TaskInfo
 
 # a metric that peaks in the second of four epochs: best.ckpt must hold epoch 2, last.ckpt epoch 4

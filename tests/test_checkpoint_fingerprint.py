@@ -144,7 +144,7 @@ def test_load_without_a_trainer_checks_what_it_can(dh_checkpoint):
 
 def test_lvfl_test_refuses_the_last_checkpoint_of_another_backend(tmp_path, monkeypatch):
     """The audit's scenario: fit with DHMasking, fit again with Plain (same logger name), test the DHMasking config."""
-    from lvfl.cli import build_cli
+    from lvfl.commands.fit import build_cli
 
     monkeypatch.chdir(REPO)
     common = [

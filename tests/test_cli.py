@@ -10,7 +10,7 @@ import pytest
 import torch
 from helpers import REPO, split_ledger
 
-from lvfl.cli import build_cli, main
+from lvfl.commands.fit import build_cli, main
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import VFLModule
 
@@ -317,8 +317,8 @@ def test_homogeneous_configs_take_any_party_count(protocol, tmp_path):
 
 
 def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
-    from lvfl.entry import SUBCOMMANDS
-    from lvfl.entry import main as lvfl
+    from lvfl.commands.entry import SUBCOMMANDS
+    from lvfl.commands.entry import main as lvfl
 
     lvfl(["--help"])
     out = capsys.readouterr().out
@@ -341,8 +341,8 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
 def test_cli_and_bench_do_not_import_each_other_at_module_level():
     import ast
 
-    modules = [(REPO / "lvfl" / "cli.py", "lvfl.bench")]
-    modules += [(path, "lvfl.entry") for path in sorted((REPO / "lvfl" / "bench").glob("*.py"))]
+    modules = [(REPO / "lvfl" / "commands" / "fit.py", "lvfl.commands.bench")]
+    modules += [(path, "lvfl.commands.entry") for path in sorted((REPO / "lvfl" / "commands" / "bench").glob("*.py"))]
     for path, other in modules:
         tree = ast.parse(path.read_text())
         imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}

@@ -1,6 +1,6 @@
 """Refused inputs on the command line: one `lvfl: error:` line naming the option, party or value, exit status 2.
 
-Every case runs `lvfl.cli.main` in-process and checks stderr: the key phrases of the message are there, and no
+Every case runs `lvfl.commands.fit.main` in-process and checks stderr: the key phrases of the message are there, and no
 traceback, usage dump or model Namespace is. `--debug` / LVFL_DEBUG=1 bring the traceback back; bugs keep theirs.
 """
 
@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from helpers import REPO
 
-from lvfl.cli import main
+from lvfl.commands.argument_errors import summarize_argument_error
+from lvfl.commands.errors import debug_requested
+from lvfl.commands.fit import main
 from lvfl.datamodules import VerticalDataModule
-from lvfl.errors import debug_requested, summarize_argument_error
 
 DIGITS = "configs/easter/digits.yaml"
 MLP = "{class_path: lvfl.models.MLP, init_args: {hidden: [4]}}"

@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, checkpoints_of
 
 from lvfl.checkpoints import load_checkpoint
-from lvfl.cli import main
+from lvfl.commands.fit import main
 
 CONFIG = str(REPO / "examples/bank_retailer/config.yaml")
 

@@ -7,7 +7,7 @@ training:
   loaded); `--help` commands print their help;
 - `lvfl launch [sub] ...` and `lvfl party [sub] ...`: their own flags are in their `--help`, and the rest parses as
   `lvfl <sub> ... --print_config`; `lvfl export ...`: its flags are in its `--help`, the rest parses as `lvfl test`;
-- `lvfl bench GRID ...`: the grid loads (`lvfl.bench.load_grid`) and the flags are in `lvfl bench --help`;
+- `lvfl bench GRID ...`: the grid loads (`lvfl.commands.bench.load_grid`) and the flags are in `lvfl bench --help`;
 - `lvfl pki ...` runs, into a temporary folder;
 - `python SCRIPT --flag ...`: the script exists, and each flag is an option of its `--help` (a script given no flag
   is not run);
@@ -231,7 +231,7 @@ for _cmd in COMMANDS:
 RUNNER = r"""
 import contextlib, io, json, re, runpy, sys, tempfile, warnings
 warnings.simplefilter("ignore")
-from lvfl.entry import main
+from lvfl.commands.entry import main
 
 def call(fn):
     out, err, code = io.StringIO(), io.StringIO(), 0
@@ -261,7 +261,7 @@ def pki(args):
 
 def grid(path):
     def run():
-        from lvfl.bench import load_grid
+        from lvfl.commands.bench import load_grid
         load_grid(path)
     return run
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-from lvfl.cli import build_cli
+from lvfl.commands.fit import build_cli
 from lvfl.privacy.psi import message_bytes
 
 EXAMPLE = REPO / "examples" / "bank_retailer"

@@ -24,10 +24,10 @@ import pytest
 import torch
 from helpers import REPO, checkpoints_of, make_trainer, mlp_parties
 
-from lvfl.cli import build_cli, main
+from lvfl.commands.entry import main as lvfl
+from lvfl.commands.fit import build_cli, main
 from lvfl.compression import Compressor
 from lvfl.datamodules import Digits
-from lvfl.entry import main as lvfl
 from lvfl.export import export_parties, owned_keys
 from lvfl.inference.student_file import load_student
 from lvfl.models import MLP

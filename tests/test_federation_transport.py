@@ -269,7 +269,7 @@ def test_configuration_fingerprints_must_agree(make) -> None:
 
 
 def test_a_configuration_that_differs_is_named_by_section(make) -> None:
-    """`lvfl party`'s fingerprints have sections (lvfl.federation.party.config_fingerprint): the refusal names them."""
+    """`lvfl party`'s fingerprints have sections (lvfl.commands.party.config_fingerprint): the refusal names them."""
     a = make("party1", fingerprint="model=1,data=2,seed=3")
     make("party0", fingerprint="model=9,data=2,seed=4")
     with pytest.raises(FederationError, match="the model, seed sections of the config differ"):

@@ -103,7 +103,7 @@ def test_per_sample_rows_are_clipped_and_noised_as_they_are():
 def test_a_partys_embedding_noise_is_on_what_it_sends(tmp_path, monkeypatch):
     from lvfl.models import MLP
     from lvfl.protocols import SplitNN
-    from lvfl.protocols.base import PartyConfig
+    from lvfl.protocols.party_config import PartyConfig
 
     parties = mlp_parties(2)
     noisy = PartyConfig(model=parties[1].model, optimizer=parties[1].optimizer,

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from helpers import REPO, make_trainer, mlp_parties, recording, spy_on
 
-from lvfl.cli import build_cli
+from lvfl.commands.fit import build_cli
 from lvfl.datamodules import Digits
 from lvfl.privacy import LaplaceLabels, RandomizedResponse
 from lvfl.privacy.label_dp import LabelMechanism

@@ -1,4 +1,4 @@
-"""The package's layering, read from the source: no import circle, crypto at the bottom, no class checks in protocols.
+"""The package's layering, read from the source: no import circle, the layer contract, crypto at the bottom.
 
 The import graph is built from every `import` statement of every module of `lvfl` (function-local ones included,
 `if TYPE_CHECKING:` blocks excluded): `A -> B` when A names module B, and, when B is a submodule of a package that A
@@ -8,10 +8,16 @@ is not part of, also `A -> package` (importing `lvfl.privacy.base` first runs `l
 from __future__ import annotations
 
 import ast
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import layer_contract
 import networkx as nx
+import pytest
 from helpers import REPO
 
 LVFL = REPO / "lvfl"
@@ -112,3 +118,53 @@ def test_protocols_check_capabilities_not_backend_classes():
     for name, path in MODULES.items():
         if name.startswith("lvfl.protocols"):
             assert not re.search(r"isinstance\([^)]*\b(Plain|DHMasking|Paillier|CKKS)\b", path.read_text()), name
+
+
+# ------------------------------------------------------------------------------------------------- the layer contract
+def contract_violations(root: Path) -> subprocess.CompletedProcess:
+    """tests/layer_contract.py on the `lvfl` package under `root`, in a process of its own (that `lvfl`, not ours)."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "tests" / "layer_contract.py")],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_layer_contract_holds():
+    """Every import of the package, lazy ones included, goes down the layers of docs/design.md."""
+    assert layer_contract.violations() == []
+
+
+@pytest.mark.parametrize(
+    ("module", "wrong_import", "refusal"),
+    [
+        ("wire.py", "from lvfl.commands.fit import build_cli", "lvfl.wire -> lvfl.commands.fit (wire stands below"),
+        ("crypto/keys.py", "from lvfl.privacy import Plain", "lvfl.crypto.keys -> lvfl.privacy (crypto stands below"),
+        ("loggers.py", "from lvfl.network import DEVICE", "(loggers and network share a layer of lvfl)"),
+        ("commands/errors.py", "from lvfl.commands.fit import main", "(errors stands below fit in lvfl.commands)"),
+    ],
+)
+def test_the_layer_contract_refuses_an_import_up_even_inside_a_function(tmp_path, module, wrong_import, refusal):
+    """A copy of the package given one import up a layer, inside a function: the check fails and names the import."""
+    shutil.copytree(LVFL, tmp_path / "lvfl", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "lvfl" / module
+    target.write_text(target.read_text() + f"\n\ndef _reaches_up():\n    {wrong_import}\n")
+    result = contract_violations(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert refusal in result.stdout
+    assert f"lvfl/{module}:" in result.stdout
+    assert wrong_import in result.stdout
+
+
+def test_the_layer_contract_places_every_package(tmp_path):
+    """A new package that stands on no layer is refused until it is placed."""
+    shutil.copytree(LVFL, tmp_path / "lvfl", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "lvfl" / "serving").mkdir()
+    (tmp_path / "lvfl" / "serving" / "__init__.py").write_text('"""A package on no layer yet."""\n')
+    result = contract_violations(tmp_path)
+    assert result.returncode == 1
+    assert "lvfl.serving stands on no layer of lvfl" in result.stdout

@@ -15,8 +15,8 @@ import yaml
 from helpers import REPO
 from test_cli import comparable, quick
 
-from lvfl.bench.quick import STAND_IN_MARK
-from lvfl.cli import build_cli
+from lvfl.commands.bench.quick import STAND_IN_MARK
+from lvfl.commands.fit import build_cli
 from lvfl.protocols import VFLModule
 
 PAPER = REPO / "configs" / "paper"

@@ -10,10 +10,10 @@ import pytest
 from helpers import REPO
 from test_bench import RESULT, in_this_process, write_grid
 
-from lvfl import bench
-from lvfl.bench import quick
-from lvfl.bench import run as bench_run
-from lvfl.cli import build_cli, run_args
+from lvfl.commands import bench
+from lvfl.commands.bench import quick
+from lvfl.commands.bench import run as bench_run
+from lvfl.commands.fit import build_cli, run_args
 
 PAPER_GRIDS = sorted((REPO / "configs" / "bench").glob("paper_*.yaml"))
 PAPER_PROTOCOLS = {"Local", "SplitNN (Pyvertical)", "CVFL (C_VFL)", "AggVFL (Agg_VFL)", "EASTER"}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import REPO, dh_key_ledger, make_trainer, mlp_parties, run_ddp
 
-from lvfl.cli import build_cli
+from lvfl.commands.fit import build_cli
 from lvfl.datamodules import Digits
 from lvfl.privacy import DHMasking, LaplaceLabels, Plain, RandomizedResponse
 from lvfl.protocols.pravfed import PraVFed

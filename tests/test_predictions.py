@@ -11,9 +11,9 @@ import torch
 from helpers import REPO, checkpoints_of
 
 from lvfl.callbacks import PredictionWriter
-from lvfl.cli import build_cli, main
+from lvfl.commands.fit import build_cli, main
+from lvfl.commands.predict import NO_STUDENT, UNKNOWN_ID
 from lvfl.inference.student_file import load_student
-from lvfl.predict import NO_STUDENT, UNKNOWN_ID
 
 CONFIG = "examples/bank_retailer/config.yaml"
 

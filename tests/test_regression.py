@@ -217,7 +217,7 @@ def test_party_tables_regress_on_a_numeric_label_column_and_refuse_a_text_by_lin
 def test_lvfl_fit_then_predict_writes_values_for_the_regression_pieces(tmp_path, monkeypatch):
     from helpers import REPO
 
-    from lvfl.cli import main
+    from lvfl.commands.fit import main
 
     monkeypatch.chdir(REPO)
     pieces = [

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lvfl.callbacks import CommunicationMeter
 from lvfl.callbacks.checkpoint import ExactResume
 from lvfl.datamodules import Synthetic
-from lvfl.datamodules.base import EpochShuffle
+from lvfl.datamodules.samplers import EpochShuffle
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import EASTER, PartyConfig
@@ -156,7 +156,7 @@ def test_fit_then_resume_equals_an_uninterrupted_fit(tmp_path, backend):
 
 def test_resume_through_the_cli_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     """`lvfl fit` 1 epoch then `--ckpt_path last` to 2 epochs = `lvfl fit` 2 epochs, with lvfl's default callbacks."""
-    from lvfl.cli import build_cli
+    from lvfl.commands.fit import build_cli
 
     monkeypatch.chdir(REPO)
 

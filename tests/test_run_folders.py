@@ -15,9 +15,9 @@ import yaml
 from helpers import REPO, tiny_wine_cli
 
 from lvfl.checkpoints import load_checkpoint
-from lvfl.cli import build_cli
-from lvfl.config_files import resolve_table_paths
-from lvfl.entry import main
+from lvfl.commands.config_files import resolve_table_paths
+from lvfl.commands.entry import main
+from lvfl.commands.fit import build_cli
 
 EXAMPLE = REPO / "examples/bank_retailer"
 

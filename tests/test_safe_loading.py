@@ -20,8 +20,8 @@ import torch
 from helpers import REPO, checkpoints_of, tiny_wine_cli
 
 from lvfl.checkpoints import CheckpointError, load_checkpoint
-from lvfl.cli import main
-from lvfl.entry import main as lvfl
+from lvfl.commands.entry import main as lvfl
+from lvfl.commands.fit import main
 
 COMMANDS = ["fit", "test", "predict", "export"]
 
@@ -183,8 +183,8 @@ def test_every_load_is_weights_only(fitted, tmp_path, monkeypatch, name):
 
 
 def test_lvfl_bench_loads_its_best_checkpoint_weights_only(tmp_path, monkeypatch):
-    from lvfl.bench import Cell
-    from lvfl.bench.run import run_cell_in_process
+    from lvfl.commands.bench import Cell
+    from lvfl.commands.bench.run import run_cell_in_process
 
     config = tiny(tmp_path)[1]
     cell = Cell("EASTER", "wine", 0, (config,), ("--trainer.max_epochs=2", "--trainer.limit_train_batches=2"))

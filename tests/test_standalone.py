@@ -16,7 +16,7 @@ from helpers import REPO, make_trainer, mlp_parties, recording
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 
-from lvfl import bench
+from lvfl.commands import bench
 from lvfl.datamodules import BreastCancer, Digits, ShuffledColumns
 from lvfl.models import MLP
 from lvfl.parties import PartySpec, TaskInfo

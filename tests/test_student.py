@@ -13,7 +13,7 @@ from helpers import REPO, easter, make_trainer
 from sklearn.metrics import accuracy_score, roc_auc_score
 
 from lvfl.callbacks.student import StudentDistillation
-from lvfl.cli import build_cli
+from lvfl.commands.fit import build_cli
 from lvfl.datamodules import BreastCancer
 from lvfl.inference.student import build_student, fit_student
 from lvfl.inference.teacher import StudentData, student_data, teacher_soft_label_parts, teacher_soft_labels

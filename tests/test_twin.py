@@ -7,8 +7,8 @@ import re
 import pytest
 from helpers import REPO
 
-from lvfl.cli import main, run_experiment
-from lvfl.twin import Measured, StepTimer, cost_rows, format_table, twin_args
+from lvfl.commands.fit import main, run_experiment
+from lvfl.commands.twin import Measured, StepTimer, cost_rows, format_table, twin_args
 
 
 def test_twin_args_drop_the_twin_option_and_swap_in_the_plain_backend(tmp_path):

@@ -10,13 +10,13 @@ in a new process; asking for either when there is none is an error naming the fo
 trains from scratch or tests an untrained model, and resolves "best" only in the process that fitted). A resumed
 fit writes a version folder of its own too, and carries the run's best epoch over into it.
 
-A resumed fit equals the uninterrupted one (bit-identical parameters, the same validation metrics) when every
-source of randomness in epoch e is a function of the run's seed and e alone: the training order
-(`lvfl.datamodules.EpochShuffle`) and torch's global RNG (dropout, ...), which `ExactResume` reseeds at the start of
-every training epoch. Lightning's checkpoints do not hold the RNG state, and restoring a saved state would not be
-enough: whatever runs between the save and the next epoch (a resume's own set-up) draws from it differently.
-`ExactResume` also skips the sanity check of a resumed fit: the run ran it before its first epoch, and running it
-again would put validation traffic on the wire and use mask steps that the uninterrupted run does not.
+A resumed fit equals the uninterrupted one (bit-identical parameters, the same validation metrics) when every source of
+randomness in epoch e is a function of the run's seed and e alone: the training order
+(`lvfl.datamodules.samplers.EpochShuffle`) and torch's global RNG (dropout, ...), which `ExactResume` reseeds at the
+start of every training epoch. Lightning's checkpoints do not hold the RNG state, and restoring a saved state would not
+be enough: whatever runs between the save and the next epoch (a resume's own set-up) draws from it differently.
+`ExactResume` also skips the sanity check of a resumed fit: the run ran it before its first epoch, and running it again
+would put validation traffic on the wire and use mask steps that the uninterrupted run does not.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lvfl.checkpoints import best_file, resolve_ckpt_path
+from lvfl.parties import TaskInfo, party_name
 from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 from lvfl.runs import derive_seed
 
@@ -46,7 +47,7 @@ class ExperimentCheckpoint(ModelCheckpoint):
     is the task's main validation metric (`main_validation_metric`, read from the datamodule at set-up) with
     `mode="max"`, and the one best file is `best.ckpt` (`filename` when given). A run that validates no epoch (or
     whose datamodule has no task) keeps no best file. A fresh fit into a folder that holds an earlier run's best
-    file (a `dirpath` given) removes it first, so that `--ckpt_path best` never finds another run's (`lvfl.cli`
+    file (a `dirpath` given) removes it first, so that `--ckpt_path best` never finds another run's (`lvfl.commands.fit`
     refuses a logger version whose folder holds a run). A resumed fit, in a version folder of its own, copies the best
     epoch of the run it resumes there, so that its folder holds the whole run's best. Every lvfl checkpoint records
     the run that wrote it (`lvfl.runs.run_fingerprint`), and loading it into a run that differs is refused.
@@ -109,16 +110,12 @@ class ExperimentCheckpoint(ModelCheckpoint):
         """
         self._use_run_folder(trainer)
         if self.auto_monitor and self.monitor is None:
-            from lvfl.parties import TaskInfo
-
             datamodule = getattr(trainer, "datamodule", None)
             task = getattr(datamodule, "task", None)
             if isinstance(task, TaskInfo):
                 self.monitor = main_validation_metric(task)
             wire = getattr(pl_module, "wire", None)
             if wire is not None and getattr(datamodule, "active_party", None) is not None:
-                from lvfl.datamodules.base import party_name
-
                 if not wire.holds(party_name(datamodule.active_party)):  # a passive party's own process
                     self.monitor = BEST_EPOCHS_METRIC
                 participants = getattr(datamodule, "participants", None) or []

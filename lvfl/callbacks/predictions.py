@@ -10,7 +10,7 @@ A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers e
 - `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
   `student` (only the active party holds it: the student model saved with the run answers); empty where nobody did;
 - `reason`: why a row has no answer (empty `prediction` and probabilities): only the active party holds it and the
-  run saved no student, or the ID is not the active party's (`lvfl.predict`). Every requested row is written.
+  run saved no student, or the ID is not the active party's (`lvfl.commands.predict`). Every requested row is written.
 
 Answers computed outside the predict loop (the student's, the reasons, or every answer of `lvfl predict
 --oblivious`, which the `Router` computes from oblivious lookups) are handed over with `request` and written with

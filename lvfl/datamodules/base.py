@@ -1,283 +1,58 @@
 """VerticalDataModule: one dataset split into train/val/test and vertically into party feature slices.
 
-The pipeline, run once (lazily, by `setup()` or by the first read of `party_specs` / `task` / `describe()`):
+The pipeline (`VerticalDataModule._prepare`), run once (lazily, by `setup()` or by the first read of `party_specs` /
+`task` / `describe()`):
 
 1. `load()` (the subclass) returns the whole dataset as arrays; sample ID = row index in it, kept everywhere.
-2. Checks: shapes, finite features per party (the message names the party), integer labels in range.
-3. A seeded train/val/test split (scikit-learn `train_test_split`), stratified on the labels or label-free
-   (`stratify`); where a passive party cannot compute it itself, the active party sends it (`lvfl.datamodules.split`).
-4. Scaling fitted on the training rows only, then applied to every split.
-5. Each party's slice copied once into a contiguous float32 tensor; batches are made by indexing those tensors with
-   a whole batch of indices at a time, so the data pipeline costs microseconds per step, not per sample.
+2. Checks and columns (`lvfl.datamodules.features`): shapes, each party's columns (the partitioner's), features that
+   are numbers and finite per party (the message names the party).
+3. A seeded train/val/test split (scikit-learn `train_test_split`; `lvfl.datamodules.splitting`), stratified on the
+   labels or label-free (`stratify`); where a passive party cannot compute it itself, the active party sends it
+   (`splitting.split_messages`, encoded by `lvfl.datamodules.split`). Then the labels: integer classes in range, or
+   finite regression targets standardized with the training rows (`lvfl.datamodules.labels`).
+4. Scaling fitted on each party's own training rows only, then applied to every split (`lvfl.datamodules.scaling`).
+5. Each party's slice copied once into a contiguous float32 tensor (uint8 pixels for images), held per split by a
+   `VerticalTensorDataset` (`lvfl.datamodules.datasets`); batches are made by indexing those tensors with a whole
+   batch of indices at a time (`lvfl.datamodules.samplers`), so the data pipeline costs microseconds per step, not
+   per sample.
 
 Partial overlap (`overlap` = alpha < 1; non-overlapping inference): after the split, a seeded fraction alpha of each
-split's samples (stratified as the split is) is chosen to exist at every party; the rest exist at the active party
-only (its features and labels). The VFL views (`train_set`, `val_set`, `test_set` and their loaders) hold the
-overlap only, so every protocol trains and evaluates on samples all parties hold, unchanged. The active party's view
-of every sample of a split is `active_set(split)`, the samples it holds alone `active_only_set(split)`, and which IDs
-a party holds `party_ids(party, split)`. A passive party's scaler is fitted on the training rows it holds (the overlap);
-the active party's on all training rows. With alpha = 1 (the default) everything is exactly as without overlap.
+split's samples (stratified as the split is) is chosen to exist at every party (`splitting.overlap_masks`); the rest
+exist at the active party only (its features and labels). The VFL views (`train_set`, `val_set`, `test_set` and their
+loaders) hold the overlap only, so every protocol trains and evaluates on samples all parties hold, unchanged. The
+active party's view of every sample of a split is `active_set(split)`, the samples it holds alone
+`active_only_set(split)`, and which IDs a party holds `party_ids(party, split)`. A passive party's scaler is fitted on
+the training rows it holds (the overlap); the active party's on all training rows. With alpha = 1 (the default)
+everything is exactly as without overlap.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from sklearn.model_selection import train_test_split
-from sklearn.preprocessing import StandardScaler
-from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, Sampler, SequentialSampler
 
 from lvfl.checks import check_real
 from lvfl.datamodules.augment import SampleAugmentation, reassemble
-from lvfl.datamodules.partition import ContiguousColumns, Partitioner, check_columns
-from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split
-from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.runs import seeded_generator
-from lvfl.wire import shadow
+from lvfl.datamodules.datasets import VerticalTensorDataset, held_views, select_rows, split_views
+from lvfl.datamodules.features import checked_arrays, finite_numbers, party_columns
+from lvfl.datamodules.labels import check_labels, check_targets, training_labels
+from lvfl.datamodules.partition import ContiguousColumns, Partitioner
+from lvfl.datamodules.samplers import EpochShuffle, batch_loader
+from lvfl.datamodules.scaling import pixel_slices, scaled_slices
+from lvfl.datamodules.splitting import SPLITS, check_fractions, draw_split, overlap_masks, split_messages
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
 
-__all__ = [
-    "EpochShuffle",
-    "IndexTensorBatchSampler",
-    "PixelNormalizer",
-    "RawView",
-    "VerticalDataModule",
-    "VerticalTensorDataset",
-    "party_name",
-]
+__all__ = ["VerticalDataModule"]
 
-_MAX_LISTED = 10  # bad values quoted in an error message
-
-
-def party_name(index: int) -> str:
-    """The name of party `index`, the key of its slice in `VFLBatch.features`."""
-    return f"party{index}"
-
-
-class PixelNormalizer:
-    """Turns one party's stored uint8 pixels into model input: `(x - mean) / std` per channel, in float32.
-
-    Images stay uint8 in memory and on the way to the device (a quarter of float32's bytes); this runs per batch,
-    on the batch's device, after the transfer (`VerticalDataModule.on_after_batch_transfer`).
-
-    Args:
-        mean: (C,) per-channel mean of the party's training pixels (0..255 scale).
-        std: (C,) per-channel standard deviation (> 0).
-    """
-
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
-        self.mean = mean.to(torch.float32)
-        self.std = std.to(torch.float32)
-        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize a (..., C, H, W) uint8 tensor to float32 on its own device."""
-        if x.device not in self._on:
-            shape = (-1, 1, 1)
-            self._on[x.device] = (self.mean.to(x.device).view(shape), (1.0 / self.std).to(x.device).view(shape))
-        mean, inv_std = self._on[x.device]
-        return (x.to(torch.float32) - mean) * inv_std
-
-    def __repr__(self) -> str:
-        return f"PixelNormalizer(mean={self.mean.tolist()}, std={self.std.tolist()})"
-
-
-class VerticalTensorDataset(Dataset):
-    """One split, held as one contiguous tensor per party; indexed by a whole batch of indices at once.
-
-    `DataLoader` calls `__getitems__` with a whole batch of indices (a tensor from `IndexTensorBatchSampler`, or a
-    list), so a batch is one tensor indexing per party instead of per-sample `__getitem__` calls and collation.
-
-    A party's slice is *stored* as loaded (uint8 pixels for image datasets) and `decoders[party]` turns it into model
-    input. `features`, `__getitems__` and `subset` give model input (decoded); the training loaders read `raw()`, whose
-    batches stay in the stored dtype until the datamodule decodes (and augments) them on the device.
-
-    Attributes:
-        ids: (N,) int64 sample IDs (row index in the original dataset).
-        stored: party name -> (N, ...) tensor of that party's slice as stored (float32, or uint8 pixels).
-        labels: (N,) int64 class labels.
-        decoders: party name -> function from a stored batch slice to model input; parties not listed are stored
-            as model input already.
-    """
-
-    def __init__(
-        self,
-        ids: torch.Tensor,
-        features: dict[str, torch.Tensor],
-        labels: torch.Tensor,
-        decoders: dict[str, Callable[[torch.Tensor], torch.Tensor]] | None = None,
-    ) -> None:
-        self.ids = ids
-        self.stored = features
-        self.labels = labels
-        self.decoders = dict(decoders or {})
-
-    @property
-    def features(self) -> dict[str, torch.Tensor]:
-        """Every party's whole slice as model input (decoded on each access for uint8 image slices)."""
-        return self.decode(self.stored)
-
-    def decode(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Stored slices (a batch's or the whole split's) -> model input, party by party."""
-        if not self.decoders:
-            return features
-        return {k: self.decoders[k](x) if k in self.decoders else x for k, x in features.items()}
-
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
-
-    def gather(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
-        """The batch of samples at positions `indices` (not IDs), as stored (not decoded)."""
-        index = torch.as_tensor(indices, dtype=torch.long)
-        return VFLBatch(  # index_select: the cheapest gather along dim 0 (a few microseconds per tensor)
-            ids=self.ids.index_select(0, index),
-            features={name: x.index_select(0, index) for name, x in self.stored.items()},
-            labels=self.labels.index_select(0, index),
-        )
-
-    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
-        """The batch of samples at positions `indices` (not IDs) of this split, as model input."""
-        batch = self.gather(indices)
-        batch.features = self.decode(batch.features)
-        return batch
-
-    def raw(self) -> RawView:
-        """This split as a dataset whose batches are stored slices (what the training loaders serve)."""
-        return RawView(self)
-
-    def subset(self, index: torch.Tensor) -> VerticalTensorDataset:
-        """The rows at positions `index` as a dataset of their own (every party's slice, labels and IDs)."""
-        batch = self.gather(index)
-        return VerticalTensorDataset(
-            ids=batch.ids, features=dict(batch.features), labels=batch.labels, decoders=self.decoders
-        )
-
-    def __getitem__(self, index: int | Sequence[int]) -> VFLBatch:
-        """One sample as a batch of one (or a batch, given a sequence), keeping the `VFLBatch` structure."""
-        return self.__getitems__([index] if isinstance(index, (int, np.integer)) else index)
-
-
-def _rows(splits: dict[str, VerticalTensorDataset], sample_ids: Sequence[int], absent: str) -> VerticalTensorDataset:
-    """The rows of `sample_ids`, in that order, gathered from whichever of `splits` holds each (KeyError: `absent`)."""
-    where = {sample: (split, pos) for split, data in splits.items() for pos, sample in enumerate(data.ids.tolist())}
-    missing = [i for i in sample_ids if int(i) not in where]
-    if missing:
-        raise KeyError(f"samples {missing[:_MAX_LISTED]} {absent}")
-    template = next(iter(splits.values()))
-    parts = [splits[where[int(i)][0]].subset(torch.tensor([where[int(i)][1]])) for i in sample_ids]
-    return VerticalTensorDataset(
-        ids=torch.cat([p.ids for p in parts]) if parts else template.ids[:0],
-        features={k: torch.cat([p.stored[k] for p in parts]) if parts else v[:0] for k, v in template.stored.items()},
-        labels=torch.cat([p.labels for p in parts]) if parts else template.labels[:0],
-        decoders=template.decoders,
-    )
-
-
-class RawView(Dataset):
-    """A `VerticalTensorDataset` served as stored (uint8 pixels stay uint8): what the DataLoaders read."""
-
-    def __init__(self, dataset: VerticalTensorDataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitems__(self, indices: Sequence[int] | torch.Tensor) -> VFLBatch:
-        """The stored batch at positions `indices`."""
-        return self.dataset.gather(indices)
-
-    def __getitem__(self, index: int) -> VFLBatch:
-        """One stored sample as a batch of one."""
-        return self.dataset.gather([index])
-
-
-class EpochShuffle(RandomSampler):
-    """A shuffle whose order in epoch e is a pure function of (`seed`, e).
-
-    One generator seeded with `seed` draws one `randperm` per epoch, so epoch e gets the (e+1)-th permutation of
-    that stream. A different order every epoch, the same order for epoch e in every run and every process, and the
-    same stream an uninterrupted run has always drawn (a `RandomSampler` over `Generator().manual_seed(seed)`), so
-    results measured before resumes were exact stay as they were. Lightning calls `set_epoch(e)` on the training sampler
-    before each epoch (as it does for a `DistributedSampler`); a run resumed at epoch r replays the stream up to
-    epoch r once (r permutations, at the first pass) instead of replaying the orders of epochs 0, 1, ... as a
-    generator reseeded at every `train_dataloader()` would. Iterated without `set_epoch` (by hand, outside a
-    trainer), a sampler walks through epochs 0, 1, 2, ... one pass at a time. Under DDP Lightning replaces this
-    sampler (a `RandomSampler`) by a `DistributedSampler`, whose order is likewise a function of its seed and the
-    epoch.
-    """
-
-    def __init__(self, data_source: Sequence[Any], seed: int) -> None:
-        super().__init__(data_source)
-        self.seed = int(seed)
-        self.epoch = 0  # the epoch the next pass shuffles for
-        self._stream = torch.Generator().manual_seed(self.seed)
-        self._stream_epoch = 0  # the epoch the stream's next permutation belongs to
-
-    def set_epoch(self, epoch: int) -> None:
-        """Shuffle the next pass for epoch `epoch`."""
-        self.epoch = int(epoch)
-
-    def permutation(self) -> torch.Tensor:
-        """The next pass's order: the stream's permutation for `epoch` (replayed from `seed` if needed)."""
-        n = len(self.data_source)
-        if self._stream_epoch != self.epoch:  # a resume, or a pass repeated by hand: replay from the seed
-            self._stream = torch.Generator().manual_seed(self.seed)
-            for _ in range(self.epoch):
-                torch.randperm(n, generator=self._stream)
-            self._stream_epoch = self.epoch
-        order = torch.randperm(n, generator=self._stream)
-        self._stream_epoch += 1
-        self.epoch += 1
-        return order
-
-    def __iter__(self) -> Iterator[int]:
-        yield from self.permutation().tolist()
-
-
-class IndexTensorBatchSampler(BatchSampler):
-    """A `BatchSampler` that yields each batch as one index tensor cut from a single permutation.
-
-    `BatchSampler` over `RandomSampler` walks a Python list one index at a time and the dataset then converts each
-    list back to a tensor; that costs more than the indexing itself on small data. For an `EpochShuffle`, a plain
-    `RandomSampler` (without replacement) or a `SequentialSampler` this draws one permutation / `arange` per epoch
-    and slices it;
-    any other sampler (for example the `DistributedSampler` that Lightning injects under DDP, re-instantiating this
-    class with `sampler=`) goes through `BatchSampler`'s own list path unchanged.
-    """
-
-    def __iter__(self) -> Iterator[torch.Tensor | list[int]]:
-        sampler = self.sampler
-        if type(sampler) is SequentialSampler:
-            order = torch.arange(len(sampler))
-        elif isinstance(sampler, EpochShuffle):
-            order = sampler.permutation()
-        elif (
-            type(sampler) is RandomSampler
-            and not sampler.replacement
-            and sampler.num_samples == len(sampler.data_source)
-        ):
-            generator = sampler.generator
-            if generator is None:  # as RandomSampler does: a fresh seed from the global RNG
-                generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-            order = torch.randperm(len(sampler), generator=generator)
-        else:
-            yield from super().__iter__()
-            return
-        batches = order.split(self.batch_size)
-        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
-            batches = batches[:-1]
-        yield from batches
-
-
-def _keep_batch(batch: VFLBatch) -> VFLBatch:
-    """Collate function for batches that `__getitems__` already built (module level so workers can pickle it)."""
-    return batch
+_MAX_LISTED = 10  # unknown IDs quoted in an error message
 
 
 @dataclass(frozen=True)
@@ -293,7 +68,6 @@ class _Prepared:
     messages: tuple[tuple[str, str, Any, str], ...] = ()  # the split message to each passive participant
 
 
-_SPLITS = ("train", "val", "test")
 STRATIFY = ("auto", "labels", "none")  #: the `stratify` options
 
 
@@ -376,14 +150,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         self.num_parties = num_parties
         self.active_party = active_party
         self.participants = self._check_participants(participants, num_parties, active_party)
-        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not 0.0 < value < 1.0:
-                raise ValueError(f"{name} must be in (0, 1), got {value}")
-        if val_fraction + test_fraction >= 1.0:
-            raise ValueError(
-                f"val_fraction + test_fraction must be < 1 to leave training samples, got "
-                f"{val_fraction} + {test_fraction} = {val_fraction + test_fraction}"
-            )
+        check_fractions(val_fraction, test_fraction)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         if num_workers < 0:
@@ -434,9 +201,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         `labels_from_targets`) when `y` are targets that become labels only after the split.
         """
         if self.regression:
-            self._check_targets(y)
+            check_targets(y)
             return None
-        self._check_labels(y)
+        check_labels(y, self.num_classes)
         return y
 
     def split_key(self, y: np.ndarray) -> np.ndarray | None:
@@ -570,22 +337,9 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         names = [s.name for s in prepared.party_specs]
         if party is not None and party not in names:
             raise ValueError(f"there is no party {party!r} in {type(self).__name__}'s run (parties: {names})")
-        active = party_name(self.active_party)
-
-        def own(data: VerticalTensorDataset) -> VerticalTensorDataset:
-            return VerticalTensorDataset(
-                ids=data.ids,
-                features={k: x if k == party else shadow(x) for k, x in data.stored.items()},
-                labels=data.labels if party == active else shadow(data.labels),
-                decoders={k: d for k, d in data.decoders.items() if k == party},
-            )
-
-        splits = {split: own(data) for split, data in prepared.splits.items()}
-        if party == active:
-            active_splits, overlap = prepared.active_splits, prepared.overlap
-        else:
-            active_splits = splits
-            overlap = {split: np.ones(len(data), dtype=bool) for split, data in splits.items()}
+        splits, active_splits, overlap = held_views(
+            prepared.splits, prepared.active_splits, prepared.overlap, party, party_name(self.active_party)
+        )
         self._prepared = dataclasses.replace(
             prepared, splits=splits, active_splits=active_splits, overlap=overlap, messages=()
         )
@@ -665,7 +419,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             if not 0 <= index < self.num_parties:
                 raise ValueError(f"party {party!r} is out of range for num_parties={self.num_parties}")
         held_all = party is not None and index == self.active_party
-        splits = _SPLITS if split is None else (self._check_split(split),)
+        splits = SPLITS if split is None else (self._check_split(split),)
         parts = [
             prepared.active_splits[s].ids if held_all else prepared.active_splits[s].ids[prepared.overlap[s]]
             for s in splits
@@ -680,8 +434,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
 
     @staticmethod
     def _check_split(split: str) -> str:
-        if split not in _SPLITS:
-            raise ValueError(f"split must be one of {list(_SPLITS)}, got {split!r}")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
         return split
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -780,28 +534,15 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         Raises:
             KeyError: IDs that not every party holds (named), which the VFL model cannot answer.
         """
-        return _rows(self._prepare().splits, sample_ids, "are not held by every party")
+        return select_rows(self._prepare().splits, sample_ids, "are not held by every party")
 
     def active_rows(self, sample_ids: Sequence[int]) -> VerticalTensorDataset:
         """The samples with these IDs, in this order, as the active party holds them (its slice only)."""
-        return _rows(self._prepare().active_splits, sample_ids, "are not samples of the active party")
+        return select_rows(self._prepare().active_splits, sample_ids, "are not samples of the active party")
 
     # ----------------------------------------------------------------------------------------------- internals
     def _loader(self, dataset: VerticalTensorDataset, sampler: Sampler) -> DataLoader:
-        # Under DDP Lightning rebuilds the loader, re-instantiating this BatchSampler subclass around a
-        # DistributedSampler with the same batch_size; the dataset's `__getitems__` builds each batch at once.
-        # The loader's own generator: without one, every `iter(loader)` draws the workers' base seed from torch's
-        # global RNG, and Lightning creates a resumed run's first iterator at another point of the epoch than the
-        # uninterrupted run does, which would shift the dropout stream that `ExactResume` reseeds per epoch.
-        return DataLoader(
-            dataset.raw(),
-            batch_sampler=IndexTensorBatchSampler(sampler, batch_size=self.batch_size, drop_last=False),
-            collate_fn=_keep_batch,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),  # page-locked batches (`VFLBatch.pin_memory`): async copies to a GPU
-            generator=seeded_generator(self.seed, "loader"),
-        )
+        return batch_loader(dataset, sampler, self.batch_size, self.num_workers, self.seed)
 
     @staticmethod
     def _check_participants(participants: list[int] | None, num_parties: int, active_party: int) -> list[int]:
@@ -820,142 +561,22 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             )
         return sorted(participants)
 
-    def _numeric_features(self, x: np.ndarray, columns: list[list[int]]) -> np.ndarray:
-        """`x` as float32; features that are not numbers (strings, objects) fail naming the first party holding one."""
-        if np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_):
-            return x.astype(np.float32)
-        for k in self.participants:
-            try:
-                x[..., columns[k]].astype(np.float64)
-            except (TypeError, ValueError) as err:
-                raise ValueError(
-                    f"{party_name(k)} has features that are not numbers (dtype {x.dtype}: {err}); encode "
-                    "categorical columns as numbers first"
-                ) from err
-        try:
-            return x.astype(np.float32)
-        except (TypeError, ValueError) as err:  # in columns no participant holds
-            raise ValueError(f"features must be numbers, got dtype {x.dtype}: {err}") from err
-
-    def _check_labels(self, y: np.ndarray) -> int:
-        """Check labels are integers in 0..M-1 and return M (`num_classes`, or the number of distinct labels)."""
-        y = np.asarray(y)
-        if y.ndim != 1:
-            raise ValueError(f"labels must be a 1-D array of class indices, got shape {y.shape}")
-        if not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)):
-            if not np.issubdtype(y.dtype, np.floating):
-                raise ValueError(
-                    f"labels must be integer class indices 0..M-1, got dtype {y.dtype} (values such as "
-                    f"{np.unique(y.astype(str))[:3].tolist()}); encode them as integers first"
-                )
-            bad = np.unique(y[~np.isfinite(y) | (y != np.round(y))])
-            if bad.size:
-                raise ValueError(
-                    f"labels must be integer class indices; found non-integer values {bad[:_MAX_LISTED].tolist()}"
-                )
-        num_classes = self.num_classes if self.num_classes is not None else int(np.unique(y).size)
-        if num_classes < 2:
-            raise ValueError(f"a classification task needs at least 2 classes, found {num_classes}")
-        bad = np.unique(y[(y < 0) | (y >= num_classes)])
-        if bad.size:
-            raise ValueError(
-                f"labels must be in 0..{num_classes - 1} (num_classes={num_classes}); found out-of-range label "
-                f"values {bad[:_MAX_LISTED].tolist()}"
-            )
-        return num_classes
-
-    def _check_targets(self, y: np.ndarray) -> np.ndarray:
-        """Check regression targets are one finite real number per sample; return them as float64."""
-        y = np.asarray(y)
-        if y.ndim != 1:
-            raise ValueError(f"regression targets must be a 1-D array, one value per sample, got shape {y.shape}")
-        if not (np.issubdtype(y.dtype, np.number) or np.issubdtype(y.dtype, np.bool_)):
-            raise ValueError(
-                f"regression targets must be numbers, got dtype {y.dtype} (values such as "
-                f"{np.unique(y.astype(str))[:3].tolist()})"
-            )
-        y = y.astype(np.float64)
-        bad = np.flatnonzero(~np.isfinite(y))
-        if bad.size:
-            raise ValueError(
-                f"regression targets must be finite; rows {bad[:_MAX_LISTED].tolist()} hold NaN or inf "
-                f"({bad.size} in all)"
-            )
-        return y
-
-    def _regression_labels(self, y: np.ndarray, train_rows: np.ndarray) -> tuple[np.ndarray, TaskInfo]:
-        """The targets standardized with the training rows' mean and standard deviation, and the task that undoes it."""
-        y = self._check_targets(self.labels_from_targets(y, train_rows))
-        mean, std = float(y[train_rows].mean()), float(y[train_rows].std())
-        if not std > 0:
-            raise ValueError(
-                f"the regression target is constant ({mean}) over the {len(train_rows)} training rows: nothing to learn"
-            )
-        task = TaskInfo(num_classes=0, kind="regression", target_mean=mean, target_scale=std)
-        return ((y - mean) / std).astype(np.float32), task
-
     def _split(self, num_rows: int, key: np.ndarray | None, order: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Seeded split of the row indices, stratified by `key` (None: unstratified); each split's IDs sorted.
 
-        Sorted so that val/test batches run in ID order. With `order` (a permutation of the rows), the split is drawn
-        over the rows in that order, so that it does not depend on the rows' own order (`PartyTables`).
+        The split `draw_split` draws with this datamodule's `seed`, fractions and published split (`fixed_splits`);
+        `order` (a permutation of the rows) draws it over the rows in that order (`PartyTables`).
         """
-        ids = np.arange(num_rows, dtype=np.int64) if order is None else np.asarray(order, dtype=np.int64)
         fixed = self.fixed_splits(num_rows)
-        try:
-            if fixed is not None:
-                test = np.asarray(fixed["test"], dtype=np.int64)
-                rest = np.setdiff1d(ids, test)
-                if "val" in fixed:
-                    val = np.asarray(fixed["val"], dtype=np.int64)
-                    train = np.setdiff1d(rest, val)
-                else:
-                    train, val = train_test_split(
-                        rest,
-                        test_size=self.val_fraction,
-                        stratify=None if key is None else key[rest],
-                        random_state=self.seed,
-                    )
-                return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
-            rest, test = train_test_split(
-                ids, test_size=self.test_fraction, stratify=None if key is None else key[ids], random_state=self.seed
-            )
-            val_share = self.val_fraction / (1.0 - self.test_fraction)
-            train, val = train_test_split(
-                rest, test_size=val_share, stratify=None if key is None else key[rest], random_state=self.seed
-            )
-        except ValueError as err:
-            what = "split" if key is None else "stratified split"
-            raise ValueError(
-                f"cannot make a {what} of {num_rows} samples with val_fraction={self.val_fraction}, "
-                f"test_fraction={self.test_fraction}: {err}"
-            ) from err
-        return {"train": np.sort(train), "val": np.sort(val), "test": np.sort(test)}
+        return draw_split(num_rows, key, self.seed, self.val_fraction, self.test_fraction, fixed, order)
 
     def _prepare(self) -> _Prepared:
         if self._prepared is not None:
             return self._prepared
         x, y = self.load()
-        x, y = np.asarray(x), np.asarray(y)
-        if x.ndim not in (2, 3, 4):
-            raise ValueError(f"features must be (N, F), (N, H, W) or (N, C, H, W), got shape {x.shape}")
-        if y.ndim != 1 or len(y) != len(x):
-            raise ValueError(f"targets must have shape ({len(x)},) to match the features, got {y.shape}")
-        if len(x) == 0:
-            raise ValueError(f"{type(self).__name__} has no samples (features of shape {x.shape}): nothing to train on")
-        is_image = x.ndim >= 3
-        if x.ndim == 3:
-            x = x[:, None]  # (N, H, W) -> (N, 1, H, W): each party's strip stays a one-channel image
-
+        x, y, is_image = checked_arrays(x, y, type(self).__name__)
         num_columns = x.shape[-1]
-        if self.num_parties > num_columns:
-            what = " (image width)" if is_image else ""
-            raise ValueError(
-                f"num_parties={self.num_parties} exceeds the {num_columns} feature columns{what} available: "
-                "every party needs at least one"
-            )
-        columns = [[int(c) for c in cols] for cols in self.partitioner.split(num_columns, self.num_parties)]
-        check_columns(columns, num_columns=num_columns, num_parties=self.num_parties)
+        columns = party_columns(self.partitioner, num_columns, self.num_parties, is_image)
         pixels = is_image and x.dtype == np.uint8  # kept uint8; normalized per batch on the device
         if self.augmentation is not None and not is_image:
             raise ValueError(
@@ -965,27 +586,17 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         cats = None if is_image else self.categories(num_columns)
         if cats is not None and len(cats) != num_columns:
             raise ValueError(f"categories() gives {len(cats)} entries for {num_columns} feature columns")
-        if not pixels and not np.issubdtype(x.dtype, np.floating):
-            x = self._numeric_features(x, columns)
-
-        for k in [] if pixels else self.participants:
-            bad = int(np.count_nonzero(~np.isfinite(x[..., columns[k]])))
-            if bad:
-                raise ValueError(
-                    f"{party_name(k)} has {bad} non-finite feature values (NaN or inf); clean or impute them first"
-                )
+        named = {party_name(k): columns[k] for k in self.participants}  # the participants' columns, by name
+        if not pixels:
+            x = finite_numbers(x, named)
 
         rows = self._split(len(y), self.split_key(y))
         known = self.task_from_peers()
         if known is not None:  # a passive party's own process: no labels here (filler, shadowed by `hold_only`)
             labels, task = np.zeros(len(y), dtype=np.float32 if known.is_regression else np.int64), known
-        elif self.regression:
-            labels, task = self._regression_labels(y, rows["train"])
-        else:
-            labels = np.asarray(self.labels_from_targets(y, rows["train"]))
-            num_classes = self._check_labels(labels)
-            labels = labels.astype(np.int64)
-            task = TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")
+        else:  # the labels (or targets) follow from `load()`'s targets and the training rows
+            targets = self.labels_from_targets(y, rows["train"])
+            labels, task = training_labels(targets, rows["train"], self.regression, self.num_classes)
 
         held_mask = self.held_by_every_party(len(y))
         if held_mask is not None and self.overlap < 1.0:
@@ -993,61 +604,36 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 f"overlap={self.overlap} draws which samples every party holds, but {type(self).__name__} knows it "
                 "from the parties' own IDs: leave overlap at 1"
             )
-        if held_mask is None:
-            # stratified by class as the split is; a regression target has no classes (one stratum)
-            label_free = self.regression or not self.split_uses_labels
-            strata = np.zeros(len(labels), dtype=np.int64) if label_free else labels
-            overlap = {split: self._choose_overlap(strata[idx], i) for i, (split, idx) in enumerate(rows.items())}
-        else:
-            overlap = {split: np.asarray(held_mask, dtype=bool)[idx] for split, idx in rows.items()}
+        # stratified by class as the split is; a regression target has no classes (one stratum)
+        strata = None if self.regression or not self.split_uses_labels else labels
+        overlap = overlap_masks(rows, strata, self.overlap, self.seed, held_mask)
         shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
         vfl_all = len(self.participants) == 1  # no passive participant: nothing is missing from anyone
-        messages, shared = self._split_messages(shared, vfl_all)
-        vfl_rows = rows if vfl_all else shared
-        splits: dict[str, VerticalTensorDataset] = {}
-        active_splits: dict[str, VerticalTensorDataset] = {}
-        slices = {}
+        active = party_name(self.active_party)
+        passive = [name for name in named if name != active]
+        messages, shared = split_messages(shared, active, passive, self.split_is_public, self.shared_order)
+        slices: dict[str, dict[str, torch.Tensor]] = {}
         decoders: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-        party_cats: dict[int, tuple[int, ...]] = {}
-        for k in self.participants:  # each party's slice of the rows it holds, scaled by its own training rows
-            held = rows if k == self.active_party or vfl_all else shared
+        party_cats: dict[str, tuple[int, ...]] = {}
+        for name, cols in named.items():  # each party's slice of the rows it holds, scaled by its own training rows
+            held = rows if name == active or vfl_all else shared
             if pixels:
-                slices[k], decoders[party_name(k)] = self._pixel_slices(x, columns[k], held)
+                slices[name], decoders[name] = pixel_slices(x, cols, held, self.scale)
             else:
-                own = None if cats is None else [int(cats[c]) for c in columns[k]]
-                slices[k] = self._scaled_slices(x, columns[k], held, is_image, own, party_name(k))
-                party_cats[k] = tuple(own) if own is not None and any(own) else ()
-        active = self.active_party
-        active_full = slices[active]  # the active party always participates and holds every row
-        active_decoders = {k: v for k, v in decoders.items() if k == party_name(active)}
-        for split, idx in rows.items():
-            active_splits[split] = VerticalTensorDataset(
-                ids=torch.from_numpy(idx.copy()),
-                features={party_name(active): active_full[split]},
-                labels=torch.from_numpy(labels[idx]),
-                decoders=active_decoders,
-            )
-            vidx = vfl_rows[split]
-            positions = None if len(vidx) == len(idx) else torch.from_numpy(np.flatnonzero(overlap[split]))
-            features = {}
-            for k in self.participants:
-                part = slices[k][split]
-                if k == active and positions is not None:  # the active slice holds every row: keep the shared ones
-                    part = part.index_select(0, positions)
-                features[party_name(k)] = part
-            splits[split] = VerticalTensorDataset(
-                ids=torch.from_numpy(vidx.copy()),
-                features=features,
-                labels=torch.from_numpy(labels[vidx]),
-                decoders=decoders,
-            )
+                own = None if cats is None else [int(cats[c]) for c in cols]
+                slices[name], fitted = scaled_slices(x, cols, held, is_image, self.scale, own, name)
+                if fitted is not None:
+                    self.scaling[name] = fitted
+                party_cats[name] = tuple(own) if own is not None and any(own) else ()
+        vfl_rows = rows if vfl_all else shared
+        splits, active_splits = split_views(rows, vfl_rows, overlap, slices, labels, decoders, active)
         specs = [
             PartySpec(
                 name=party_name(k),
                 role="active" if k == self.active_party else "passive",
                 input_shape=tuple(splits["train"].stored[party_name(k)].shape[1:]),
                 index=k,
-                categories=party_cats.get(k, ()),
+                categories=party_cats.get(party_name(k), ()),
             )
             for k in self.participants
         ]
@@ -1063,127 +649,3 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             messages=tuple(messages),
         )
         return self._prepared
-
-    def _split_messages(
-        self, shared: dict[str, np.ndarray], vfl_all: bool
-    ) -> tuple[list[tuple[str, str, Any, str]], dict[str, np.ndarray]]:
-        """The split message to each passive participant, and the shared rows per split as passive parties read them.
-
-        Where the split is public, or no passive party takes part, nothing is sent and `shared` is returned as is.
-        Otherwise the passive parties' rows of each split are decoded from the message they receive, so that what
-        they fit (scaling, encoders) follows from what crossed the wire.
-        """
-        passive = [k for k in self.participants if k != self.active_party]
-        if self.split_is_public or vfl_all or not passive:
-            return [], shared
-        order = self.shared_order(np.sort(np.concatenate(list(shared.values()))))
-        payload = encode_split(shared, order)
-        received = decode_split(payload, order)
-        if any(not np.array_equal(received[s], np.sort(shared[s])) for s in _SPLITS):  # cannot happen
-            raise RuntimeError("the split message does not reproduce the split")
-        messages = [(party_name(self.active_party), party_name(k), payload, SPLIT_TAG) for k in passive]
-        return messages, {s: received[s] for s in _SPLITS}
-
-    def _mixed_slices(self, part: dict[str, np.ndarray], cats: list[int], party: str) -> dict[str, torch.Tensor]:
-        """Numeric columns standardized (training rows), categorical codes checked and kept, as float32."""
-        numeric = [j for j, c in enumerate(cats) if c == 0]
-        for j, c in enumerate(cats):
-            if c == 0:
-                continue
-            if c >= 2**24:
-                raise ValueError(f"{party}'s column {j} has {c} categories; codes above 2**24 are not exact in float32")
-            for split, p in part.items():
-                col = p[:, j]
-                bad = (col < 0) | (col >= c) | (col != np.round(col))
-                if bad.any():
-                    raise ValueError(
-                        f"{party}'s column {j} is categorical with {c} categories, so its values must be codes "
-                        f"0..{c - 1}; found {col[bad][:_MAX_LISTED].tolist()} in the {split} split"
-                    )
-        out = {split: p.astype(np.float32, copy=True) for split, p in part.items()}
-        if self.scale and numeric:
-            scaler = StandardScaler().fit(part["train"][:, numeric])
-            for split, p in part.items():
-                out[split][:, numeric] = scaler.transform(p[:, numeric])
-            self.scaling[party] = {"columns": numeric, "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
-        return {split: torch.from_numpy(np.ascontiguousarray(p)) for split, p in out.items()}
-
-    def _choose_overlap(self, labels: np.ndarray, split_index: int) -> np.ndarray:
-        """Boolean mask of the rows every party holds: round(alpha * n) rows (at least 1), stratified by label.
-
-        Each class gets its share by largest remainders (so the total is exact), and the rows within a class are
-        drawn with a generator seeded by (`seed`, split), independent of the split's own seeding.
-        """
-        n = len(labels)
-        if self.overlap >= 1.0 or n == 0:
-            return np.ones(n, dtype=bool)
-        total = min(n, max(1, round(self.overlap * n)))
-        classes, counts = np.unique(labels, return_counts=True)
-        quota = self.overlap * counts
-        take = np.floor(quota).astype(np.int64)
-        remainder = quota - take
-        for c in np.argsort(-remainder, kind="stable")[: total - int(take.sum())]:
-            take[c] += 1
-        while take.sum() > total:  # only when rounding `total` down; drop from the largest share
-            take[int(np.argmax(take))] -= 1
-        rng = np.random.default_rng([self.seed, split_index, 0x0E71A9])
-        mask = np.zeros(n, dtype=bool)
-        for c, k in zip(classes, take, strict=True):
-            members = np.flatnonzero(labels == c)
-            mask[rng.permutation(members)[:k]] = True
-        return mask
-
-    def _pixel_slices(
-        self, x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray]
-    ) -> tuple[dict[str, torch.Tensor], PixelNormalizer]:
-        """One party's uint8 strip per split (contiguous) and its normalizer from its own training pixels.
-
-        Per-channel mean and standard deviation over the party's training strip (`scale`), or none (values 0..255).
-        """
-        col_index = np.asarray(cols, dtype=np.int64)
-        part = {split: np.ascontiguousarray(x[idx][..., col_index]) for split, idx in rows.items()}
-        channels = x.shape[1]
-        if self.scale:
-            train = part["train"]
-            mean = np.zeros(channels)
-            std = np.ones(channels)
-            for c in range(channels):  # float64 sums channel by channel: no float copy of the whole strip
-                values = train[:, c]
-                mean[c] = values.mean(dtype=np.float64)
-                std[c] = np.sqrt(max(float(np.mean(np.square(values, dtype=np.float64))) - mean[c] ** 2, 0.0))
-            std[std <= 0] = 1.0  # a constant strip (blank margin) is only centred
-        else:
-            mean, std = np.zeros(channels), np.ones(channels)
-        normalizer = PixelNormalizer(torch.from_numpy(mean), torch.from_numpy(std))
-        return {split: torch.from_numpy(p) for split, p in part.items()}, normalizer
-
-    def _scaled_slices(
-        self,
-        x: np.ndarray,
-        cols: list[int],
-        rows: dict[str, np.ndarray],
-        is_image: bool,
-        cats: list[int] | None = None,
-        party: str = "",
-    ) -> dict[str, torch.Tensor]:
-        """One party's slice per split, standardized with its training rows' statistics, as contiguous float32.
-
-        Each party is scaled from its own columns only: in a deployment no party sees another's features, so a
-        statistic pooled across parties could not be computed without a protocol of its own. Categorical columns
-        (`cats[j] > 0`) are checked to be codes 0..c-1 and kept as they are.
-        """
-        part = {split: x[idx][..., cols] for split, idx in rows.items()}
-        if cats is not None and any(cats):
-            return self._mixed_slices(part, cats, party)
-        if self.scale and is_image:
-            train = part["train"]
-            mean = float(train.mean(dtype=np.float64))
-            std = float(train.std(dtype=np.float64))
-            std = std if std > 0 else 1.0  # a constant strip (blank margin) is only centred
-            part = {split: (p - mean) / std for split, p in part.items()}
-            self.scaling[party] = {"columns": "all", "mean": [mean], "scale": [std]}
-        elif self.scale:
-            scaler = StandardScaler().fit(part["train"])
-            part = {split: scaler.transform(p) for split, p in part.items()}
-            self.scaling[party] = {"columns": "all", "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
-        return {split: torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32)) for split, p in part.items()}

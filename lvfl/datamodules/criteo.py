@@ -35,16 +35,11 @@ import numpy as np
 import torch
 
 from lvfl.checks import check_int
-from lvfl.datamodules.base import (
-    RawView,
-    VerticalDataModule,
-    VerticalTensorDataset,
-    _Prepared,
-    party_name,
-)
+from lvfl.datamodules.base import VerticalDataModule, _Prepared
+from lvfl.datamodules.datasets import RawView, VerticalTensorDataset
 from lvfl.datamodules.partition import ContiguousColumns, ExplicitColumns, Partitioner, check_columns
 from lvfl.datamodules.stand_ins import FileBacked, write_criteo_tsv
-from lvfl.parties import PartySpec, TaskInfo, VFLBatch
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
 
 __all__ = ["Criteo", "CriteoSplit", "convert"]
 

@@ -55,12 +55,13 @@ import numpy as np
 import torch
 from torch.utils.data import SequentialSampler
 
-from lvfl.datamodules.base import VerticalDataModule, VerticalTensorDataset, party_name
+from lvfl.datamodules.base import VerticalDataModule
+from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split, keyed_order
 from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
 from lvfl.datamodules.table_files import PartyTable, read_table
-from lvfl.parties import TaskInfo
+from lvfl.parties import TaskInfo, party_name
 from lvfl.privacy.psi import private_intersection
 from lvfl.runs import digest_array, digest_json
 from lvfl.wire import Absent, Wire

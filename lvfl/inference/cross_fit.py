@@ -41,7 +41,7 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from torch.utils.data import RandomSampler
 
 from lvfl.checks import check_int
-from lvfl.datamodules.base import VerticalTensorDataset
+from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.inference.teacher import teacher_soft_label_parts
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.soft_labels import SoftLabelParts

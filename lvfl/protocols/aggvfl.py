@@ -61,7 +61,8 @@ from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import VFLModule
+from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.task_metrics import make_metric, metric_names
 
 AGGREGATE = "aggregate"
@@ -87,7 +88,7 @@ class AggVFL(VFLModule):
     Example:
         >>> from lvfl.datamodules import Digits
         >>> from lvfl.models import MLP
-        >>> from lvfl.protocols.base import PartyConfig
+        >>> from lvfl.protocols.party_config import PartyConfig
         >>> dm = Digits(num_parties=4)
         >>> model = AggVFL(parties=[PartyConfig(model=MLP)], aggregate="weighted")
         >>> model.build(dm.party_specs, dm.task)

@@ -1,8 +1,20 @@
 """`VFLModule`: the base every protocol builds on.
 
-It turns the datamodule's `party_specs` into one model, optimizer and (optional) LR scheduler per party, owns the
-`Wire` and the aggregation backend, keeps the mask step counter, and logs per-party metrics. A protocol subclass
-writes its `training_step` (and, if its inference differs, `party_logits`) in the order of the paper's algorithm.
+It turns the datamodule's `party_specs` into one model, optimizer and (optional) LR scheduler per party (each from
+its `PartyConfig`, `lvfl.protocols.party_config`), owns the `Wire` and the aggregation backend, keeps the mask step
+counter, and holds the moves every training step shares (local embeddings, the aggregation, gradients down, the
+losses). A protocol subclass writes its `training_step` (and, if its inference differs, `party_logits`) in the
+order of the paper's algorithm.
+
+The plumbing around the step lives in plain mixin classes that `VFLModule` inherits, one module each (they never
+import this one):
+
+- `lvfl.protocols.data_setup`: what the protocol asks of the datamodule, and the set-up messages (PSI, split);
+- `lvfl.protocols.evaluation`: losses and metrics logged, the validation, test and predict steps, the best-epoch byte;
+- `lvfl.protocols.labels`: which labels each loss trains on, and the run's label release;
+- `lvfl.protocols.split_inference`: the hooks of split (ID-private) inference;
+- `lvfl.protocols.dropout_streams`: each party's own dropout generator;
+- `lvfl.protocols.checkpointing`: the protocol's checkpoint state and the run-fingerprint check.
 
 Manual optimization is used throughout: each party owns its optimizer, as the papers require heterogeneous
 optimizers (VFedMH Table IV). A step does one backward pass over a surrogate objective in which every party's
@@ -12,152 +24,38 @@ gradient is exactly its own loss gradient, and Lightning's DDP sees one backward
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch import LightningModule
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
 from lvfl import messages
-from lvfl.loggers import is_logging_step, log_to_loggers
-from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.gradient_defenses import GradientDefense
-from lvfl.privacy.label_dp import LabelMechanism, PrivacyLedger
+from lvfl.privacy.label_dp import LabelMechanism
 from lvfl.privacy.label_release import LabelRelease
 from lvfl.privacy.plain import Plain
-from lvfl.protocols.task_metrics import (
-    BEST_EPOCHS_METRIC,
-    main_validation_metric,
-    make_metric,
-    metric_names,
-    update_metric,
-)
+from lvfl.protocols.checkpointing import CheckpointState
+from lvfl.protocols.data_setup import DataSetup
+from lvfl.protocols.dropout_streams import DropoutStreams
+from lvfl.protocols.evaluation import Evaluation
+from lvfl.protocols.labels import LabelHandling
+from lvfl.protocols.party_config import PartyConfig, accepts_categories, callable_name
+from lvfl.protocols.split_inference import SplitInference
+from lvfl.protocols.task_metrics import make_metric, metric_names
 from lvfl.shadows import empty_shadow
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 
-@dataclass
-class PartyConfig:
-    """How one party is built: its model (class + init args) and its optimizer and optional LR scheduler.
-
-    In YAML::
-
-        - model: {class_path: lvfl.models.MLP, init_args: {hidden: [64]}}
-          optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.001}}
-          lr_scheduler: {class_path: torch.optim.lr_scheduler.ExponentialLR, init_args: {gamma: 0.95}}
-
-    Without `optimizer`, the party uses SGD with lr 0.01 (the papers' MNIST setting). Schedulers step once per epoch.
-    `embedding_noise` (e.g. ``{class_path: lvfl.privacy.GaussianNoise, init_args: {noise_multiplier: 0.2, clip: 5}}``)
-    is the party's own noise on every embedding or prediction it sends (`VFLModule.outgoing`).
-
-    The optimizer and scheduler are checked when the config is made, by building them once over a one-element
-    probe parameter: a negative or non-finite learning rate (or any value the optimizer itself refuses) fails at
-    start-up with the party's config in the message, not at the first training step with torch's bare message.
-    """
-
-    model: PartyModelFactory
-    optimizer: OptimizerCallable | None = None
-    lr_scheduler: LRSchedulerCallable | None = None
-    #: noise the party adds to each embedding or prediction it sends (`VFLModule.outgoing`): a gradient defense's
-    #: clip and noise on each sample's own row (`lvfl.privacy.GaussianNoise`, `LaplaceNoise`); None sends it as is
-    embedding_noise: GradientDefense | None = None
-
-    def __post_init__(self) -> None:
-        if not callable(self.model):
-            raise TypeError(f"party model must be a model class such as lvfl.models.MLP, got {self.model!r}")
-        self.check_optimization(self.optimizer, self.lr_scheduler)
-
-    @staticmethod
-    def check_optimization(optimizer: OptimizerCallable | None, lr_scheduler: LRSchedulerCallable | None) -> None:
-        """Build `optimizer` (and `lr_scheduler` on it) once over a probe parameter; raise ValueError naming them."""
-        for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler)):
-            if value is not None and not callable(value):
-                raise TypeError(f"{name} must be a class path such as torch.optim.SGD, got {value!r}")
-        probe = _make_optimizer(optimizer, [nn.Parameter(torch.zeros(1))])
-        if lr_scheduler is not None:
-            try:
-                lr_scheduler(probe)
-            except (ValueError, TypeError) as err:
-                raise ValueError(f"lr_scheduler {_callable_name(lr_scheduler)}: {err}") from err
-
-    def make_optimizer(self, params: Any) -> torch.optim.Optimizer:
-        """The party's optimizer over `params`; raises ValueError naming the optimizer for a refused setting."""
-        return _make_optimizer(self.optimizer, params)
-
-
-def _make_optimizer(optimizer: OptimizerCallable | None, params: Any) -> torch.optim.Optimizer:
-    """`optimizer(params)` (SGD with lr 0.01 when None), refusing with the optimizer's name in the message."""
-    if optimizer is None:
-        return torch.optim.SGD(params, lr=0.01)
-    what = f"optimizer {_callable_name(optimizer)}"
-    try:
-        built = optimizer(params)
-    except (ValueError, TypeError) as err:  # torch's "Invalid learning rate: -0.1" names neither party nor option
-        raise ValueError(f"{what}: {err}") from err
-    for group in built.param_groups:
-        lr = group.get("lr")
-        if isinstance(lr, (int, float)) and not 0 <= lr < float("inf"):  # NaN fails both comparisons
-            raise ValueError(f"{what}: lr must be a finite number >= 0, got lr={lr!r}")
-    return built
-
-
-def accepts_categories(factory: Any) -> bool:
-    """Whether a party-model factory (a class, a partial or jsonargparse's callable) takes a `categories` keyword."""
-    target = factory
-    for _ in range(4):  # unwrap partials and class-instantiating lambdas down to a class or function
-        if isinstance(target, type):
-            break
-        inner = getattr(target, "func", None)
-        classes = [a for a in getattr(target, "args", ()) if isinstance(a, type)]
-        target = classes[-1] if classes else inner if inner is not None else target
-        if inner is None and not classes:
-            break
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return False
-    return "categories" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-
-def _callable_name(factory: Any) -> str:
-    """`torch.optim.SGD` for a class, or for the partial that jsonargparse makes from a class path."""
-    classes = [a for a in (factory, *getattr(factory, "args", ())) if isinstance(a, type)]  # partial(f, .., cls)
-    target = classes[-1] if classes else getattr(factory, "func", factory)
-    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
-    if not (isinstance(module, str) and isinstance(name, str)):
-        return repr(factory)
-    import sys  # the shortest module that exports it: torch.optim.SGD rather than torch.optim.sgd.SGD
-
-    parts = module.split(".")
-    public = (".".join(parts[:i]) for i in range(1, len(parts)))
-    module = next((m for m in public if getattr(sys.modules.get(m), name, None) is target), module)
-    return f"{module}.{name}"
-
-
-def describe_setup(metrics: Mapping[str, float]) -> str:
-    """One line on the PSI's counts (`setup/psi/...`): each list, each pairwise overlap, the common intersection."""
-    prefix = "setup/psi/"
-    counts = {k[len(prefix) :]: int(v) for k, v in metrics.items() if k.startswith(prefix)}
-    parties = sorted({k.split("/")[0] for k in counts if "/" in k})
-    parts = []
-    for party in parties:
-        shared = counts.get(f"{party}/shared_with_active")
-        part = f"{party} {counts.get(f'{party}/ids', 0):,} IDs"
-        parts.append(part + (f" ({shared:,} shared with the active party)" if shared is not None else ""))
-    return f"lvfl: PSI: {'; '.join(parts)}; every party holds {counts.get('intersection', 0):,}"
-
-
-class VFLModule(LightningModule, ABC):
+class VFLModule(
+    DataSetup, Evaluation, SplitInference, LabelHandling, DropoutStreams, CheckpointState, LightningModule, ABC
+):
     """Base LightningModule for VFL protocols: one model, optimizer and scheduler per party, one wire.
 
     Args:
@@ -296,31 +194,6 @@ class VFLModule(LightningModule, ABC):
                 dm.hold_only(self.wire.here if self.wire.here in self.party_names else None)
             self.hold_only(self.wire.here)
 
-    def prepare_datamodule(self, datamodule: Any) -> None:
-        """Tell `datamodule` what this protocol needs before it prepares: a label-free split with a label mechanism.
-
-        `setup` calls it; so does code that sets a datamodule up before the trainer does (`lvfl predict`, `lvfl
-        export`). A datamodule prepared earlier with a split drawn from the labels is refused by name.
-        """
-        if self.wire.here is not None and hasattr(datamodule, "exchange_on"):
-            datamodule.exchange_on(self.wire)  # a party's own process: the data's set-up exchanges run live
-        if self.label_mechanism is not None and hasattr(datamodule, "require_label_free_split"):
-            mechanism = type(self.label_mechanism).__name__
-            datamodule.require_label_free_split(f"the protocol's label mechanism ({mechanism})")
-
-    def setup_messages(self, datamodule: Any) -> list[tuple[str, str, Any, str]]:
-        """The datamodule's set-up messages (`VerticalDataModule.setup_messages`) this protocol puts on its wire."""
-        return list(datamodule.setup_messages()) if hasattr(datamodule, "setup_messages") else []
-
-    def report_setup(self, datamodule: Any, stage: str) -> None:
-        """Log what the datamodule's set-up established (`setup_metrics`: the PSI's counts) and, in fit, print it."""
-        metrics = datamodule.setup_metrics() if hasattr(datamodule, "setup_metrics") else {}
-        if not metrics or self._trainer is None:
-            return
-        log_to_loggers(self._trainer, metrics)
-        if stage == "fit" and self._trainer.is_global_zero:
-            print(describe_setup(metrics))
-
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Create every party's model and metrics and run the backend's key set-up on the wire."""
         specs = list(party_specs)
@@ -356,7 +229,7 @@ class VFLModule(LightningModule, ABC):
             if not accepts_categories(config.model):
                 raise ValueError(
                     f"party {spec.name!r} holds categorical columns (cardinalities {list(spec.categories)}), but its "
-                    f"model {_callable_name(config.model)} takes no `categories`: use lvfl.models.TabularMLP, DeepFM "
+                    f"model {callable_name(config.model)} takes no `categories`: use lvfl.models.TabularMLP, DeepFM "
                     "or WideDeep, or a datamodule that one-hot encodes"
                 )
             configured = (getattr(config.model, "keywords", None) or {}).get("categories")
@@ -467,18 +340,7 @@ class VFLModule(LightningModule, ABC):
         if scheds is not None:
             for s in scheds if isinstance(scheds, list) else [scheds]:
                 s.step()
-        metrics: dict[str, float] = {}
-        if self._train_loss_sum is not None and self._train_loss_count:
-            means = self._train_loss_sum / self._train_loss_count
-            if self.trainer.world_size > 1:
-                means = self.trainer.strategy.reduce(means, reduce_op="mean")
-            names = [f"train/loss_epoch/{n}" for n in self._train_loss_names]
-            metrics.update(zip(names, means.tolist(), strict=True))
-        if (self.label_mechanism is not None or len(self.privacy_ledger)) and self.wire.holds(self.active):
-            metrics["privacy/label_epsilon"] = self.privacy_ledger.total_epsilon  # basic composition, all releases
-        if metrics:
-            log_to_loggers(self.trainer, metrics, epoch=True)
-        self._train_loss_sum, self._train_loss_count = None, 0
+        self.log_train_epoch()  # `lvfl.protocols.evaluation`
 
     # ------------------------------------------------------------------------------------------------ the shared moves
     def next_mask_step(self) -> int:
@@ -610,36 +472,6 @@ class VFLModule(LightningModule, ABC):
             return self.aggregation.protect(party, tensor, step, index)
         return shadow(tensor) if self.aggregation.reveals_shares else Absent("a protected share")
 
-    @property
-    def protects_labels(self) -> bool:
-        """Whether a label mechanism is on and there is a passive party whose view it must cover."""
-        return self.label_mechanism is not None and bool(self.passive)
-
-    def labels_for(self, party: str, batch: VFLBatch) -> torch.Tensor:
-        """The labels of a loss whose outputs, gradients or parameters may leave the active party (any `party`).
-
-        With a label mechanism this is the release for every party, the active one included (its encoder's output
-        or its top model's parameters go down, so they must not learn from the true labels); without one, the true
-        labels. True labels are only for models nothing leaves: see `private_labels`.
-        """
-        if not self.protects_labels:
-            return batch.labels
-        return self.protected_labels(batch.ids).to(batch.labels.device)
-
-    def private_labels(self, batch: VFLBatch) -> torch.Tensor:
-        """The true labels, for the `private_head` (via `private_loss`) and models no message ever depends on."""
-        return batch.labels
-
-    def private_loss(self, inputs: torch.Tensor, batch: VFLBatch) -> torch.Tensor:
-        """The private head's true-label loss on a *detached* input, so it trains the private head and nothing else."""
-        if self.private_head is None:
-            raise RuntimeError("private_loss needs a private head: protocols build one when protects_labels")
-        return self.task_loss(self.private_head(inputs.detach()), self.private_labels(batch))
-
-    def active_prediction(self, shared_head: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
-        """The active party's reported prediction on `inputs`: its private head if it has one, else `shared_head`."""
-        return (shared_head if self.private_head is None else self.private_head)(inputs)
-
     def check_finite(
         self, values: Mapping[str, torch.Tensor], what: str, context: Mapping[str, torch.Tensor] | None = None
     ) -> None:
@@ -698,12 +530,7 @@ class VFLModule(LightningModule, ABC):
             return 0.5 * (logits.softmax(-1) - labels.to(logits.dtype)).pow(2).sum(-1).mean()
         return F.cross_entropy(logits, labels)
 
-    # ------------------------------------------------------------------------------------------------ label privacy
-    @property
-    def privacy_ledger(self) -> PrivacyLedger:
-        """The epsilon spent by this run's label releases (basic composition)."""
-        return self.label_release.ledger
-
+    # ------------------------------------------------------------------------------------------------ fit start
     def on_fit_start(self) -> None:
         """Give every party's dropout its own generator; draw the label release once (a resume keeps its own)."""
         self.use_party_generators()
@@ -712,85 +539,7 @@ class VFLModule(LightningModule, ABC):
         train = self.trainer.datamodule.train_set
         self.release_labels(train.ids, train.labels)
 
-    def use_party_generators(self) -> None:
-        """Make every party's dropout draw from that party's own generator (`lvfl.models.dropout`), once.
-
-        Each party's generator is seeded from the run's seed (the global one when the fit starts, kept in the
-        checkpoint) and its index, and reseeded at every training epoch (`on_train_epoch_start`), so its masks do not
-        depend on the other parties' models, and a party's own process and a resumed run draw the simulation's. The
-        active party's generator also serves its other modules (a top model, a private head).
-        """
-        from lvfl.models.dropout import PartyGenerator, use_party_generator
-        from lvfl.runs import derive_seed
-
-        if self._party_generators or not self.built:
-            return
-        if self._dropout_seed is None:
-            self._dropout_seed = int(torch.initial_seed())
-        for index, name in enumerate(self.party_names):
-            self._party_generators[name] = PartyGenerator(derive_seed(self._dropout_seed, "dropout", index))
-            use_party_generator(self.party_models[name], self._party_generators[name])
-        for name, child in self.named_children():
-            if name != "party_models":
-                use_party_generator(child, self._party_generators[self.active])
-
-    def on_train_epoch_start(self) -> None:
-        """Reseed every party's dropout generator for this epoch (from the run's seed, the party and the epoch)."""
-        from lvfl.runs import derive_seed
-
-        epoch = self.trainer.current_epoch
-        for index, name in enumerate(self.party_names):
-            if name in self._party_generators:
-                self._party_generators[name].reseed(derive_seed(self._dropout_seed or 0, "dropout", index, epoch))
-
-    def release_labels(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
-        """Draw the protected labels for training samples `ids` once (see `LabelRelease.draw`).
-
-        No-op when there is nothing to protect (no mechanism or no passive party) or when a release for the same
-        samples exists (a resume: redrawing would spend epsilon again); a release for other samples raises.
-        """
-        if self.label_mechanism is None or not self.passive:
-            return
-        if self.task is None:
-            raise RuntimeError("release_labels needs the task: call it after setup/build")
-        if not self.wire.holds(self.active):  # a passive party's process: the release is the active party's draw
-            release = self.label_release
-            if release.ids is None:
-                release.ids = torch.sort(ids.detach().long().cpu()).values
-                release.labels = self.label_mechanism.release_shadow(len(ids), self.task.num_classes)
-            return
-        trainer = self._trainer
-        distributed = trainer is not None and trainer.world_size > 1
-        self.label_release.draw(
-            ids,
-            labels,
-            self.task.num_classes,
-            rank=trainer.global_rank if trainer is not None else 0,
-            broadcast=(lambda obj: trainer.strategy.broadcast(obj, src=0)) if distributed else None,
-        )
-
-    def protected_labels(self, ids: torch.Tensor) -> torch.Tensor:
-        """The released labels of training samples `ids` (raises for IDs outside the release)."""
-        return self.label_release.lookup(ids)
-
-    def record_train_losses(self, losses: Mapping[str, torch.Tensor]) -> None:
-        """Accumulate the step's losses and write them on the logging cadence (see `lvfl.loggers`).
-
-        Keyed by the party that owns each loss: EASTER every party, split learning one joint loss under the active.
-        """
-        losses = {k: v for k, v in losses.items() if not is_shadow(v)}  # a party's view records its own
-        if not losses:
-            return
-        self.check_finite(losses, "training loss")
-        self._train_loss_names = list(losses)
-        stacked = torch.stack([losses[k].detach() for k in self._train_loss_names])
-        self._train_loss_sum = stacked if self._train_loss_sum is None else self._train_loss_sum + stacked
-        self._train_loss_count += 1
-        if is_logging_step(self._trainer):
-            names = [f"train/loss/{n}" for n in self._train_loss_names]
-            log_to_loggers(self._trainer, dict(zip(names, stacked.tolist(), strict=True)))
-
-    # ------------------------------------------------------------------------------------------------ evaluation
+    # ---------------------------------------------------------------------------------- the protocol's inference
     @abstractmethod
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """Each predicting party's logits for the batch, as the active party holds them, every move on the wire.
@@ -798,251 +547,3 @@ class VFLModule(LightningModule, ABC):
         A passive party's own prediction (EASTER's) goes to `prediction_recipient`: the active party, except in a
         teacher's inference for student distillation, where it goes to the producer (`predictions_delivered_to`).
         """
-
-    @property
-    def prediction_recipient(self) -> str:
-        """Who receives a passive party's own prediction in `party_logits`: the active party unless redirected."""
-        return self._prediction_recipient or self.active
-
-    @contextmanager
-    def predictions_delivered_to(self, party: str) -> Iterator[None]:
-        """Inside the block, `party_logits` delivers the passive parties' own predictions to `party`.
-
-        The teacher's inference (`lvfl.inference.teacher`) sends them to the producer, who sums them, so that the
-        active party never sees one passive party's prediction; a party's own prediction then stays where it is.
-        """
-        if party not in self.party_names:
-            raise ValueError(f"there is no party {party!r} to deliver predictions to (parties: {self.party_names})")
-        before, self._prediction_recipient = self._prediction_recipient, party
-        try:
-            yield
-        finally:
-            self._prediction_recipient = before
-
-    # ------------------------------------------------------------------------------------------------ inference
-    # ID-private inference (`lvfl.inference.router`) splits a prediction in two: each passive party precomputes its
-    # contribution for the IDs it holds (from its own features alone), the active party fetches it obliviously and
-    # completes the prediction. A protocol supports it by overriding both hooks; they must reproduce the active
-    # party's `party_logits` exactly under Plain aggregation (tests check it).
-    def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
-        """What passive `party` contributes to the prediction of samples with `features`: default, its embedding."""
-        return self.party_models[party].encoder(features)
-
-    def complete_prediction(
-        self, active_features: torch.Tensor, contributions: Mapping[str, torch.Tensor]
-    ) -> torch.Tensor:
-        """The active party's logits from its own features and every passive party's contribution."""
-        raise TypeError(
-            f"{type(self).__name__} does not support split (ID-private) inference: it has no complete_prediction"
-        )
-
-    def describe_combination(self) -> dict[str, Any]:
-        """How the two hooks above combine the parties' outputs, as JSON data (`lvfl export` writes it to party.json).
-
-        An exported folder is served without lvfl, so its reader needs in words and numbers what each passive party
-        sends (`contribution`) and what the active party computes from it (`combine`), with any values that enter
-        (weights, the number of parties, which head). The default quotes the two hooks' docstrings, so a protocol
-        that implements them exports with no extra code; built-in protocols override it with their formulas.
-
-        Raises:
-            TypeError: the protocol has no `complete_prediction` (named): there is no split prediction to describe.
-        """
-        name = type(self).__name__
-        if type(self).complete_prediction is VFLModule.complete_prediction:
-            raise TypeError(
-                f"{name} does not support split (ID-private) inference: it has no complete_prediction, so its "
-                "parties' outputs have no combination to export"
-            )
-        contribution = inspect.getdoc(type(self).passive_contribution) or ""
-        combine = inspect.getdoc(type(self).complete_prediction) or ""
-        return {
-            "contribution": contribution.split("\n\n")[0].replace("\n", " "),
-            "combine": combine.split("\n\n")[0].replace("\n", " "),
-        }
-
-    def reported_head(self, shared: str) -> str:
-        """The head the active party reports (`active_prediction`): its private head, else the `shared` module.
-
-        For `describe_combination`: with a label mechanism the release-trained `shared` head is not what lvfl scores.
-        """
-        if self.private_head is None:
-            return shared
-        return f"private_head (trained on the true labels; {shared}, trained on the label release, is not used)"
-
-    @staticmethod
-    def plain_sum(
-        active: torch.Tensor, contributions: Mapping[str, torch.Tensor], order: Sequence[str]
-    ) -> torch.Tensor:
-        """`active + sum_k contributions[k]` in `order`, exactly as `Plain.combine` adds the shares."""
-        out = active
-        for k in order:
-            out = out + contributions[k].to(active)
-        return out
-
-    def _eval_step(self, batch: VFLBatch, stage: str) -> None:
-        logits = self.party_logits(batch)
-        if not self.wire.holds(self.active):  # a passive party's process: it sent its part; scores need the labels
-            return
-        for name, out in logits.items():
-            self.log(f"{stage}/loss/{name}", self.task_loss(out, batch.labels), sync_dist=True)
-            for metric in metric_names(self.task):
-                tracker = self.metrics[f"{stage}_{metric}_{name}"]
-                update_metric(tracker, metric, self.task, out, batch.labels)
-                self.log(f"{stage}/{metric}/{name}", tracker, on_step=False, on_epoch=True)
-
-    def validation_step(self, batch: VFLBatch, batch_idx: int) -> None:
-        """Every party's model on the validation batch."""
-        self._eval_step(batch, "val")
-
-    def test_step(self, batch: VFLBatch, batch_idx: int) -> None:
-        """Every party's model on the test batch."""
-        self._eval_step(batch, "test")
-
-    def _log_mean(self, stage: str) -> None:
-        if not self.wire.holds(self.active):  # the metrics are the active party's (it holds the labels)
-            return
-        self._epoch_means = {}
-        for metric in metric_names(self.task) if self.task is not None else ():
-            keys = [f"{stage}_{metric}_{n}" for n in self.predicting_parties]
-            if keys and all(k in self.metrics for k in keys):
-                values = torch.stack([self.metrics[k].compute() for k in keys])
-                self._epoch_means[f"{stage}/{metric}/mean"] = float(values.mean())
-                # compute() already synced the metric states across ranks; sync_dist only silences Lightning's hint
-                self.log(f"{stage}/{metric}/mean", values.mean(), on_epoch=True, sync_dist=True)
-
-    def on_validation_epoch_end(self) -> None:
-        """Log the mean over party models; tell the passive parties whether this epoch is the best so far."""
-        self._log_mean("val")
-        self.share_best_epoch()
-
-    def share_best_epoch(self) -> None:
-        """One byte to each passive party after a validation epoch: 1 if it is the best so far, else 0.
-
-        Where the run keeps a best checkpoint (`ExperimentCheckpoint`, selecting by the task's main validation
-        metric), every party must keep the same epoch, but only the active party holds the labels that score it.
-        So the active party sends each passive party whether this epoch beat every earlier one (strictly, as the
-        checkpoint compares), and a passive party's own process selects its best epoch by the running count of
-        such epochs (`lvfl.protocols.task_metrics.BEST_EPOCHS_METRIC`). The byte is a function of the validation
-        labels; it is metered (tag `best_epoch`) in simulation too, since a deployment sends it.
-        """
-        trainer = self._trainer
-        if trainer is None or trainer.sanity_checking or not self.passive:
-            return
-        keeps_best = any(  # an `ExperimentCheckpoint` (lvfl.callbacks) choosing its own monitor, keeping a best file
-            getattr(cb, "auto_monitor", False) and getattr(cb, "save_top_k", 0) != 0
-            for cb in trainer.checkpoint_callbacks
-        )
-        if not keeps_best:
-            return
-        flag = torch.zeros(1, dtype=torch.uint8)
-        if self.wire.holds(self.active):
-            value = getattr(self, "_epoch_means", {}).get(main_validation_metric(self.task))
-            best = self._best_epoch["value"]
-            improved = value is not None and value == value and (best is None or value > best)  # NaN never wins
-            if improved:
-                self._best_epoch["value"] = value
-            flag[0] = int(improved)
-        else:
-            flag = shadow(flag)
-        for party in self.passive:
-            received = self.wire.send(self.active, party, flag, "best_epoch")
-            if party == self.wire.here:  # a passive party's own process: what it selects its best epoch by
-                self._best_epoch["count"] += int(received.item())
-                self.log(BEST_EPOCHS_METRIC, float(self._best_epoch["count"]), on_epoch=True)
-
-    def on_test_epoch_end(self) -> None:
-        """Log the mean over party models."""
-        self._log_mean("test")
-
-    def predict_step(self, batch: VFLBatch, batch_idx: int) -> dict[str, Any]:
-        """Every predicting party's class probabilities ("probs"), keyed by party, with the sample IDs.
-
-        A regression gives the predicted values in the target's units ("values") instead. In a party's own process,
-        the predictions it holds only (a passive party's: none; it served its part of the batch).
-        """
-        logits = {k: v for k, v in self.party_logits(batch).items() if not is_shadow(v)}
-        if self.task is not None and self.task.is_regression:
-            return {"ids": batch.ids, "values": {k: self.task.to_target(v.reshape(-1)) for k, v in logits.items()}}
-        return {"ids": batch.ids, "probs": {k: v.softmax(-1) for k, v in logits.items()}}
-
-    # ------------------------------------------------------------------------------------------------ checkpoints
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the mask step, the ledger, the backend's non-secret state (never keys), label release, run fingerprint.
-
-        The label release and its privacy ledger are saved because the release is what spent epsilon: a resume
-        reuses it rather than drawing (and spending) again. The fingerprint (`lvfl.runs.run_fingerprint`: protocol,
-        backend and label mechanism with their settings, party models, data split with a digest of every split's
-        sample IDs) lets `on_load_checkpoint` refuse a checkpoint of another run. `writer` names this module object
-        (the same on every rank), so that reloading a checkpoint it wrote itself does not add its ledger twice.
-        """
-        import uuid
-
-        from lvfl.runs import run_fingerprint
-
-        trainer = self._trainer
-        if getattr(self, "_checkpoint_writer", None) is None:
-            writer = uuid.uuid4().hex
-            if trainer is not None and trainer.world_size > 1:  # every rank dumps the checkpoint: agree on one name
-                writer = trainer.strategy.broadcast(writer, src=0)
-            self._checkpoint_writer = writer
-        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-        checkpoint["lvfl"] = {
-            "mask_step": self.mask_step,
-            "wire": self.wire.state_dict(),
-            "aggregation": self.aggregation.state_dict(),
-            "party_names": self.party_names,
-            "label_privacy": self.label_release.state_dict(),
-            "run": run_fingerprint(self, datamodule),
-            "writer": self._checkpoint_writer,
-            "best_epoch": dict(self._best_epoch),
-            "dropout_seed": self._dropout_seed,
-        }
-
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check that the checkpoint belongs to this run, then restore the counter, ledger, backend state and release.
-
-        A checkpoint whose run fingerprint differs from this run's is refused (`lvfl.runs.CheckpointMismatchError`,
-        naming what differs): `lvfl test --ckpt_path last` must not test another run's weights. Without a trainer
-        with a VerticalDataModule the data split cannot be compared, and before `build` the party models cannot;
-        everything else is. Checkpoints without a fingerprint (older lvfl) load with a warning.
-
-        The ledger: a checkpoint this module wrote itself (testing the best epoch after fit) is already part of its
-        ledger and is not added again. For a checkpoint of another process (a resume, `lvfl test --ckpt_path last`)
-        the saved ledger is added, and what this module sent before loading it (the backend's fresh key set-up) moves
-        under the tag `resume/<tag>` (`lvfl.runs.RESUME_TAG_PREFIX`): traffic that really happened again, kept apart,
-        so that the ledger without `resume/*` tags is the uninterrupted run's.
-        """
-        from lightning.pytorch.utilities import rank_zero_warn
-
-        from lvfl.runs import check_fingerprint, resume_rows, run_fingerprint
-
-        state = checkpoint.get("lvfl")
-        if state is None:
-            return
-        trainer = self._trainer
-        saved_run = state.get("run")
-        if saved_run is None:
-            rank_zero_warn("the checkpoint records no run fingerprint (older lvfl): cannot check it is this run's")
-        else:
-            datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
-            path = getattr(trainer, "ckpt_path", None) if trainer is not None else None
-            where = f"checkpoint {path}" if path else "checkpoint"
-            check_fingerprint(saved_run, run_fingerprint(self, datamodule), where)
-        saved_parties = state.get("party_names")
-        if self.built and saved_parties is not None and saved_parties != self.party_names:
-            raise ValueError(f"checkpoint has parties {saved_parties}, this run has {self.party_names}")
-        # the step counter is a nonce: never move it back (loading an earlier checkpoint into this process, e.g. to
-        # test the best epoch after fit, would otherwise reuse masks that already went on the wire)
-        self.mask_step = max(self.mask_step, int(state["mask_step"]))
-        if state.get("writer") is None or state.get("writer") != getattr(self, "_checkpoint_writer", None):
-            own = self.wire.state_dict()
-            self.wire.load_state_dict({key: resume_rows(rows) for key, rows in own.items()})
-            self.wire.merge_state_dict(state["wire"])
-        self.aggregation.load_state_dict(state.get("aggregation", {}))
-        if "best_epoch" in state:
-            self._best_epoch = dict(state["best_epoch"])
-        if state.get("dropout_seed") is not None and not self._party_generators:  # the run's own dropout streams
-            self._dropout_seed = int(state["dropout_seed"])
-        label_state = state.get("label_privacy")
-        if label_state is not None:
-            self.label_release.load_state_dict(label_state)

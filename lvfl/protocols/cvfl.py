@@ -68,7 +68,7 @@ from lvfl.models.base import PartyModelFactory
 from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig
+from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
 
 

@@ -43,7 +43,8 @@ from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import VFLModule
+from lvfl.protocols.party_config import PartyConfig
 
 #: how party k's loss gradient at E reaches its embedding network h_k (see `EASTER`)
 ENCODER_GRADIENTS = ("mean_share", "whole")

@@ -54,7 +54,8 @@ from lvfl.checks import check_int
 from lvfl.parties import VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import VFLModule
+from lvfl.protocols.party_config import PartyConfig
 from lvfl.wire import is_shadow
 
 Weighting = Literal["accuracy", "average"]

@@ -50,7 +50,7 @@ from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.embedding_defenses import ReceivedEmbeddingDefense
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig
+from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
 from lvfl.wire import is_shadow
 

@@ -22,7 +22,8 @@ import torch
 from lvfl.datamodules.split import SPLIT_TAG
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import VFLModule
+from lvfl.protocols.party_config import PartyConfig
 
 __all__ = ["Central", "Local", "SingleSite"]
 

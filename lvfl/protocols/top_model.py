@@ -41,7 +41,8 @@ from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.protocols.base import PartyConfig, VFLModule
+from lvfl.protocols.base import VFLModule
+from lvfl.protocols.party_config import PartyConfig
 
 
 class TopModelProtocol(VFLModule):

@@ -58,8 +58,8 @@ templates (default: the label), whose own `data` / `parties` files replace the t
 file), and whose `overrides` apply to its cells (after the grid's, before the protocol's). The paper grids use it
 for C = 2..10 parties and for homogeneous party models (configs/bench/paper_easter_*.yaml).
 
-Quick runs (`lvfl.bench.quick`): `--max-rows N`, `--max-epochs E` and `--seeds S ...` shorten every cell alike and
-write to `<out>-quick`; `--stand-ins DIR --max-rows N` also writes random files in each file-backed dataset's real
+Quick runs (`lvfl.commands.bench.quick`): `--max-rows N`, `--max-epochs E` and `--seeds S ...` shorten every cell alike
+and write to `<out>-quick`; `--stand-ins DIR --max-rows N` also writes random files in each file-backed dataset's real
 format under DIR and runs on them (`<out>-stand-ins`), so a paper grid runs end to end without its data.
 
 Each cell runs in a fresh process so its peak memory is its own; its logs stay in `<out>/cells/<protocol>/<dataset>/
@@ -107,11 +107,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from lvfl.bench.grid import Cell, DatasetEntry, Grid, GridError, Paper, check_cells, load_grid
-from lvfl.bench.quick import shorten, with_stand_ins
-from lvfl.bench.report import mb_to_target, summarize, write_plots, write_table
-from lvfl.bench.run import CellFailed, Outcome, cached_result, read_history, run_cell, run_cell_in_process, run_grid
-from lvfl.errors import OneLineParser
+from lvfl.commands.bench.grid import Cell, DatasetEntry, Grid, GridError, Paper, check_cells, load_grid
+from lvfl.commands.bench.quick import shorten, with_stand_ins
+from lvfl.commands.bench.report import mb_to_target, summarize, write_plots, write_table
+from lvfl.commands.bench.run import (
+    CellFailed,
+    Outcome,
+    cached_result,
+    read_history,
+    run_cell,
+    run_cell_in_process,
+    run_grid,
+)
+from lvfl.commands.errors import OneLineParser
 
 __all__ = [
     "Cell",
@@ -139,14 +147,14 @@ __all__ = [
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """`lvfl bench GRID [--out DIR] [--force] [--keep-going]` plus the quick-run options (see `lvfl.bench.quick`).
+    """`lvfl bench GRID [--out DIR] [--force] [--keep-going]` plus the quick-run options (`lvfl.commands.bench.quick`).
 
     Also the internal `--cell SPEC`, the body of a cell's own process.
     """
     parser = OneLineParser(
         prog="lvfl bench",
         description="Run a grid of lvfl experiments (protocols x datasets x seeds) and report them.",
-        epilog="Paths inside a grid file are relative to the grid file's folder; see `lvfl.bench` for the format.",
+        epilog="Paths inside a grid file are relative to the grid file's folder; `lvfl.commands.bench` has the format.",
     )
     parser.add_argument("grid", nargs="?", help="a grid YAML file (see configs/bench/)")
     parser.add_argument("--out", help="output folder for cells and report (default: the grid's `out` and `report`)")
@@ -170,10 +178,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    from lvfl.errors import quiet_third_party  # Lightning's tips and known third-party noise, as `lvfl fit` does
+    from lvfl.commands.errors import (
+        quiet_third_party,  # Lightning's tips and known third-party noise, as `lvfl fit` does
+    )
 
     if args.cell:
-        from lvfl.bench.run import cell_main
+        from lvfl.commands.bench.run import cell_main
 
         with quiet_third_party():
             cell_main(args.cell)

@@ -12,9 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lvfl.bench.grid import Cell, Grid, check_cells, load_grid
-from lvfl.bench.quick import with_stand_ins
-from lvfl.bench.report import attack_rows, summarize, write_attack_plots, write_attack_table, write_plots, write_table
+from lvfl.commands.bench.grid import Cell, Grid, check_cells, load_grid
+from lvfl.commands.bench.quick import with_stand_ins
+from lvfl.commands.bench.report import (
+    attack_rows,
+    summarize,
+    write_attack_plots,
+    write_attack_table,
+    write_plots,
+    write_table,
+)
 
 #: The file a cell's process leaves behind when it fails: the one-line reason the table shows.
 ERROR_FILE = "error.txt"
@@ -44,7 +51,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     import torch
 
     from lvfl.checkpoints import load_checkpoint, weights_only_kwargs
-    from lvfl.cli import build_cli
+    from lvfl.commands.fit import build_cli
 
     class EpochTimer(pl.Callback):
         def __init__(self) -> None:
@@ -56,7 +63,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
         def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             self.times.append(time.perf_counter() - self._t0)
 
-    from lvfl.twin import StepTimer
+    from lvfl.commands.twin import StepTimer
 
     cli = build_cli(cell.args(str(cell_dir)), run=False)
     timer, steps = EpochTimer(), StepTimer()
@@ -80,7 +87,7 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
     backend = type(cli.model.aggregation).__name__
     twin = None
     if cell.twin and backend != "Plain":  # after the peak memory is read: the twin's is not the cell's
-        from lvfl.twin import Measured
+        from lvfl.commands.twin import Measured
 
         twin = {"backend": backend, **plain_twin(cell, Measured.of(fit_s, steps, fit_bytes), cell_dir)}
     return {
@@ -100,9 +107,9 @@ def run_cell_in_process(cell: Cell, cell_dir: Path) -> dict[str, Any]:
 
 
 def plain_twin(cell: Cell, run: Any, cell_dir: Path) -> dict[str, Any]:
-    """Fit `cell` again with the Plain backend (same configs, overrides and seed); both fits' costs (`lvfl.twin`)."""
-    from lvfl.cli import build_cli, run_args
-    from lvfl.twin import PLAIN, Measured, StepTimer
+    """Fit `cell` again with the Plain backend (same configs, overrides and seed); both fits' costs (`twin`)."""
+    from lvfl.commands.fit import build_cli, run_args
+    from lvfl.commands.twin import PLAIN, Measured, StepTimer
 
     overrides = (*cell.overrides, f"--model.init_args.aggregation={PLAIN}")
     meter = [{"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": False}}]
@@ -123,7 +130,7 @@ def plain_twin(cell: Cell, run: Any, cell_dir: Path) -> dict[str, Any]:
 
 
 def cell_main(spec: str) -> None:
-    """The body of a cell's own process (`python -m lvfl.bench --cell SPEC`): `result.json`, or why it failed."""
+    """The body of a cell's own process (`python -m lvfl.commands.bench --cell SPEC`): `result.json`, or why not."""
     fields = json.loads(spec)
     cell_dir = Path(fields.pop("dir"))
     cell = Cell(**{**fields, "configs": tuple(fields["configs"]), "overrides": tuple(fields["overrides"])})
@@ -201,7 +208,10 @@ def run_cell(cell: Cell, out: Path) -> dict[str, Any]:
     log = cell_dir / "run.log"
     with log.open("w") as f:
         proc = subprocess.run(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "lvfl.bench", "--cell", spec], stdout=f, stderr=subprocess.STDOUT, check=False
+            [sys.executable, "-m", "lvfl.commands.bench", "--cell", spec],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
     if proc.returncode != 0:
         error = cell_dir / ERROR_FILE
@@ -239,7 +249,7 @@ def run_grid(
         force: rerun cells even if a matching result exists.
         keep_going: record a failed cell and run the others instead of stopping.
         stand_ins: (folder, rows): run every file-backed dataset on random files in its real format, `rows` per
-            split, written once under the folder (`lvfl.bench.quick.with_stand_ins`).
+            split, written once under the folder (`lvfl.commands.bench.quick.with_stand_ins`).
     """
     from tqdm.auto import tqdm
 

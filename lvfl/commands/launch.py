@@ -1,4 +1,4 @@
-"""`lvfl launch` and `lvfl pki`: every party as its own local process, and the certificates a federation needs.
+"""`lvfl launch`: every party of a config as its own local process, over a throw-away certificate authority.
 
 `lvfl launch --config C.yaml [lvfl fit options]` is the one-machine rehearsal of a federation: it writes a throw-away
 certificate authority, a certificate per party and a federation file on free localhost ports (into `--pki`, a fresh
@@ -9,9 +9,6 @@ two runs bit-identical); `--threads N` gives every party N threads instead, whic
 few cores (compare with `OMP_NUM_THREADS=N lvfl fit`). The active party's output is the console's;
 every other party's goes to ``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first
 failing party's status and one line per failed party.
-
-`lvfl pki --parties A B ... --out DIR` writes the test CA, the parties' certificates and keys and a federation file,
-for trying a federation across machines (docs/two-organisations.md); an organisation's real PKI replaces it.
 """
 
 from __future__ import annotations
@@ -25,12 +22,15 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-from lvfl.errors import OneLineParser
-from lvfl.federation.party import SUBCOMMANDS, coordinator_of
+from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
+from lvfl.commands.fit import build_cli
+from lvfl.commands.party import SUBCOMMANDS, coordinator_of
+from lvfl.federation.federation_file import write_federation
+from lvfl.federation.pki import write_test_pki
+from lvfl.parties import party_name
 
-__all__ = ["launch", "main", "pki_main"]
+__all__ = ["launch", "main"]
 
 LAUNCH_HELP = (
     "usage: lvfl launch [fit|validate|test|predict] [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml "
@@ -58,9 +58,6 @@ def launch_parser() -> argparse.ArgumentParser:
 
 def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
     """The config's party names, its active party and its logger's save_dir (None: none), without loading data."""
-    from lvfl.cli import build_cli
-    from lvfl.datamodules.base import party_name
-
     config_args, skip = [], False
     own = ("--ckpt_path", "--output", "--ids", "--oblivious")  # the subcommand's own options are not the config's
     for arg in fit_args:
@@ -88,9 +85,6 @@ def launch(
     threads: int | None = None,
 ) -> int:
     """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded)."""
-    from lvfl.federation.federation_file import write_federation
-    from lvfl.federation.pki import write_test_pki
-
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
@@ -188,8 +182,6 @@ def main(argv: list[str]) -> None:
         print(LAUNCH_HELP)
         print(launch_parser().format_help().split("\n", 1)[1])
         return
-    from lvfl.errors import debug_requested, reported_errors
-
     debug, argv = debug_requested(argv)
     with reported_errors(debug):
         own, rest = launch_parser().parse_known_args(argv)
@@ -199,47 +191,3 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--threads must be at least 1, got {own.threads}")
         status = launch([*rest, *(["--debug"] if debug else [])], own.pki, own.timeout, own.run_id, own.threads)
     raise SystemExit(status)
-
-
-def pki_parser() -> argparse.ArgumentParser:
-    """`lvfl pki`'s options."""
-    parser = OneLineParser(
-        prog="lvfl pki",
-        description="Write a test certificate authority, a certificate and key per party, and a federation file.",
-    )
-    parser.add_argument("--parties", nargs="+", required=True, help="the party names (party0 party1 ...)")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write into")
-    parser.add_argument(
-        "--address",
-        nargs="*",
-        default=[],
-        metavar="PARTY=HOST:PORT",
-        help="where a party listens (default: localhost on a free port)",
-    )
-    parser.add_argument(
-        "--hosts", nargs="*", default=None, help="extra names or IPs every party certificate is valid for"
-    )
-    parser.add_argument("--days", type=float, default=30, help="the certificates' validity in days (default 30)")
-    return parser
-
-
-def pki_main(argv: list[str]) -> None:
-    """`lvfl pki`: the test PKI and federation file for the named parties."""
-    from lvfl.errors import debug_requested, reported_errors
-    from lvfl.federation.federation_file import write_federation
-    from lvfl.federation.pki import DEFAULT_HOSTS, write_test_pki
-
-    debug, argv = debug_requested(argv)
-    with reported_errors(debug):
-        own = pki_parser().parse_args(argv)
-        addresses: dict[str, Any] = {}
-        for item in own.address:
-            name, sep, address = item.partition("=")
-            if not sep or name not in own.parties:
-                raise ValueError(f"--address {item!r}: write PARTY=HOST:PORT for one of --parties {own.parties}")
-            addresses[name] = address
-        hosts = [*DEFAULT_HOSTS, *(own.hosts or []), *(a.rpartition(":")[0].strip("[]") for a in addresses.values())]
-        files = write_test_pki(own.out, own.parties, hosts=list(dict.fromkeys(hosts)), days=own.days)
-        federation = write_federation(own.out / "federation.yaml", own.parties, addresses=addresses)
-        print(f"lvfl pki: wrote the CA {files.ca_certificate}, {len(own.parties)} party certificates and keys, and")
-        print(f"  the federation file {federation.path}; give each party its own <party>.key and no other")

@@ -27,8 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from lvfl.attacks import AttackRecord
-from lvfl.errors import OneLineParser
+from lvfl.commands.config_files import TABLE_LISTS
+from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
+from lvfl.commands.fit import main as fit_main
 from lvfl.federation import FederationError
+from lvfl.federation.federation_file import load_federation
+from lvfl.federation.link import SocketLink, StepClock
+from lvfl.federation.transport import Transport
+from lvfl.parties import party_name
+from lvfl.privacy import DHMasking, Paillier, Plain
+from lvfl.wire import Wire
 
 __all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
 
@@ -93,8 +101,8 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
 
     `config` is a fit's parsed config (`cli.config["fit"]` as a dict). Logging, progress bars, callbacks and the
     checkpoint to resume from are each party's own and left out, and so are where the party tables lie: a table's
-    `path` is resolved against the config file's folder on each party's own disk (`lvfl.config_files`), and each
-    party reads only its own.
+    `path` is resolved against the config file's folder on each party's own disk (`lvfl.commands.config_files`),
+    and each party reads only its own.
     """
     trainer = config.get("trainer") or {}
     return ",".join(
@@ -109,9 +117,7 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
 
 
 def _without_table_paths(data: Any) -> Any:
-    """The data section with each party table's `path` left out (`lvfl.config_files.TABLE_LISTS`)."""
-    from lvfl.config_files import TABLE_LISTS
-
+    """The data section with each party table's `path` left out (`lvfl.commands.config_files.TABLE_LISTS`)."""
     init = data.get("init_args") if isinstance(data, Mapping) else None
     if not isinstance(init, Mapping):
         return data
@@ -137,11 +143,6 @@ class PartySession:
 
     def join(self, cli: Any) -> None:
         """Start this party's transport, greet every peer, and put the protocol's wire on it (before fit)."""
-        from lvfl.datamodules.base import party_name
-        from lvfl.federation.link import SocketLink, StepClock
-        from lvfl.federation.transport import Transport
-        from lvfl.wire import Wire
-
         subcommand = cli.config.get("subcommand") or "fit"
         config = cli.config.get(subcommand, cli.config)
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
@@ -210,8 +211,6 @@ class PartySession:
 
 def config_party_names(datamodule: Any) -> list[str]:
     """The config's party names, from its datamodule's participants (no data is loaded)."""
-    from lvfl.datamodules.base import party_name
-
     participants = getattr(datamodule, "participants", None)
     if participants is None:
         raise ValueError("lvfl party needs a VerticalDataModule (data:) to know the parties")
@@ -233,8 +232,6 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     process, Paillier with the parties' own tables, the student's Paillier channel and `cross_fit`, and the
     leakage audit (it reads every party's messages and the labels in one process).
     """
-    from lvfl.privacy import DHMasking, Paillier, Plain
-
     backend = type(model.aggregation).__name__
     if not isinstance(model.aggregation, Plain | DHMasking | Paillier):
         raise ValueError(
@@ -268,20 +265,15 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
 
 
 def _federation_names(path: Path) -> list[str]:
-    from lvfl.federation.federation_file import load_federation
-
     return list(load_federation(path).parties)
 
 
 def main(argv: list[str]) -> None:
-    """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`lvfl.cli.main`)."""
+    """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`fit.main`)."""
     if not argv or argv[0] in ("-h", "--help"):
         print(PARTY_HELP)
         print(party_parser().format_help().split("\n", 1)[1])
         return
-    from lvfl.cli import main as cli_main
-    from lvfl.errors import debug_requested, reported_errors
-
     debug, argv = debug_requested(argv)
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "fit"
     with reported_errors(debug):
@@ -295,4 +287,4 @@ def main(argv: list[str]) -> None:
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
     session = PartySession(own.party, own.federation, own.run_id, own.timeout, own.key, own.listen)
-    cli_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)
+    fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lvfl.bench.grid import NO_DEFENSE, SELECTION_METRICS, Cell, Grid
+from lvfl.commands.bench.grid import NO_DEFENSE, SELECTION_METRICS, Cell, Grid
 
 MB = 1e6
 

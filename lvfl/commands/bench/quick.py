@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from lvfl.bench.grid import Cell, Grid, GridError
+from lvfl.commands.bench.grid import Cell, Grid, GridError
 
 #: the file marking a finished stand-in folder (its row count and seed), so a rerun does not rewrite it
 STAND_IN_MARK = ".lvfl-stand-in"

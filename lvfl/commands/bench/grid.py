@@ -78,8 +78,8 @@ class Cell:
         return f"{_folder(self.protocol)}/{_folder(self.dataset)}/seed{self.seed}"
 
     def args(self, save_dir: str) -> list[str]:
-        """The lvfl CLI arguments of this cell (without the subcommand); built by `lvfl.cli.run_args`."""
-        from lvfl.cli import run_args
+        """The lvfl CLI arguments of this cell (without the subcommand); built by `lvfl.commands.fit.run_args`."""
+        from lvfl.commands.fit import run_args
 
         callbacks = [
             {"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": False}},
@@ -487,7 +487,7 @@ def _check_overrides(path: str | Path, overrides: Any, where: str = "") -> None:
 
 def check_cells(cells: Sequence[Cell]) -> None:
     """Parse and instantiate every distinct cell configuration, so a bad override fails before anything runs."""
-    from lvfl.cli import build_cli
+    from lvfl.commands.fit import build_cli
 
     seen = set()
     for cell in cells:

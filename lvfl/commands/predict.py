@@ -12,7 +12,8 @@ party (those every party holds and those it holds alone). Each is answered by
 
 With `--oblivious` the same rows go through the `Router` instead (oblivious lookups into each passive party's table of
 contributions): the same answers, paths and reasons as the plain path. The console says how many rows each path
-answered. `lvfl.cli.VFLCLI`'s predict hooks call `before_predict` and `after_predict`; `PredictionWriter` writes.
+answered. `lvfl.commands.fit.VFLCLI`'s predict hooks call `before_predict` and `after_predict`;
+`PredictionWriter` writes.
 """
 
 from __future__ import annotations

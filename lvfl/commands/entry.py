@@ -1,7 +1,8 @@
-"""The `lvfl` command: a front door over LightningCLI's subcommands (`lvfl.cli`) and the benchmark grid (`lvfl.bench`).
+"""The `lvfl` command's front door: `lvfl --help`, and each subcommand handed to the module that runs it.
 
-Kept apart from both so that neither imports the other's entry point: `lvfl.bench` uses `lvfl.cli` to build runs, and
-`lvfl.cli` knows nothing of `bench`.
+One module per subcommand, beside this one in `lvfl.commands`: `fit` (fit, validate, test and predict through
+LightningCLI; `predict` holds what predict does around Lightning's loop), `export`, `bench`, `party`, `launch` and
+`pki`. Each is imported only when its subcommand runs, so `lvfl pki` or `lvfl --help` never loads PyTorch.
 """
 
 from __future__ import annotations
@@ -56,21 +57,28 @@ def main(args: list[str] | None = None) -> None:
     if not argv[0].startswith("-") and argv[0] not in SUBCOMMANDS:
         print(f"lvfl: error: {unknown_subcommand(argv[0])}", file=sys.stderr)
         raise SystemExit(2)
-    if argv[0] == "export":
-        from lvfl.export import main as export_main
+    command, rest = argv[0], argv[1:]
+    if command == "export":
+        from lvfl.commands import export
 
-        export_main(argv[1:])
-        return
-    if argv[0] in ("party", "launch", "pki"):
-        from lvfl.federation import launch, party
+        export.main(rest)
+    elif command == "bench":
+        from lvfl.commands import bench
 
-        {"party": party.main, "launch": launch.main, "pki": launch.pki_main}[argv[0]](argv[1:])
-        return
-    if argv[0] == "bench":
-        from lvfl.bench import main as bench_main
+        bench.main(rest)
+    elif command == "party":
+        from lvfl.commands import party
 
-        bench_main(argv[1:])
-        return
-    from lvfl.cli import main as cli_main
+        party.main(rest)
+    elif command == "launch":
+        from lvfl.commands import launch
 
-    cli_main(argv)
+        launch.main(rest)
+    elif command == "pki":
+        from lvfl.commands import pki
+
+        pki.main(rest)
+    else:  # fit, validate, test, predict (and LightningCLI's own options)
+        from lvfl.commands import fit
+
+        fit.main(argv)

@@ -1,11 +1,11 @@
 """What `lvfl fit` tells the person who ran it: a line per epoch where no progress bar draws, and a closing summary.
 
-A progress bar is for a terminal: redirected to a file it is hundreds of kilobytes of carriage returns, so `lvfl.cli`
-turns it off where standard output is not a terminal (unless the config sets `trainer.enable_progress_bar`), and
-`EpochLines` prints one line per epoch instead. `EpochLines` also records every epoch's validation figures, from which
-`fit_summary` writes the summary `lvfl fit` ends with: the best and the last value of the task's main validation
-metric per party (and the epoch of each party's best), the epoch `best.ckpt` holds, the megabytes on the wire, the
-PSI's intersection (own tables), and where the checkpoints and logs are.
+A progress bar is for a terminal: redirected to a file it is hundreds of kilobytes of carriage returns, so
+`lvfl.commands.fit` turns it off where standard output is not a terminal (unless the config sets
+`trainer.enable_progress_bar`), and `EpochLines` prints one line per epoch instead. `EpochLines` also records every
+epoch's validation figures, from which `fit_summary` writes the summary `lvfl fit` ends with: the best and the last
+value of the task's main validation metric per party (and the epoch of each party's best), the epoch `best.ckpt` holds,
+the megabytes on the wire, the PSI's intersection (own tables), and where the checkpoints and logs are.
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lvfl.parties import TaskInfo, party_name
+from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 
 __all__ = ["EpochLines", "fit_summary"]
 
 
 def _main_metric(trainer: Trainer) -> str | None:
     """The task's main validation metric's name, e.g. ``val/auroc/mean`` (None: the datamodule has no task)."""
-    from lvfl.parties import TaskInfo
-    from lvfl.protocols.task_metrics import main_validation_metric
-
     task = getattr(getattr(trainer, "datamodule", None), "task", None)
     return main_validation_metric(task) if isinstance(task, TaskInfo) else None
 
@@ -126,11 +127,6 @@ def _psi(counts: dict[str, int]) -> str | None:
 
 def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | None = None) -> str:
     """The lines `lvfl fit` ends with (see the module docstring); only what this process knows."""
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from lvfl.datamodules.base import party_name
-    from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC
-
     record = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLines)), None)
     epochs = trainer.current_epoch
     took = f" in {seconds:.1f} s" if seconds is not None else ""

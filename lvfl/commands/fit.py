@@ -14,24 +14,41 @@ resume from.
 
 from __future__ import annotations
 
-import contextlib
+import difflib
 import json
 import os
 import signal
 import sys
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
+import time
+from argparse import ArgumentError
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, Optional
 
+import torch.distributed as dist
 from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
+from lvfl.callbacks import CommunicationMeter, ExperimentCheckpoint
+from lvfl.callbacks.checkpoint import ExactResume
+from lvfl.checkpoints import (
+    SPECIAL_CKPT_PATHS,
+    describe_checkpoint,
+    load_checkpoint,
+    refuse_a_used_version,
+    resolve_ckpt_path,
+)
+from lvfl.commands import predict
+from lvfl.commands.argument_errors import check_party_optimizers
+from lvfl.commands.config_files import resolve_table_paths, with_saved_config
+from lvfl.commands.console import EpochLines, fit_summary
+from lvfl.commands.errors import debug_requested, reported_errors
+from lvfl.commands.interrupts import SIGNALS, Interrupted, reporting_interrupts
+from lvfl.commands.twin import PLAIN, Measured, StepTimer, cost_rows, format_table, twin_args
 from lvfl.datamodules import VerticalDataModule
-from lvfl.errors import check_party_optimizers, debug_requested, reported_errors
+from lvfl.federation import FederationError
 from lvfl.protocols import VFLModule
 
 DEBUG_HELP = "A refused input prints one line, 'lvfl: error: ...'; add --debug (or set LVFL_DEBUG=1) for tracebacks."
@@ -48,9 +65,9 @@ class VFLCLI(LightningCLI):
     ckpt_file: Path | None = None
 
     def __init__(self, *args: Any, party: Any = None, **kwargs: Any) -> None:
-        #: with `lvfl party`, this process's party (`lvfl.federation.party.PartySession`): fit runs as that party
+        #: with `lvfl party`, this process's party (`lvfl.commands.party.PartySession`): fit runs as that party
         self.party_session = party
-        # the command line as given: `lvfl fit --twin` runs it again with the Plain backend (`lvfl.twin`)
+        # the command line as given: `lvfl fit --twin` runs it again with the Plain backend (`lvfl.commands.twin`)
         given = kwargs.get("args")
         self._argv = [str(a) for a in given] if isinstance(given, list | tuple) else sys.argv[1:]
         super().__init__(*args, **kwargs)
@@ -67,15 +84,11 @@ class VFLCLI(LightningCLI):
         check_party_optimizers(config)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        """LightningCLI's parse, with config-relative table paths (`lvfl.config_files`) and a close match named.
+        """LightningCLI's parse, with config-relative table paths (`config_files`) and a close match named.
 
         An unrecognised option (abbreviations are refused: `--trainer.max_epoch` is not `--trainer.max_epochs`) is
         reported with the closest option the subcommand has.
         """
-        from argparse import ArgumentError
-
-        from lvfl.config_files import resolve_table_paths
-
         if isinstance(args, list | tuple):
             args = resolve_table_paths(args)
         try:
@@ -118,7 +131,7 @@ class VFLCLI(LightningCLI):
         except (KeyboardInterrupt, SystemExit) as stop:
             if self.party_session is not None:
                 self.party_session.abort(f"stopped by {stop!r}")
-            signum = _SIGNALS.received
+            signum = SIGNALS.received
             if signum is None:
                 raise
             raise Interrupted(signum, self._interrupted_message(subcommand, signum)) from stop
@@ -126,8 +139,6 @@ class VFLCLI(LightningCLI):
             if self.party_session is None:
                 raise
             self.party_session.abort(" ".join(str(err).split()) or type(err).__name__)
-            from lvfl.federation import FederationError
-
             if isinstance(err, FederationError):  # a peer is missing, refused or stopped: where to resume from
                 raise FederationError(f"{err}; {self._resume_hint()}") from err
             raise
@@ -242,8 +253,6 @@ class VFLCLI(LightningCLI):
 
     def before_fit(self) -> None:
         """With `--twin`, start the clock the twin's is compared with."""
-        import time
-
         config = self.config.get("fit", self.config)
         if self.party_session is not None:
             if config.get("twin"):
@@ -251,21 +260,13 @@ class VFLCLI(LightningCLI):
             self.party_session.join(self)
         self._fit_started = time.perf_counter()
         if config.get("twin"):
-            from lvfl.twin import StepTimer
-
             self._step_timer = StepTimer()
             self.trainer.callbacks.append(self._step_timer)
 
     def after_fit(self) -> None:
-        """The fit's summary (`lvfl.console.fit_summary`); with `--twin`, the Plain twin and what privacy cost."""
-        import time
-
-        from lvfl.twin import PLAIN, Measured, StepTimer, cost_rows, format_table, twin_args
-
+        """The fit's summary (`console.fit_summary`); with `--twin`, the Plain twin and what privacy cost."""
         config = self.config.get("fit", self.config)
         if self.trainer.is_global_zero:
-            from lvfl.console import fit_summary
-
             seconds = time.perf_counter() - self._fit_started
             print(fit_summary(self.trainer, self.model, self.datamodule, seconds), flush=True)
         if not config.get("twin"):
@@ -298,27 +299,23 @@ class VFLCLI(LightningCLI):
             self.party_session.join(self)
 
     def before_predict(self) -> None:
-        """`lvfl predict` writes its predictions to a file (`lvfl.predict`, `lvfl.callbacks.PredictionWriter`).
+        """`lvfl predict` writes its predictions to a file (`lvfl.commands.predict`, `lvfl.callbacks.PredictionWriter`).
 
         With `lvfl party`: join the federation first; the active party decides the rows and writes the file.
         """
-        from lvfl.predict import before_predict
-
         if self.party_session is not None:
             self.party_session.join(self)
-        before_predict(self)
+        predict.before_predict(self)
 
     def after_predict(self) -> None:
-        """Answer what the predict loop did not (`lvfl.predict`) and say where the predictions went."""
-        from lvfl.predict import after_predict
-
-        after_predict(self)
+        """Answer what the predict loop did not (`lvfl.commands.predict`) and say where the predictions went."""
+        predict.after_predict(self)
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`).
 
         A progress bar only where standard output is a terminal, unless the config says (`enable_progress_bar`):
-        redirected to a file it is carriage returns, and `lvfl.console.EpochLines` prints a line per epoch instead.
+        redirected to a file it is carriage returns, and `console.EpochLines` prints a line per epoch instead.
         """
         config = self.config_init.get(str(self.subcommand), self.config_init)
         trainer = config.get("trainer") or {}
@@ -329,8 +326,6 @@ class VFLCLI(LightningCLI):
         if trainer.get("enable_progress_bar") is None and "enable_progress_bar" not in kwargs:
             kwargs["enable_progress_bar"] = sys.stdout.isatty()
         built = super().instantiate_trainer(**kwargs)
-        from lvfl.checkpoints import refuse_a_used_version
-
         refuse_a_used_version(built)  # every command writes a version folder of its own
         return built
 
@@ -363,7 +358,7 @@ FIT_OPTIONS: dict[str, tuple[type, str]] = {
     "twin": (
         bool,
         "lvfl fit: after the fit, fit the same config and seed again with the Plain backend and print the time and "
-        "bytes the run's privacy mechanisms cost beside it (lvfl.twin); the other subcommands refuse it.",
+        "bytes the run's privacy mechanisms cost beside it (lvfl.commands.twin); the other subcommands refuse it.",
     ),
 }
 
@@ -402,7 +397,7 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     """The default callbacks of lvfl, followed by the configured `callbacks` (a list, one callback, or None).
 
     The defaults are `CommunicationMeter` (the wire's figures), `ExactResume` (a resumed fit continues the run it
-    resumes), `lvfl.console.EpochLines` (a line per epoch where no progress bar draws; the fit summary's figures) and
+    resumes), `console.EpochLines` (a line per epoch where no progress bar draws; the fit summary's figures) and
     `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads, and the best epoch's
     `best.ckpt` that `--ckpt_path best` loads). Each is added unless the configured list already holds a callback of
     its kind, which then takes its place: a configured `CommunicationMeter(print_summary=false)` replaces the
@@ -410,12 +405,6 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     best-epoch checkpoint). No checkpoint callback is added when `checkpointing` is False
     (`trainer.enable_checkpointing: false`).
     """
-    from lightning.pytorch.callbacks import ModelCheckpoint
-
-    from lvfl.callbacks import CommunicationMeter, ExperimentCheckpoint
-    from lvfl.callbacks.checkpoint import ExactResume
-    from lvfl.console import EpochLines
-
     configured = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
     defaults = [(CommunicationMeter, CommunicationMeter), (ExactResume, ExactResume), (EpochLines, EpochLines)]
     if checkpointing:
@@ -522,8 +511,6 @@ def _option_strings(parser: Any, args: Any) -> list[str]:
 
 def _with_close_option(message: str, parser: Any, args: Any) -> str:
     """Jsonargparse's "unrecognized arguments: --x=1" with the closest option of the parser named."""
-    import difflib
-
     prefix = "unrecognized arguments:"
     if not message.startswith(prefix):
         return message
@@ -538,21 +525,19 @@ def _with_close_option(message: str, parser: Any, args: Any) -> str:
 
 
 def main(args: list[str] | None = None, party: Any = None) -> None:
-    """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.entry.main`).
+    """LightningCLI's subcommands with lvfl's error reporting (the `lvfl` command is `lvfl.commands.entry.main`).
 
     A refused input (bad option or value, class path that does not import, refused backend, bad data, a file that
-    is not a checkpoint) prints one line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything
-    else (a bug) keeps its traceback. ``--debug`` anywhere on the command line, or ``LVFL_DEBUG=1``, shows every
-    traceback and every warning. Known third-party noise (Lightning's tips, jsonargparse deprecations) is silenced;
-    see `lvfl.errors` for both lists. A run stopped by SIGINT or SIGTERM exits with 130 or 143 (128 + the signal's
+    is not a checkpoint) prints one line, ``lvfl: error: <message>``, to stderr and exits with status 2; anything else
+    (a bug) keeps its traceback. ``--debug`` anywhere on the command line, or ``LVFL_DEBUG=1``, shows every traceback
+    and every warning. Known third-party noise (Lightning's tips, jsonargparse deprecations) is silenced; see
+    `lvfl.commands.errors` for both lists. A run stopped by SIGINT or SIGTERM exits with 130 or 143 (128 + the signal's
     number, as a shell reports it) after one line on stderr; for `lvfl fit` it names the checkpoint to resume from.
     """
     debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
     subcommand = argv[0] if argv and argv[0] in VFLCLI.subcommands() else ""
-    with _reporting_interrupts(subcommand), reported_errors(debug):
+    with reporting_interrupts(subcommand), reported_errors(debug):
         if subcommand in ("validate", "test", "predict"):  # from a checkpoint alone: the run's saved config
-            from lvfl.config_files import with_saved_config
-
             given = argv[1:]
             argv = [subcommand, *with_saved_config(given, f"lvfl {subcommand}")]
             if len(argv) - 1 != len(given):
@@ -581,76 +566,6 @@ class _SayOnce(Callback):
     on_fit_start = on_validation_start = on_test_start = on_predict_start = _say
 
 
-class Interrupted(BaseException):
-    """A subcommand stopped by SIGINT or SIGTERM: `main` prints `message` (one line) and exits with 128 + `signum`.
-
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way out takes it for an error.
-    """
-
-    def __init__(self, signum: int, message: str) -> None:
-        super().__init__(message)
-        self.signum, self.message = signum, message
-
-
-class _SignalLog:
-    """The first SIGINT or SIGTERM the running command received (None: none)."""
-
-    received: int | None = None
-
-
-_SIGNALS = _SignalLog()
-
-
-@contextlib.contextmanager
-def _reporting_interrupts(subcommand: str) -> Iterator[None]:
-    """Turn SIGINT and SIGTERM into exit status 130 and 143 with one line on stderr (for fit: where to resume).
-
-    Left to Lightning (2.6), a fit stopped by SIGTERM ends with status 0 (its `SIGTERMException` is a bare
-    SystemExit) and one stopped by SIGINT with 1, both silently; before the fit starts, SIGTERM kills the process.
-    The handler installed here records the signal. SIGINT raises KeyboardInterrupt as Python's own handler does;
-    so does SIGTERM where it is the process's handler. Inside a fit Lightning installs its SIGTERM handler, which
-    calls this one and stops the fit at the next batch: the last completed epoch's `last.ckpt` stays the file to
-    resume from (checkpoints are written atomically). A signal ignored when lvfl starts stays ignored.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def record(signum: int, frame: FrameType | None) -> None:
-        if _SIGNALS.received is None:
-            _SIGNALS.received = signum
-        if signum == signal.SIGINT or signal.getsignal(signum) is record:
-            raise KeyboardInterrupt  # outside a fit's own SIGTERM handling: stop here
-
-    _SIGNALS.received = None
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    installed = [signum for signum, handler in previous.items() if handler is not signal.SIG_IGN]
-    for signum in installed:
-        signal.signal(signum, record)
-    try:
-        yield
-    except Interrupted as stop:
-        _exit_interrupted(stop.signum, stop.message)
-    except (KeyboardInterrupt, SystemExit):
-        if _SIGNALS.received is None:
-            raise
-        name = signal.Signals(_SIGNALS.received).name
-        who = f"lvfl {subcommand}" if subcommand else "lvfl"
-        _exit_interrupted(_SIGNALS.received, f"{who}: stopped by {name} before it started running")
-    finally:
-        for signum in installed:
-            signal.signal(signum, previous[signum])
-        _SIGNALS.received = None
-
-
-def _exit_interrupted(signum: int, message: str) -> None:
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-    if getattr(rank_zero_only, "rank", 0) == 0:
-        print(message, file=sys.stderr)
-    raise SystemExit(128 + signum) from None
-
-
 def _close_process_group() -> None:
     """Destroy the DDP process group before the interpreter exits (Lightning leaves it open).
 
@@ -658,7 +573,5 @@ def _close_process_group() -> None:
     ("terminate called without an active exception") after a run that finished: a non-zero exit status for a
     successful fit.
     """
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,155 @@
+"""A party's slice of the data made into model input: encoded and scaled from its own training rows.
+
+Each party's features (checked by `lvfl.datamodules.features`) are cut into one contiguous slice per split and
+standardized with statistics of the party's own training rows only: in a deployment no party sees another's
+features, so a statistic pooled across parties could not be computed without a protocol of its own.
+
+- Tabular slices (`scaled_slices`) become float32, numeric columns standardized and categorical codes checked and
+  kept as they are; the fitted statistics are returned for `VerticalDataModule.scaling` (what `lvfl export` writes).
+- uint8 image strips (`pixel_slices`) stay uint8 and get a `PixelNormalizer`, which the datamodule applies per batch
+  on the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.preprocessing import StandardScaler
+
+__all__ = ["PixelNormalizer", "pixel_slices", "scaled_slices"]
+
+_MAX_LISTED = 10  # bad values quoted in an error message
+
+
+class PixelNormalizer:
+    """Turns one party's stored uint8 pixels into model input: `(x - mean) / std` per channel, in float32.
+
+    Images stay uint8 in memory and on the way to the device (a quarter of float32's bytes); this runs per batch,
+    on the batch's device, after the transfer (`VerticalDataModule.on_after_batch_transfer`).
+
+    Args:
+        mean: (C,) per-channel mean of the party's training pixels (0..255 scale).
+        std: (C,) per-channel standard deviation (> 0).
+    """
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        self.mean = mean.to(torch.float32)
+        self.std = std.to(torch.float32)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize a (..., C, H, W) uint8 tensor to float32 on its own device."""
+        if x.device not in self._on:
+            shape = (-1, 1, 1)
+            self._on[x.device] = (self.mean.to(x.device).view(shape), (1.0 / self.std).to(x.device).view(shape))
+        mean, inv_std = self._on[x.device]
+        return (x.to(torch.float32) - mean) * inv_std
+
+    def __repr__(self) -> str:
+        return f"PixelNormalizer(mean={self.mean.tolist()}, std={self.std.tolist()})"
+
+
+def pixel_slices(
+    x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray], scale: bool
+) -> tuple[dict[str, torch.Tensor], PixelNormalizer]:
+    """One party's uint8 strip per split (contiguous) and its normalizer from its own training pixels.
+
+    Per-channel mean and standard deviation over the party's training strip (`scale`), or none (values 0..255).
+
+    Args:
+        x: (N, C, H, W) uint8 images.
+        cols: the party's columns (image width).
+        rows: per split, the row indices the party holds.
+        scale: whether to standardize with the training strip's statistics.
+    """
+    col_index = np.asarray(cols, dtype=np.int64)
+    part = {split: np.ascontiguousarray(x[idx][..., col_index]) for split, idx in rows.items()}
+    channels = x.shape[1]
+    if scale:
+        train = part["train"]
+        mean = np.zeros(channels)
+        std = np.ones(channels)
+        for c in range(channels):  # float64 sums channel by channel: no float copy of the whole strip
+            values = train[:, c]
+            mean[c] = values.mean(dtype=np.float64)
+            std[c] = np.sqrt(max(float(np.mean(np.square(values, dtype=np.float64))) - mean[c] ** 2, 0.0))
+        std[std <= 0] = 1.0  # a constant strip (blank margin) is only centred
+    else:
+        mean, std = np.zeros(channels), np.ones(channels)
+    normalizer = PixelNormalizer(torch.from_numpy(mean), torch.from_numpy(std))
+    return {split: torch.from_numpy(p) for split, p in part.items()}, normalizer
+
+
+def scaled_slices(
+    x: np.ndarray,
+    cols: list[int],
+    rows: dict[str, np.ndarray],
+    is_image: bool,
+    scale: bool,
+    cats: list[int] | None = None,
+    party: str = "",
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """One party's slice per split, standardized with its training rows' statistics, as contiguous float32.
+
+    Each party is scaled from its own columns only. Categorical columns (`cats[j] > 0`) are checked to be codes
+    0..c-1 and kept as they are.
+
+    Args:
+        x: every feature of every sample, as numbers: (N, F) or (N, C, H, W).
+        cols: the party's columns.
+        rows: per split, the row indices the party holds.
+        is_image: whether `x` holds images (then one mean/std over the party's whole training strip).
+        scale: whether to standardize (tabular: per column; images: one mean/std per party).
+        cats: per column of the party, 0 (numeric) or its number of categories; None: all numeric.
+        party: the party's name (in error messages).
+
+    Returns:
+        The slice per split, and the fitted standardization (`{"columns": ..., "mean": ..., "scale": ...}`, the
+        entry of `VerticalDataModule.scaling`), or None where nothing was scaled.
+    """
+    part = {split: x[idx][..., cols] for split, idx in rows.items()}
+    if cats is not None and any(cats):
+        return _mixed_slices(part, cats, party, scale)
+    fitted = None
+    if scale and is_image:
+        train = part["train"]
+        mean = float(train.mean(dtype=np.float64))
+        std = float(train.std(dtype=np.float64))
+        std = std if std > 0 else 1.0  # a constant strip (blank margin) is only centred
+        part = {split: (p - mean) / std for split, p in part.items()}
+        fitted = {"columns": "all", "mean": [mean], "scale": [std]}
+    elif scale:
+        scaler = StandardScaler().fit(part["train"])
+        part = {split: scaler.transform(p) for split, p in part.items()}
+        fitted = {"columns": "all", "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
+    return {split: torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32)) for split, p in part.items()}, fitted
+
+
+def _mixed_slices(
+    part: dict[str, np.ndarray], cats: list[int], party: str, scale: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """Numeric columns standardized (training rows), categorical codes checked and kept, as float32."""
+    numeric = [j for j, c in enumerate(cats) if c == 0]
+    for j, c in enumerate(cats):
+        if c == 0:
+            continue
+        if c >= 2**24:
+            raise ValueError(f"{party}'s column {j} has {c} categories; codes above 2**24 are not exact in float32")
+        for split, p in part.items():
+            col = p[:, j]
+            bad = (col < 0) | (col >= c) | (col != np.round(col))
+            if bad.any():
+                raise ValueError(
+                    f"{party}'s column {j} is categorical with {c} categories, so its values must be codes "
+                    f"0..{c - 1}; found {col[bad][:_MAX_LISTED].tolist()} in the {split} split"
+                )
+    out = {split: p.astype(np.float32, copy=True) for split, p in part.items()}
+    fitted = None
+    if scale and numeric:
+        scaler = StandardScaler().fit(part["train"][:, numeric])
+        for split, p in part.items():
+            out[split][:, numeric] = scaler.transform(p[:, numeric])
+        fitted = {"columns": numeric, "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
+    return {split: torch.from_numpy(np.ascontiguousarray(p)) for split, p in out.items()}, fitted

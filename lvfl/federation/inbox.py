@@ -1,0 +1,257 @@
+"""A party's receiving side: what a peer's message must pass before it is queued, and the mailbox `receive` reads.
+
+The server's handlers (`Deliver`, `Stream`) identify the sender by its TLS certificate (never by the message),
+check the envelope (sender, addressee, run, configuration, tag, sequence, what the codec accepts) and file it under
+(sender, tag); a refused message is answered with the reason and fails this party's next `receive` from that
+sender. `receive` takes the next message of a (sender, tag) and checks its step and form.
+
+`Inbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the receiving and the sending
+side share one lock and read each other's state (a refused peer stops this party's sends to it, a failed send
+fails a waiting `receive`, a peer's abort stops both), so one object's state with each side's methods in its own
+module keeps the code as it runs while the two stay apart. The attributes it reads from `Transport` are declared
+on the class; those it owns are set by `_init_inbox`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from lvfl.federation import FederationError
+from lvfl.federation import envelope_pb2 as pb
+from lvfl.federation.addresses import port_answers
+from lvfl.federation.codec import Header, RecordRegistry, conform, decode_value
+from lvfl.federation.codec import parse_envelope as _parse_envelope
+from lvfl.federation.federation_file import Federation
+from lvfl.federation.pki import certificate_fingerprint
+from lvfl.wire import payload_nbytes
+
+__all__ = ["ABORT_GRACE", "ABORT_TAG", "Inbox"]
+
+# the transport's logger, as before the receiving side had a module of its own (operators filter on its name)
+log = logging.getLogger("lvfl.federation.transport")
+
+#: the gRPC service the server answers (see envelope.proto): one envelope per call, and a stream per peer
+_SERVICE = "lvfl.federation.Federation"
+#: seconds a receive whose sender is up waits past its deadline for an abort naming the party really missing
+ABORT_GRACE = 5.0
+#: the tag of a party's last message when it stops on an error (`Transport.abort`); it fails the peers' receives
+ABORT_TAG = "abort"
+
+
+class Inbox:
+    """The receiving side of `lvfl.federation.transport.Transport`: its server's handlers, checks and mailbox."""
+
+    # -- what the Transport provides ---------------------------------------------------------------------------------
+    me: str
+    federation: Federation
+    run_id: str
+    fingerprint: str
+    records: RecordRegistry
+    timeout: float
+    payload_bytes: Counter[tuple[str, str, str]]  # the ledger, by (src, dst, tag)
+    envelope_bytes: Counter[tuple[str, str, str]]
+    messages: Counter[tuple[str, str, str]]
+    _cond: threading.Condition  # guards the mailbox, the ledger and the failures of both sides
+    _closed: bool
+    _pins: dict[str, str]  # each party's pinned certificate fingerprint, once started
+    _check_peer: Callable[[str], None]
+    _raise_failure: Callable[[], None]
+
+    def _init_inbox(self) -> None:
+        """The empty mailbox: messages by (src, tag) in arrival order, and the first refusal of each peer."""
+        self._inbox: dict[tuple[str, str], deque[tuple[Header, Any]]] = {}
+        self._next_in: Counter[tuple[str, str]] = Counter()
+        self._refusals: dict[str, str] = {}
+        self._aborted: str | None = None  # a peer's abort: every receive fails with it
+        self._senders: dict[bytes, str] = {}  # a pinned peer's certificate (PEM) -> its name, once identified
+
+    def _handler(self) -> grpc.GenericRpcHandler:
+        """The server's handlers of the service: bytes in, bytes out (parsed by the codec)."""
+        handlers = {
+            "Deliver": grpc.unary_unary_rpc_method_handler(self._deliver),
+            "Stream": grpc.stream_unary_rpc_method_handler(self._stream),
+        }
+        return grpc.method_handlers_generic_handler(_SERVICE, handlers)
+
+    # -- receiving -------------------------------------------------------------------------------------------------
+    def receive(self, src: str, tag: str, step: int, expected: Any = None, timeout: float | None = None) -> Any:
+        """The next message from `src` under `tag`, which must be for `step` and of the form `expected`.
+
+        Args:
+            src: the sending party.
+            tag: the message's tag.
+            step: the step the protocol is at; a message for another step is refused.
+            expected: a template the payload must match (`lvfl.federation.codec.conform`): a tensor of the
+                dtype and shape expected (a `meta` tensor will do), a dict / list / tuple of them, or None.
+            timeout: seconds to wait; the transport's `timeout` by default.
+
+        Raises:
+            FederationError: no message within the timeout (naming `src` and `tag`), a refused message from `src`,
+                another step, or a payload not of the expected form.
+        """
+        self._check_peer(src)
+        wait = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        grace_given = False
+        with self._cond:
+            while True:
+                self._raise_failure()  # a peer's abort, or a queued send's failure
+                if src in self._refusals:
+                    raise FederationError(self._refusals[src])
+                queue = self._inbox.get((src, tag))
+                if queue:
+                    header, payload = queue.popleft()
+                    break
+                if self._closed:
+                    raise FederationError(f"{self.me} closed its transport while waiting for {tag!r} from {src}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    address = self.federation.party(src).address
+                    self._cond.release()  # a probe takes up to a second: let the server file messages meanwhile
+                    try:
+                        answers = port_answers(address)
+                    finally:
+                        self._cond.acquire()
+                    if not answers:  # it died, or its machine is out of reach
+                        raise FederationError(
+                            f"{src} is unreachable (nothing answers at {address}): {self.me} waited {wait:g} s for "
+                            f"{tag!r} (step {step})"
+                        )
+                    if grace_given:
+                        raise FederationError(
+                            f"{src} did not send {tag!r} (step {step}) to {self.me} within {wait:g} s"
+                        )
+                    # `src` is up, so it is waiting on someone else: that one's absence is being found by whoever
+                    # waits on it, whose abort names it; give it a moment to arrive
+                    grace_given = True
+                    deadline = time.monotonic() + min(ABORT_GRACE, wait)
+                    continue
+                self._cond.wait(remaining)
+        if header.step != step:
+            raise FederationError(f"{src} sent {tag!r} for step {header.step}; {self.me} expected step {step}")
+        conform(payload, expected, sender=src, tag=tag)
+        return payload
+
+    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """The server's handler of one envelope: identify the sender by its certificate, check the message, file it."""
+        return self._accept(request, self._identify(context), context)
+
+    def _stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The server's handler of a peer's stream: identified once, each envelope taken as `_deliver` takes one.
+
+        Answered when the peer ends the stream, with the number of envelopes accepted (the first one refused aborts
+        the stream with the reason instead).
+        """
+        sender, count = self._identify(context), 0
+        for request in requests:
+            self._accept(request, sender, context)
+            count += 1
+        return pb.Ack(seq=count).SerializeToString()
+
+    def _accept(self, request: bytes, sender: str, context: grpc.ServicerContext) -> bytes:
+        """Check one envelope from `sender` and file it; its acknowledgement, or the call aborted with the reason."""
+        try:
+            header, value = _parse_envelope(request, sender=sender)
+            self._check_header(header, sender)
+            payload = decode_value(value, sender=sender, tag=header.tag, records=self.records)
+            if header.tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
+                reason = " ".join(bytes(payload).decode("utf-8", errors="replace").split())[:500]
+                with self._cond:
+                    if self._aborted is None:
+                        self._aborted = f"{sender} stopped: {reason}"
+                    self._cond.notify_all()
+                return pb.Ack(seq=header.seq).SerializeToString()
+            try:
+                nbytes = payload_nbytes(payload)
+            except TypeError as err:
+                raise FederationError(f"{sender} sent {header.tag!r} with a payload lvfl cannot meter: {err}") from None
+            with self._cond:
+                expected_seq = self._next_in[(sender, header.tag)]
+                if header.seq != expected_seq:
+                    raise FederationError(
+                        f"{sender} sent {header.tag!r} message #{header.seq}; {self.me} expected #{expected_seq} "
+                        "(a message was lost or replayed)"
+                    )
+                self._next_in[(sender, header.tag)] += 1
+                self._inbox.setdefault((sender, header.tag), deque()).append((header, payload))
+                key = (sender, self.me, header.tag)
+                self.payload_bytes[key] += nbytes
+                self.envelope_bytes[key] += len(request)
+                self.messages[key] += 1
+                self._cond.notify_all()
+        except Exception as err:  # noqa: BLE001 (a peer must not be able to leave this party waiting)
+            if isinstance(err, FederationError):
+                reason = str(err)
+                log.warning("%s refused a message: %s", self.me, reason)
+            else:  # a bug here or in a record type's from_fields; the peer is told, this party keeps the traceback
+                reason = f"{self.me} could not decode a message from {sender}: {type(err).__name__}: {err}"
+                log.exception("%s", reason)
+            reason = " ".join(reason.split())
+            with self._cond:
+                self._refusals.setdefault(sender, reason)
+                self._cond.notify_all()
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        return pb.Ack(seq=header.seq).SerializeToString()
+
+    def _identify(self, context: grpc.ServicerContext) -> str:
+        """The party whose pinned certificate the client presented; the call is refused if there is none."""
+        certificates = context.auth_context().get("x509_pem_cert") or [b""]
+        known = self._senders.get(certificates[0])  # a pinned peer's certificate, parsed once
+        if known is not None:
+            return known
+        try:
+            fingerprint = certificate_fingerprint(certificates[0])
+        except ValueError:
+            fingerprint = ""
+        for name, pin in self._pins.items():
+            if pin == fingerprint and name != self.me:
+                self._senders[certificates[0]] = name
+                return name
+        claimed = b",".join(context.auth_context().get("x509_common_name") or [b"?"]).decode(errors="replace")
+        message = (
+            f"a peer presenting a certificate for CN={claimed} (sha256 {fingerprint[:16] or '?'}...) is not a party "
+            f"of this federation: its certificate is not the one pinned for any party in {self.federation.path}"
+        )
+        log.warning("%s refused a connection: %s", self.me, message)
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
+        raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+    def _check_header(self, header: Header, sender: str) -> None:
+        """Refuse an envelope `sender` sent for another party, run or configuration, or without a tag."""
+        tag = header.tag
+        if header.src != sender:
+            raise FederationError(
+                f"{sender} (by its certificate) sent {tag!r} in an envelope claiming to be from {header.src!r}"
+            )
+        if header.dst != self.me:
+            raise FederationError(f"{sender} sent {tag!r} addressed to {header.dst!r} to {self.me}")
+        if header.run_id != self.run_id:
+            raise FederationError(f"{sender} sent {tag!r} for run {header.run_id!r}; {self.me} runs {self.run_id!r}")
+        if self.fingerprint and header.fingerprint and header.fingerprint != self.fingerprint:
+            raise FederationError(
+                f"{sender} runs another configuration than {self.me}: "
+                + _differences(header.fingerprint, self.fingerprint)
+            )
+        if not tag:
+            raise FederationError(f"{sender} sent a message without a tag")
+
+
+def _differences(theirs: str, ours: str) -> str:
+    """Which sections of two fingerprints differ, in words (both whole, where they have no sections).
+
+    A fingerprint is ``section=digest,...`` (as `lvfl party` digests its config, section by section).
+    """
+    a, b = (dict(part.partition("=")[::2] for part in f.split(",")) for f in (theirs, ours))
+    if "" in a or "" in b or set(a) != set(b):
+        return f"fingerprint {theirs!r} vs {ours!r}"
+    differ = [name for name in b if a[name] != b[name]]
+    if len(differ) == 1:
+        return f"the {differ[0]} section of the config differs"
+    return f"the {', '.join(differ)} sections of the config differ"

@@ -1,0 +1,290 @@
+"""A party's dialing and sending side: a channel per peer, an outbox and a stream per peer, `flush`, send errors.
+
+`send` encodes a message and either delivers it in one ``Deliver`` call (answered once the peer checked and
+stored it) or queues it in the peer's outbox, which one thread per peer carries on one long-lived ``Stream`` call;
+`flush` ends the streams and waits for their answers. A failure is put in one line naming the peer, its address and
+why it is silent (connected, no TLS, or nothing there).
+
+`Outbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the sending and the receiving
+side share one lock and read each other's state (a peer this party refused is not sent to, a peer's abort ends a
+`flush`, a failed send fails a waiting `receive`), so one object's state with each side's methods in its own module
+keeps the code as it runs while the two stay apart. The attributes it reads from `Transport` are declared on the
+class; those it owns are set by `_init_outbox` and `_dial`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from lvfl.federation import FederationError
+from lvfl.federation import envelope_pb2 as pb
+from lvfl.federation.addresses import connected, port_answers
+from lvfl.federation.codec import Header, RecordRegistry, encode_envelope
+from lvfl.federation.federation_file import Federation
+from lvfl.wire import payload_nbytes
+
+__all__ = ["DELIVER", "STREAM", "Outbox"]
+
+#: the RPCs' full method names (see the service in envelope.proto): one envelope per call, and a stream per peer
+DELIVER = "/lvfl.federation.Federation/Deliver"
+STREAM = "/lvfl.federation.Federation/Stream"
+#: reconnect quickly while a peer is starting (gRPC's default backoff starts at 1 s and grows to 2 min)
+_BACKOFF_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Outbox:
+    """The sending side of `lvfl.federation.transport.Transport`: its channels, outboxes, streams and `flush`."""
+
+    # -- what the Transport provides ---------------------------------------------------------------------------------
+    me: str
+    federation: Federation
+    run_id: str
+    fingerprint: str
+    records: RecordRegistry
+    timeout: float
+    max_message_bytes: int
+    peers: tuple[str, ...]
+    payload_bytes: Counter[tuple[str, str, str]]  # the ledger, by (src, dst, tag)
+    envelope_bytes: Counter[tuple[str, str, str]]
+    messages: Counter[tuple[str, str, str]]
+    _cond: threading.Condition  # guards the outboxes' count, the ledger and the failures of both sides
+    _closed: bool
+    _refusals: dict[str, str]  # the receiving side's first refusal of each peer (`lvfl.federation.inbox.Inbox`)
+    _aborted: str | None  # a peer's abort, as the receiving side took it
+    _check_peer: Callable[[str], None]
+    _raise_failure: Callable[[], None]
+
+    def _init_outbox(self) -> None:
+        """No channel yet (`_dial` opens them), no message queued or numbered."""
+        self._next_out: Counter[tuple[str, str]] = Counter()
+        self._outbox: dict[str, queue.Queue] = {}  # per peer, messages queued by `send(wait=False)`
+        self._pending = 0  # queued messages not yet delivered (or dropped after a failure)
+        self._send_failure: str | None = None  # the first failure of a queued message
+        self._channels: dict[str, grpc.Channel] = {}
+        self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
+        self._streams: dict[str, grpc.StreamUnaryMultiCallable] = {}
+        self._open_streams: dict[str, Any] = {}  # per peer, its open stream (a call future)
+
+    def _dial(self, credentials: grpc.ChannelCredentials) -> None:
+        """Open a channel to each peer at its address in the federation file, its TLS name checked as the peer's."""
+        for peer in self.peers:
+            channel = grpc.secure_channel(
+                self.federation.party(peer).address,
+                credentials,
+                options=[("grpc.ssl_target_name_override", peer), *_BACKOFF_OPTIONS],
+            )
+            self._channels[peer] = channel
+            self._calls[peer] = channel.unary_unary(DELIVER)
+            self._streams[peer] = channel.stream_unary(STREAM)
+
+    def _hang_up(self) -> None:
+        """Close every channel `_dial` opened."""
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._calls.clear()
+        self._streams.clear()
+
+    # -- sending ---------------------------------------------------------------------------------------------------
+    def send(self, dst: str, tag: str, step: int, payload: Any, wait: bool = True) -> None:
+        """Deliver `payload` to `dst` under `tag` at `step`; returns once `dst` has checked and stored it.
+
+        With `wait=False` the encoded message is queued for `dst`'s stream (one long-lived call per peer, opened by
+        the first such message: no call set-up, metadata or status per message), which carries that peer's messages
+        in the order they were sent, and this returns at once (a party does not wait for each acknowledgement
+        before it computes on); a failure is then raised by this transport's next `send`, `receive` or `flush`,
+        with the same line. With `wait=True` (one call, answered when `dst` has checked and stored the message)
+        the messages queued before it are delivered first.
+
+        Raises:
+            FederationError: `dst` refused the message (its reason), or did not come up and answer within the
+                timeout (naming it and its address), or the envelope is over `max_message_bytes`.
+            TypeError: `payload` holds something that cannot be sent or metered.
+        """
+        self._check_peer(dst)
+        self._raise_failure()
+        if dst in self._refusals:  # this party refused `dst`'s messages: that, not silence, is why they stop
+            raise FederationError(self._refusals[dst])
+        nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
+        with self._cond:
+            seq = self._next_out[(dst, tag)]
+            self._next_out[(dst, tag)] += 1
+        # the configuration's fingerprint rides on single calls (the greeting checks it); a stream's messages carry the
+        # run ID only, from a peer whose greeting was checked and whose certificate identifies each connection
+        header = Header(self.run_id, self.me, dst, tag, int(step), seq, self.fingerprint if wait else "")
+        data = encode_envelope(header, payload, self.records)
+        if len(data) > self.max_message_bytes:
+            raise FederationError(
+                f"{self.me} cannot send {tag!r} to {dst}: its envelope is {len(data)} bytes, over "
+                f"max_message_bytes={self.max_message_bytes}"
+            )
+        if wait:
+            if self._pending:  # in order: what was queued goes first
+                self.flush()
+            self._deliver_to(dst, tag, seq, data, nbytes)
+        else:
+            self._meter(dst, tag, len(data), nbytes)
+            self._outbox_of(dst).put((tag, data))
+
+    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
+        try:
+            ack = self._post(dst, tag, data)
+        except FederationError:
+            if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
+                raise FederationError(self._refusals[dst]) from None
+            raise
+        self._acknowledged(dst, tag, seq, ack, len(data), nbytes)
+
+    def _acknowledged(self, dst: str, tag: str, seq: int, ack: pb.Ack, size: int, nbytes: int) -> None:
+        """Check `dst`'s acknowledgement of message `seq` under `tag` and meter the message."""
+        if ack.seq != seq:
+            raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
+        self._meter(dst, tag, size, nbytes)
+
+    def _meter(self, dst: str, tag: str, size: int, nbytes: int) -> None:
+        """Count a message to `dst`: `nbytes` of payload as the Wire counts it, `size` bytes of envelope."""
+        key = (self.me, dst, tag)
+        with self._cond:
+            self.payload_bytes[key] += nbytes
+            self.envelope_bytes[key] += size
+            self.messages[key] += 1
+
+    def _outbox_of(self, dst: str) -> queue.Queue:
+        """`dst`'s queue for its stream, and the stream's thread (opened on first use); counts one pending."""
+        with self._cond:
+            if dst not in self._outbox:
+                self._outbox[dst] = queue.Queue()
+                thread = threading.Thread(
+                    target=self._sender, args=(dst, self._outbox[dst]), name=f"lvfl-{self.me}-to-{dst}", daemon=True
+                )
+                thread.start()
+            self._pending += 1
+            return self._outbox[dst]
+
+    def _sender(self, dst: str, outbox: queue.Queue) -> None:
+        """Carry `dst`'s queued messages on one stream, in order, until `flush` or `close` ends it.
+
+        gRPC's own thread takes the messages from `requests`; this thread waits for the stream's one answer, the
+        count of messages `dst` checked and stored. A message `dst` refuses ends the stream at once with its
+        reason, and a peer that stops breaks it: the failure is raised to the protocol by the next `send`,
+        `receive` or `flush`, and the messages still queued are dropped.
+        """
+        carried, last = [0], ["its messages"]
+
+        def requests() -> Iterator[bytes]:
+            while (item := outbox.get()) is not None and self._send_failure is None:
+                carried[0] += 1
+                last[0] = item[0]
+                yield item[1]
+
+        try:
+            call = self._streams[dst].future(requests(), wait_for_ready=True)
+            self._open_streams[dst] = call
+            ack = pb.Ack.FromString(call.result())
+            if ack.seq != carried[0]:
+                raise FederationError(
+                    f"{dst} acknowledged {ack.seq} of the {carried[0]} messages {self.me} streamed to it"
+                )
+        except Exception as err:  # noqa: BLE001 (reported to the protocol's thread, which raises it)
+            if isinstance(err, grpc.FutureCancelledError | grpc.RpcError) and self._closed:
+                return  # cancelled by `close`
+            if isinstance(err, grpc.RpcError):
+                err = self._send_error(err, dst, last[0], 0, streaming=True)
+            if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
+                err = FederationError(self._refusals[dst])
+            reason = str(err) if isinstance(err, FederationError) else f"{type(err).__name__}: {err}"
+            with self._cond:
+                self._send_failure = self._send_failure or reason
+                self._cond.notify_all()
+        finally:
+            self._open_streams.pop(dst, None)
+            settled = carried[0]
+            while True:  # after a failure, what is still queued will not be delivered
+                try:
+                    settled += outbox.get_nowait() is not None
+                except queue.Empty:
+                    break
+            with self._cond:
+                self._pending -= settled
+                self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued message is delivered (at most `timeout`, default the transport's); raise a failure.
+
+        Raises:
+            FederationError: a queued message failed, a peer aborted, or the queue did not empty in time.
+        """
+        wait = self.timeout if timeout is None else float(timeout)
+        deadline = time.monotonic() + wait
+        with self._cond:
+            outboxes, self._outbox = list(self._outbox.values()), {}  # the next message opens a new stream
+        for outbox in outboxes:
+            outbox.put(None)  # each stream ends once its queued messages are on it; its answer confirms them all
+        with self._cond:
+            while self._pending and self._send_failure is None and self._aborted is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    stalled = ", ".join(f"{peer} ({self._why_silent(peer)})" for peer in self._open_streams)
+                    raise FederationError(
+                        f"{self.me} could not deliver its last {self._pending} messages in {wait:g} s"
+                        + (f": no acknowledgement from {stalled}" if stalled else "")
+                    )
+                self._cond.wait(remaining)
+        self._raise_failure()
+
+    def _post(self, dst: str, tag: str, data: bytes) -> pb.Ack:
+        """One Deliver call with `data` as the request, its failures in one line (tests post crafted bytes here)."""
+        if not self._calls:
+            raise RuntimeError(f"the transport of {self.me} is not started (or closed)")
+        try:
+            answer = self._calls[dst](data, timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as err:
+            raise self._send_error(err, dst, tag, len(data)) from None
+        return pb.Ack.FromString(answer)
+
+    def _send_error(
+        self, err: grpc.RpcError, dst: str, tag: str, size: int, streaming: bool = False
+    ) -> FederationError:
+        code, details = err.code(), (err.details() or "").strip()
+        address = self.federation.party(dst).address
+        if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
+            return FederationError(f"{dst} refused {tag!r} from {self.me}: {details}")
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return FederationError(
+                f"{dst} refused {tag!r} from {self.me}: the {size}-byte envelope is over its message size limit "
+                f"({details})"
+            )
+        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if streaming:  # a stream has no deadline: it broke (the peer stopped, or its machine is out of reach)
+                return FederationError(
+                    f"{self.me} lost its connection to {dst} at {address} while delivering {tag!r}: "
+                    f"{self._why_silent(dst)}"
+                )
+            return FederationError(
+                f"{self.me} could not deliver {tag!r} to {dst} at {address} within {self.timeout:g} s: "
+                f"{self._why_silent(dst)}"
+            )
+        return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
+
+    def _why_silent(self, dst: str) -> str:
+        """Why `dst` does not acknowledge, in words: connected but silent, no TLS, or nothing there."""
+        channel = self._channels.get(dst)
+        if channel is not None and connected(channel):
+            return "it is connected but did not acknowledge the message"
+        if port_answers(self.federation.party(dst).address):
+            return (
+                "its port answers but no TLS connection could be made (a certificate from another CA, or not the "
+                "name the federation file gives)"
+            )
+        return "nothing answers there (is it running?)"
