@@ -110,8 +110,22 @@ def test_key_of_another_party_and_unreadable_files(pki, tmp_path: Path) -> None:
     (tmp_path / "junk.pem").write_text("not a certificate")
     with pytest.raises(FederationError, match=r"certificate .*junk.pem is not a PEM X.509 certificate"):
         load_certificate(tmp_path / "junk.pem")
+    (tmp_path / "junk.pem").chmod(0o600)  # its owner's alone: refused for what it holds
     with pytest.raises(FederationError, match="is not an unencrypted PEM private key"):
         check_key(tmp_path / "junk.pem", pki.certificates["party1"])
+
+
+def test_a_key_others_can_read_is_refused_by_name(pki, tmp_path: Path) -> None:
+    """Like ssh: a private key readable or writable by its group or by others is refused, naming it and the fix."""
+    copy = tmp_path / "party1.key"
+    copy.write_bytes(pki.keys["party1"].read_bytes())
+    for mode in (0o644, 0o640, 0o604, 0o620):
+        copy.chmod(mode)
+        refused = rf"private key .*party1.key is readable by others \(mode 0{mode:o}\)"
+        with pytest.raises(FederationError, match=refused):
+            check_key(copy, pki.certificates["party1"])
+    copy.chmod(0o600)
+    assert check_key(copy, pki.certificates["party1"]) == pki.keys["party1"].read_bytes()
 
 
 def test_fingerprint_of_pem_and_certificate_agree(pki) -> None:

@@ -392,8 +392,9 @@ def test_a_transport_whose_peer_has_another_ca_says_tls_failed(make, federation:
     with pytest.raises(FederationError) as excinfo:
         stranger.send("party0", "embeddings", 0, torch.zeros(2))
     assert one_line(excinfo).endswith(
-        "within 0.5 s: its port answers but no TLS connection could be made (a certificate from another CA, or not "
-        "the name the federation file gives)"
+        "within 0.5 s: its port answers but no TLS connection could be made: the server there does not hold the "
+        "certificate pinned for party0 in the federation file (another party's, or one from another CA or freshly "
+        "minted), or it does not accept party1's"
     )
 
 

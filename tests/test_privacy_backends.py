@@ -160,6 +160,42 @@ def test_an_active_party_that_swaps_a_relayed_key_is_caught_by_the_passive_party
     assert backend._peers is None
 
 
+@pytest.mark.parametrize("replay_into", ["another run", "another round of the same run"])
+def test_a_signed_key_replayed_into_another_run_or_round_is_refused(replay_into):
+    """The relay keeps p2's signed key of one key set-up and relays it in a later one: the parties' identity keys are
+    the same (as a federation's TLS keys are across runs), but the signature binds the run (the identities' session)
+    and the set-up's round, so p1 refuses it. The control: the same key relayed in its own set-up is accepted."""
+    from lvfl.crypto.signing import SimulatedIdentities
+
+    recorded: dict = {}
+
+    class Relay(Wire):
+        replay = False
+
+        def send(self, src, dst, payload, tag):
+            if tag == "keys" and src == "p2" and dst == "a":
+                received = super().send(src, dst, payload, tag)
+                recorded.setdefault("p2", received)  # the first set-up's
+                return received
+            if tag == "keys" and src == "a" and dst == "p1" and self.replay:
+                payload = recorded["p2"]
+            return super().send(src, dst, payload, tag)
+
+    identities = SimulatedIdentities()  # one set of identity keys for both set-ups
+    backend = DHMasking()
+    parties = [PartySpec("a", "active", (4,)), *(PartySpec(f"p{i}", "passive", (4,), i) for i in (1, 2))]
+    wire = Relay()
+    wire._identities = identities
+    backend.setup(parties, "a", wire)  # records p2's signed key; relays it as sent
+    assert backend._peers is not None
+    if replay_into == "another run":
+        backend, identities.session = DHMasking(), b"the next run"  # round 0 again, in another run
+    wire.replay = True
+    with pytest.raises(ValueError, match=r"without a valid signature by p2.s identity for this run: .*\(a replay\)"):
+        backend.setup(parties, "a", wire)
+    assert backend._peers is None
+
+
 @pytest.mark.parametrize("num_passive", [2, 3, 4, 7])
 def test_setup_puts_exact_key_bytes_on_the_wire(num_passive):
     backend = DHMasking()

@@ -6,6 +6,9 @@
   the same config with those paths made absolute; a path given on the command line
   (`--data.init_args.parties=...`) stays relative to the working directory, as every command-line path does.
   The run's saved `config.yaml` then holds absolute paths, which `with_saved_config` relies on.
+- `check_public_seeds(model, allowed, command)`: the config is public, every party reads it, so it must not fix the
+  seed of privacy noise (a label mechanism's release, a gradient defense's noise, a party's `embedding_noise`):
+  `lvfl party` and `lvfl launch` refuse one unless `--allow_public_seeds` (tests comparing runs), `lvfl fit` warns.
 - `with_saved_config(args, command)`: `lvfl test`, `predict` and `export` from a checkpoint alone. Without any
   `--config`, a `--ckpt_path FILE` inside a run's version folder (`runs/<name>/version_N/checkpoints/best.ckpt`)
   brings the `config.yaml` that fit saved in that folder; the checkpoint's own fingerprint check still refuses a
@@ -19,6 +22,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,15 @@ import yaml
 
 from lvfl.checkpoints import SPECIAL_CKPT_PATHS
 
-__all__ = ["SAVED_CONFIG", "TABLE_LISTS", "resolve_table_paths", "saved_config_of", "with_saved_config"]
+__all__ = [
+    "ALLOW_PUBLIC_SEEDS_HELP",
+    "SAVED_CONFIG",
+    "TABLE_LISTS",
+    "check_public_seeds",
+    "resolve_table_paths",
+    "saved_config_of",
+    "with_saved_config",
+]
 
 #: the datamodule options that list party tables, each entry with a `path` (`lvfl.datamodules.PartyTables`)
 TABLE_LISTS = ("parties", "new_rows")
@@ -162,3 +174,33 @@ def with_saved_config(
     config = yaml.safe_load(saved.read_text()) or {}
     kept = {k: v for k, v in config.items() if k in keep_only}
     return ["--config", _written(kept, saved.name), *out]
+
+
+ALLOW_PUBLIC_SEEDS_HELP = (
+    "run privacy noise seeded by the config (a label mechanism's, a gradient defense's or a party's embedding_noise "
+    "seed), which every party reads and so could strip: for tests that compare a deployment with lvfl fit only"
+)
+
+
+def check_public_seeds(
+    model: Any, allowed: bool, command: str, why_allowed: str = "because --allow_public_seeds"
+) -> None:
+    """Refuse privacy noise drawn from a seed the (public) config fixes, naming the option; warn when `allowed`.
+
+    `model` is the run's protocol (`VFLModule.fixed_noise_seeds` says which noise its config seeds); `command` names
+    the command in the message (``lvfl party``), `why_allowed` ends the warning.
+    """
+    seeds = getattr(model, "fixed_noise_seeds", dict)()
+    if not seeds:
+        return
+    named = ", ".join(f"model.init_args.{option}={seed}" for option, seed in seeds.items())
+    why = (
+        f"{named}: the config fixes the seed of privacy noise, and every party reads the config, so any party can "
+        "regenerate that noise and strip it"
+    )
+    if not allowed:
+        raise ValueError(
+            f"{command}: {why}; leave the seed out (the noise is then drawn from the OS), or pass "
+            "--allow_public_seeds for a test that compares runs"
+        )
+    warnings.warn(f"{command}: {why}; running anyway {why_allowed}", UserWarning, stacklevel=2)

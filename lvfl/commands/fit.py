@@ -42,7 +42,7 @@ from lvfl.checkpoints import (
 )
 from lvfl.commands import predict
 from lvfl.commands.argument_errors import check_party_optimizers
-from lvfl.commands.config_files import resolve_table_paths, with_saved_config
+from lvfl.commands.config_files import check_public_seeds, resolve_table_paths, with_saved_config
 from lvfl.commands.console import EpochLines, fit_summary
 from lvfl.commands.errors import debug_requested, reported_errors
 from lvfl.commands.interrupts import SIGNALS, Interrupted, reporting_interrupts
@@ -139,7 +139,8 @@ class VFLCLI(LightningCLI):
             if self.party_session is None:
                 raise
             self.party_session.abort(" ".join(str(err).split()) or type(err).__name__)
-            if isinstance(err, FederationError):  # a peer is missing, refused or stopped: where to resume from
+            joined = getattr(self.party_session, "transport", None) is not None  # else: refused before it talked
+            if isinstance(err, FederationError) and joined:  # a peer is missing, refused or stopped: where to resume
                 raise FederationError(f"{err}; {self._resume_hint()}") from err
             raise
         finally:
@@ -258,6 +259,9 @@ class VFLCLI(LightningCLI):
             if config.get("twin"):
                 raise ValueError("--twin runs the Plain twin in this process: lvfl party refuses it")
             self.party_session.join(self)
+        elif self.trainer.is_global_zero:
+            why = "(a simulation: every party is in this process; lvfl party and lvfl launch refuse it)"
+            check_public_seeds(self.model, True, "lvfl fit", why)
         self._fit_started = time.perf_counter()
         if config.get("twin"):
             self._step_timer = StepTimer()

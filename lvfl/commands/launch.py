@@ -1,20 +1,22 @@
 """`lvfl launch`: every party of a config as its own local process, over a throw-away certificate authority.
 
 `lvfl launch --config C.yaml [lvfl fit options]` is the one-machine rehearsal of a federation: it writes a throw-away
-certificate authority, a certificate per party and a federation file on free localhost ports (into `--pki`, a fresh
-temporary folder by default), then starts `lvfl party` once per party of the config, each with its own log folder
+certificate authority, a certificate per party and a federation file on free localhost ports (into `--pki`, or a fresh
+temporary folder that is deleted, keys and all, when the launch ends; the CA's key is never written, so no certificate
+can be minted with it afterwards), then starts `lvfl party` once per party of the config, each with its own log folder
 ``<save_dir>/<party>`` (and on a host with several GPUs, its own GPU). Each party keeps torch's thread count (as
-`lvfl fit` does: floating-point sums depend on how many threads split them, so the same count is what makes the
-two runs bit-identical); `--threads N` gives every party N threads instead, which is faster when the parties share
-few cores (compare with `OMP_NUM_THREADS=N lvfl fit`). The active party's output is the console's;
-every other party's goes to ``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first
-failing party's status and one line per failed party.
+`lvfl fit` does: floating-point sums depend on how many threads split them, so the same count is what makes the two runs
+bit-identical); `--threads N` gives every party N threads instead, which is faster when the parties share few cores
+(compare with `OMP_NUM_THREADS=N lvfl fit`). The active party's output is the console's; every other party's goes to
+``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first failing party's status and one line per
+failed party.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, check_public_seeds
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import build_cli
 from lvfl.commands.party import SUBCOMMANDS, coordinator_of
@@ -53,11 +56,17 @@ def launch_parser() -> argparse.ArgumentParser:
         help="torch threads per party (OMP_NUM_THREADS; default: torch's, as lvfl fit has). Parties sharing few "
         "cores run faster with fewer; results are bit-identical to a fit with the same count",
     )
+    parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
     return parser
 
 
-def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
-    """The config's party names, its active party and its logger's save_dir (None: none), without loading data."""
+def _parties_and_logs(
+    fit_args: list[str], allow_public_seeds: bool = False, fits: bool = True
+) -> tuple[list[str], str, str | None]:
+    """The config's party names, its active party and its logger's save_dir (None: none), without loading data.
+
+    Before a fit (`fits`), refuses privacy noise seeded by the config (`check_public_seeds`), before any party starts.
+    """
     config_args, skip = [], False
     own = ("--ckpt_path", "--output", "--ids", "--oblivious")  # the subcommand's own options are not the config's
     for arg in fit_args:
@@ -71,6 +80,8 @@ def _parties_and_logs(fit_args: list[str]) -> tuple[list[str], str, str | None]:
         raise ValueError("lvfl launch needs a VerticalDataModule (data:) to know the parties")
     if len(participants) < 2:
         raise ValueError(f"lvfl launch needs at least two parties; the config has {len(participants)}")
+    if fits:
+        check_public_seeds(cli.model, allow_public_seeds, "lvfl launch")
     logger = cli.trainer.logger
     coordinator = coordinator_of(cli.model)  # an HE backend's key holder runs as a process of its own
     names = [party_name(i) for i in participants] + ([coordinator] if coordinator else [])
@@ -83,15 +94,37 @@ def launch(
     timeout: float = 60.0,
     run_id: str | None = None,
     threads: int | None = None,
+    allow_public_seeds: bool = False,
 ) -> int:
     """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded)."""
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
-    names, active, save_dir = _parties_and_logs(fit_args)
+    names, active, save_dir = _parties_and_logs(fit_args, allow_public_seeds, fits=subcommand in (None, "fit"))
+    if allow_public_seeds:
+        fit_args = ["--allow_public_seeds", *fit_args]
     save_dir = save_dir or "runs"
     pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
-    write_test_pki(pki_dir, names)
+    try:
+        return _launch_parties(names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads)
+    finally:
+        if pki is None:  # throw-away keys: nothing of them stays on the disk
+            shutil.rmtree(pki_dir, ignore_errors=True)
+
+
+def _launch_parties(
+    names: list[str],
+    active: str,
+    save_dir: str,
+    pki_dir: Path,
+    subcommand: str | None,
+    fit_args: list[str],
+    timeout: float,
+    run_id: str | None,
+    threads: int | None,
+) -> int:
+    """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
+    write_test_pki(pki_dir, names, ca_key=None)
     federation = pki_dir / "federation.yaml"
     write_federation(federation, names)
     run_id = run_id or f"launch-{uuid.uuid4().hex[:12]}"
@@ -189,5 +222,12 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
         if own.threads is not None and own.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {own.threads}")
-        status = launch([*rest, *(["--debug"] if debug else [])], own.pki, own.timeout, own.run_id, own.threads)
+        status = launch(
+            [*rest, *(["--debug"] if debug else [])],
+            own.pki,
+            own.timeout,
+            own.run_id,
+            own.threads,
+            own.allow_public_seeds,
+        )
     raise SystemExit(status)

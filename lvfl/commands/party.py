@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from lvfl.attacks import AttackRecord
-from lvfl.commands.config_files import TABLE_LISTS
+from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, TABLE_LISTS, check_public_seeds
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import main as fit_main
 from lvfl.federation import FederationError
@@ -88,6 +88,7 @@ def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
     )
     parser.add_argument("--key", type=Path, default=None, help="its private key (default: <party>.key beside F)")
     parser.add_argument("--listen", default=None, help="the address to bind, when not the federation file's")
+    parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
     return parser
 
 
@@ -139,6 +140,7 @@ class PartySession:
     timeout: float = 60.0
     key: Path | None = None
     listen: str | None = None
+    allow_public_seeds: bool = False
     transport: Any = field(default=None, init=False)
 
     def join(self, cli: Any) -> None:
@@ -148,6 +150,8 @@ class PartySession:
         fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
         names = self.check_party(cli.datamodule, coordinator_of(cli.model))
         check_deployable(cli.model, cli.datamodule, cli.trainer)
+        if subcommand == "fit":  # where the noise is drawn
+            check_public_seeds(cli.model, self.allow_public_seeds, "lvfl party")
         if subcommand == "predict" and config.get("oblivious"):
             raise ValueError(
                 "lvfl party predict answers in the clear; --oblivious runs in one process only (lvfl predict)"
@@ -286,5 +290,7 @@ def main(argv: list[str]) -> None:
         own, rest = party_parser().parse_known_args(argv)
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
-    session = PartySession(own.party, own.federation, own.run_id, own.timeout, own.key, own.listen)
+    session = PartySession(
+        own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds
+    )
     fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)

@@ -31,12 +31,19 @@ def pki_parser() -> argparse.ArgumentParser:
         nargs="*",
         default=[],
         metavar="PARTY=HOST:PORT",
-        help="where a party listens (default: localhost on a free port)",
+        help="where a party listens (default: localhost on a free port); HOST goes on that party's certificate only",
     )
     parser.add_argument(
         "--hosts", nargs="*", default=None, help="extra names or IPs every party certificate is valid for"
     )
     parser.add_argument("--days", type=float, default=30, help="the certificates' validity in days (default 30)")
+    parser.add_argument(
+        "--ca-key",
+        type=Path,
+        default=None,
+        help="where to write the CA's private key, outside the folder the parties get (default: OUT-ca.key beside "
+        "OUT); it mints certificates every party accepts from the CA, so keep it off the parties' machines",
+    )
     return parser
 
 
@@ -51,8 +58,19 @@ def main(argv: list[str]) -> None:
             if not sep or name not in own.parties:
                 raise ValueError(f"--address {item!r}: write PARTY=HOST:PORT for one of --parties {own.parties}")
             addresses[name] = address
-        hosts = [*DEFAULT_HOSTS, *(own.hosts or []), *(a.rpartition(":")[0].strip("[]") for a in addresses.values())]
-        files = write_test_pki(own.out, own.parties, hosts=list(dict.fromkeys(hosts)), days=own.days)
+        ca_key = own.ca_key if own.ca_key is not None else own.out.parent / f"{own.out.name}-ca.key"
+        if ca_key.resolve().parent == own.out.resolve():
+            raise ValueError(
+                f"--ca-key {ca_key}: the CA's key must not go into --out {own.out}, the folder the parties get "
+                "their certificates from"
+            )
+        hosts = [*DEFAULT_HOSTS, *(own.hosts or [])]
+        own_hosts = {name: [address.rpartition(":")[0].strip("[]")] for name, address in addresses.items()}
+        files = write_test_pki(
+            own.out, own.parties, hosts=list(dict.fromkeys(hosts)), days=own.days, party_hosts=own_hosts, ca_key=ca_key
+        )
         federation = write_federation(own.out / "federation.yaml", own.parties, addresses=addresses)
         print(f"lvfl pki: wrote the CA {files.ca_certificate}, {len(own.parties)} party certificates and keys, and")
         print(f"  the federation file {federation.path}; give each party its own <party>.key and no other")
+        print(f"  the CA's key is {files.ca_key}, apart: it mints certificates for any name; keep it off every party's")
+        print("  machine, or delete it once no party is to be added")

@@ -8,12 +8,15 @@ signature against the sender's identity before deriving a pair key.
 Identities (`Identities`): when every party runs its own process, a party's identity is its TLS key and the
 certificate pinned for it (the transport's `TLSIdentities`); in simulation, `SimulatedIdentities` draws a
 throw-away P-256 key per party from the OS, so that the signatures, their checks and their bytes on the wire are
-the same in both. A signature is encoded as r || s, 32 bytes each (not DER, whose length varies), so the ledger
+the same in both. Each identity also names its `session`, the run its signatures are made in (the transport's run
+ID; a random value per simulation): what a party signs includes it, so a signature recorded in one run does not
+verify in another. A signature is encoded as r || s, 32 bytes each (not DER, whose length varies), so the ledger
 counts the same bytes in every run.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Protocol
 
@@ -29,9 +32,13 @@ SIGNATURE_BYTES = 64
 _HALF = SIGNATURE_BYTES // 2
 
 
-def signed_message(context: bytes, party: str, value: bytes) -> bytes:
-    """What is signed: `context`, the signing party's name and `value`, each length-prefixed (no two encode alike)."""
-    parts = [context, party.encode(), bytes(value)]
+def signed_message(context: bytes, party: str, value: bytes, *bound: bytes) -> bytes:
+    """What is signed: `context`, the party's name, `value` and what it is `bound` to, each length-prefixed.
+
+    `bound` holds what the signature is valid for besides its value (the run's session, the round of a key set-up);
+    the length prefixes make every tuple encode differently.
+    """
+    parts = [context, party.encode(), bytes(value), *(bytes(b) for b in bound)]
     return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
 
 
@@ -58,7 +65,10 @@ def verify(public_key: ec.EllipticCurvePublicKey, message: bytes, signature: byt
 
 
 class Identities(Protocol):
-    """Who each party is: signs for the parties held here, checks any party's signature."""
+    """Who each party is: signs for the parties held here, checks any party's signature, in one session (a run)."""
+
+    #: the run this identity signs in; a signed message binds it (`signed_message(..., identities.session)`)
+    session: bytes
 
     def sign(self, party: str, message: bytes) -> bytes:
         """`party`'s signature of `message` (only for a party whose identity key is held here)."""
@@ -71,10 +81,11 @@ class SimulatedIdentities:
     """A throw-away P-256 identity key per party, drawn from the OS on first use (the simulation's TLS identities).
 
     Every party lives in one process in simulation, so one object holds every key; it is never saved, copied into
-    a checkpoint or pickled (a copy starts with no keys and draws fresh ones).
+    a checkpoint or pickled (a copy starts with no keys and draws fresh ones, and a session of its own).
     """
 
     def __init__(self) -> None:
+        self.session = os.urandom(16)  # this simulation's run: fresh in every process and copy
         self._keys: dict[str, ec.EllipticCurvePrivateKey] = {}
         self._lock = threading.Lock()  # the one-process rehearsal signs from several threads
 

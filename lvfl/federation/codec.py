@@ -50,6 +50,7 @@ __all__ = [
     "encode_envelope",
     "encode_value",
     "parse_envelope",
+    "printable",
     "register_record",
 ]
 
@@ -437,6 +438,15 @@ class _Decoder:
         if dtype is torch.bool and int(raw.max()) > 1:
             raise self.refuse(path, "a bool tensor holding bytes other than 0 and 1")
         return raw.view(dtype).reshape(shape)
+
+
+def printable(text: str) -> str:
+    r"""`text` with every character that is not printable escaped (``\x1b`` for ESC): a peer's words, safe to print.
+
+    A reason a peer gives (its abort, its refusal) or a name its certificate claims ends up on this party's terminal
+    and in its log; raw, an escape sequence in it could rewrite what the operator sees.
+    """
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 # ------------------------------------------------------------------------------------------------- expectations

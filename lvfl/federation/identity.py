@@ -2,7 +2,8 @@
 
 The same identity that authenticates a party's connections (`lvfl.federation.transport`) signs what it must vouch
 for in a message relayed by another party: DHMasking's X25519 public keys (`lvfl.crypto.signing`). A party that
-relays such a message (the active party) cannot change it without the receiver noticing.
+relays such a message (the active party) cannot change it without the receiver noticing, nor replay one signed in
+another run: the identity's `session` is the transport's run ID, and what is signed binds it.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ class TLSIdentities:
     name when first used).
     """
 
-    def __init__(self, me: str, federation: Federation, key_path: str | os.PathLike[str]) -> None:
+    def __init__(self, me: str, federation: Federation, key_path: str | os.PathLike[str], run_id: str = "") -> None:
         certificate = federation.party(me).certificate
         key = serialization.load_pem_private_key(check_key(key_path, certificate), password=None)
         self.me = me
+        self.session = run_id.encode("utf-8")  # the run every party of it signs in
         self._key, self._key_path = key, Path(key_path)
         self._federation = federation
         self._public: dict[str, ec.EllipticCurvePublicKey] = {}

@@ -26,13 +26,13 @@ import grpc
 from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
-from lvfl.federation.codec import Header, RecordRegistry, conform, decode_value
+from lvfl.federation.codec import Header, RecordRegistry, conform, decode_value, printable
 from lvfl.federation.codec import parse_envelope as _parse_envelope
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import certificate_fingerprint
 from lvfl.wire import payload_nbytes
 
-__all__ = ["ABORT_GRACE", "ABORT_TAG", "Inbox"]
+__all__ = ["ABORT_GRACE", "ABORT_TAG", "HELLO_TAG", "Inbox"]
 
 # the transport's logger, as before the receiving side had a module of its own (operators filter on its name)
 log = logging.getLogger("lvfl.federation.transport")
@@ -43,6 +43,8 @@ _SERVICE = "lvfl.federation.Federation"
 ABORT_GRACE = 5.0
 #: the tag of a party's last message when it stops on an error (`Transport.abort`); it fails the peers' receives
 ABORT_TAG = "abort"
+#: the tag of the greeting every party sends every peer before set-up (`Transport.hello`)
+HELLO_TAG = "hello"
 
 
 class Inbox:
@@ -162,7 +164,8 @@ class Inbox:
             self._check_header(header, sender)
             payload = decode_value(value, sender=sender, tag=header.tag, records=self.records)
             if header.tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
-                reason = " ".join(bytes(payload).decode("utf-8", errors="replace").split())[:500]
+                text = " ".join(bytes(payload).decode("utf-8", errors="replace").split())[:500]
+                reason = printable(text)  # a peer's words reach this party's terminal and log: no escape sequence
                 with self._cond:
                     if self._aborted is None:
                         self._aborted = f"{sender} stopped: {reason}"
@@ -214,7 +217,8 @@ class Inbox:
             if pin == fingerprint and name != self.me:
                 self._senders[certificates[0]] = name
                 return name
-        claimed = b",".join(context.auth_context().get("x509_common_name") or [b"?"]).decode(errors="replace")
+        names = b",".join(context.auth_context().get("x509_common_name") or [b"?"])
+        claimed = printable(names.decode(errors="replace"))
         message = (
             f"a peer presenting a certificate for CN={claimed} (sha256 {fingerprint[:16] or '?'}...) is not a party "
             f"of this federation: its certificate is not the one pinned for any party in {self.federation.path}"
@@ -224,7 +228,13 @@ class Inbox:
         raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
     def _check_header(self, header: Header, sender: str) -> None:
-        """Refuse an envelope `sender` sent for another party, run or configuration, or without a tag."""
+        """Refuse an envelope `sender` sent for another party, configuration or run, or without a tag.
+
+        The configuration is checked before the run: a run ID derived from the configuration (`lvfl party` without
+        `--run_id`) differs whenever the configuration does, and the sections that differ say more than the IDs. A
+        greeting must carry the configuration's fingerprint when this party has one: without it, nothing would
+        check that the two parties run the same configuration.
+        """
         tag = header.tag
         if header.src != sender:
             raise FederationError(
@@ -232,13 +242,18 @@ class Inbox:
             )
         if header.dst != self.me:
             raise FederationError(f"{sender} sent {tag!r} addressed to {header.dst!r} to {self.me}")
-        if header.run_id != self.run_id:
-            raise FederationError(f"{sender} sent {tag!r} for run {header.run_id!r}; {self.me} runs {self.run_id!r}")
+        if tag == HELLO_TAG and self.fingerprint and not header.fingerprint:
+            raise FederationError(
+                f"{sender} greeted {self.me} without the configuration's fingerprint, which {self.me} checks every "
+                "greeting against"
+            )
         if self.fingerprint and header.fingerprint and header.fingerprint != self.fingerprint:
             raise FederationError(
                 f"{sender} runs another configuration than {self.me}: "
                 + _differences(header.fingerprint, self.fingerprint)
             )
+        if header.run_id != self.run_id:
+            raise FederationError(f"{sender} sent {tag!r} for run {header.run_id!r}; {self.me} runs {self.run_id!r}")
         if not tag:
             raise FederationError(f"{sender} sent a message without a tag")
 

@@ -26,7 +26,7 @@ import grpc
 from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import connected, port_answers
-from lvfl.federation.codec import Header, RecordRegistry, encode_envelope
+from lvfl.federation.codec import Header, RecordRegistry, encode_envelope, printable
 from lvfl.federation.federation_file import Federation
 from lvfl.wire import payload_nbytes
 
@@ -76,12 +76,19 @@ class Outbox:
         self._streams: dict[str, grpc.StreamUnaryMultiCallable] = {}
         self._open_streams: dict[str, Any] = {}  # per peer, its open stream (a call future)
 
-    def _dial(self, credentials: grpc.ChannelCredentials) -> None:
-        """Open a channel to each peer at its address in the federation file, its TLS name checked as the peer's."""
+    def _dial(self, key_pem: bytes, certificate_pem: bytes) -> None:
+        """Open a channel to each peer at its address in the federation file, trusting that peer's pinned certificate.
+
+        The channel's only trust anchor is the certificate the federation file pins for the peer (not the CA), and
+        its TLS name is checked as the peer's: a server at the peer's address holding another party's certificate,
+        or a certificate freshly minted with the CA's key, fails the handshake, so nothing is sent to it. This
+        party presents its own certificate (`key_pem`, `certificate_pem`), which the peer checks against its pin.
+        """
         for peer in self.peers:
+            pinned = self.federation.party(peer).certificate.read_bytes()
             channel = grpc.secure_channel(
                 self.federation.party(peer).address,
-                credentials,
+                grpc.ssl_channel_credentials(pinned, key_pem, certificate_pem),
                 options=[("grpc.ssl_target_name_override", peer), *_BACKOFF_OPTIONS],
             )
             self._channels[peer] = channel
@@ -256,7 +263,7 @@ class Outbox:
     def _send_error(
         self, err: grpc.RpcError, dst: str, tag: str, size: int, streaming: bool = False
     ) -> FederationError:
-        code, details = err.code(), (err.details() or "").strip()
+        code, details = err.code(), printable((err.details() or "").strip())  # the peer's words: escaped
         address = self.federation.party(dst).address
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
             return FederationError(f"{dst} refused {tag!r} from {self.me}: {details}")
@@ -284,7 +291,8 @@ class Outbox:
             return "it is connected but did not acknowledge the message"
         if port_answers(self.federation.party(dst).address):
             return (
-                "its port answers but no TLS connection could be made (a certificate from another CA, or not the "
-                "name the federation file gives)"
+                f"its port answers but no TLS connection could be made: the server there does not hold the "
+                f"certificate pinned for {dst} in the federation file (another party's, or one from another CA or "
+                f"freshly minted), or it does not accept {self.me}'s"
             )
         return "nothing answers there (is it running?)"

@@ -2,17 +2,25 @@
 
 Why a PKI at all: mutual TLS lets each party prove its name to the others with a certificate, so the transport
 knows who sent a message from the connection itself rather than from what the message claims. A real deployment
-would use certificates from its own CA; `write_test_pki` makes one on the spot (never for production: the CA's key
-sits beside the certificates).
+would use certificates from its own CA; `write_test_pki` makes one on the spot.
 
 Layout written by `write_test_pki(out_dir, ["party0", "party1"])`:
 
-- ``ca.pem`` / ``ca.key``: a self-signed CA (ECDSA P-256), allowed to sign party certificates only.
+- ``ca.pem``: a self-signed CA (ECDSA P-256), allowed to sign party certificates only. Its key goes where
+  `ca_key` says (``ca.key`` in the folder by default, for tests that issue more certificates; `lvfl pki` writes it
+  apart from the folder, `lvfl launch` never writes it): whoever holds it can mint a certificate for any name.
 - ``<party>.pem`` / ``<party>.key``: each party's certificate (subject CN and a DNS SAN equal to the party name,
-  plus a SAN for each host it may be reached at; usable for TLS server and client authentication) and key.
+  plus a SAN for each host that party is reached at, and no other party's; usable for TLS server and client
+  authentication) and key.
 
-Keys are written with mode 0600. The checks (`check_certificate`, `check_key`) raise a one-line `FederationError`
-naming the file and the fault: expired, not yet valid, not signed by the CA, or issued to another name.
+Every party pins every certificate (the federation file lists them), on both ends of a connection: a server accepts
+a client only with the certificate pinned for a party, and a client trusts a server only with the certificate
+pinned for the peer it dials (`lvfl.federation.outbox`), so neither another party's certificate nor one freshly
+minted with the CA's key passes for a party.
+
+Keys are written with mode 0600, and `check_key` refuses one that others may read. The checks (`check_certificate`,
+`check_key`) raise a one-line `FederationError` naming the file and the fault: expired, not yet valid, not signed by
+the CA, issued to another name, or a key readable by others.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import hashlib
 import ipaddress
 import os
 import re
-from collections.abc import Iterable, Sequence
+import stat
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +47,7 @@ __all__ = [
     "CA_CERTIFICATE",
     "CA_KEY",
     "DEFAULT_HOSTS",
+    "IN_FOLDER",
     "PKIFiles",
     "certificate_fingerprint",
     "certificate_names",
@@ -74,9 +84,13 @@ class PKIFiles:
 
     directory: Path
     ca_certificate: Path
-    ca_key: Path
+    ca_key: Path | None  # None: not written (the CA's key existed only while it signed)
     certificates: dict[str, Path]
     keys: dict[str, Path]
+
+
+#: `write_test_pki`'s default for `ca_key`: ``ca.key`` in the folder it writes
+IN_FOLDER = "in-folder"
 
 
 # ------------------------------------------------------------------------------------------------- writing
@@ -85,49 +99,66 @@ def write_test_pki(
     party_names: Sequence[str],
     hosts: Sequence[str] = DEFAULT_HOSTS,
     days: float = 30,
+    *,
+    party_hosts: Mapping[str, Sequence[str]] | None = None,
+    ca_key: str | os.PathLike[str] | None = IN_FOLDER,
 ) -> PKIFiles:
     """Write a fresh CA and a certificate and key per party into `out_dir` (created if missing).
 
     Args:
         out_dir: the folder; existing files of the same names are replaced.
         party_names: one certificate each, CN and DNS SAN = the name.
-        hosts: extra SANs on every party certificate (DNS names or IP addresses the party is reached at).
+        hosts: extra SANs on every party certificate (DNS names or IP addresses every party is reached at, such as
+            localhost on one machine).
         days: validity from now; 0 or less writes party certificates that have already expired (for tests). The CA
             is valid for at least a day either way.
+        party_hosts: extra SANs on one party's certificate only, by party name (where that party listens); no
+            certificate names another party's host.
+        ca_key: where to write the CA's private key (mode 0600): ``ca.key`` in `out_dir` by default, a path, or
+            None to write it nowhere (no certificate can be added to this CA later, and none can be forged with it).
 
     Example:
         >>> import tempfile
-        >>> pki = write_test_pki(tempfile.mkdtemp(), ["party0", "party1"])
+        >>> pki = write_test_pki(tempfile.mkdtemp(), ["party0", "party1"], ca_key=None)
         >>> check_certificate(pki.certificates["party1"], pki.ca_certificate, "party1").subject.rfc4514_string()
         'CN=party1'
+        >>> pki.ca_key is None
+        True
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = [check_party_name(name) for name in party_names]
     if len(set(names)) != len(names):
         raise FederationError(f"party names must be distinct, got {names}")
-    ca_key = ec.generate_private_key(ec.SECP256R1())
+    unknown = sorted(set(party_hosts or {}) - set(names))
+    if unknown:
+        raise FederationError(f"party_hosts names {unknown}, which are not among the parties {names}")
+    signer = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"lvfl test CA {os.urandom(4).hex()}")])
     since, until = _validity(max(days, 1))
     ca_certificate = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(subject)
-        .public_key(ca_key.public_key())
+        .public_key(signer.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(since)
         .not_valid_after(until)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(signer.public_key()), critical=False)
+        .sign(signer, hashes.SHA256())
     )
-    ca_pem, ca_key_path = out / CA_CERTIFICATE, out / CA_KEY
+    ca_pem = out / CA_CERTIFICATE
     ca_pem.write_bytes(ca_certificate.public_bytes(serialization.Encoding.PEM))
-    _write_key(ca_key_path, ca_key)
+    ca_key_path = None if ca_key is None else out / CA_KEY if ca_key == IN_FOLDER else Path(ca_key)
+    if ca_key_path is not None:
+        ca_key_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_key(ca_key_path, signer)
     certificates, keys = {}, {}
     for name in names:
-        certificates[name], keys[name] = issue_certificate(ca_pem, ca_key_path, name, out, hosts=hosts, days=days)
+        own = [*hosts, *(party_hosts or {}).get(name, ())]
+        certificates[name], keys[name] = _issue(ca_certificate, signer, name, out, own, days)
     return PKIFiles(out, ca_pem, ca_key_path, certificates, keys)
 
 
@@ -149,6 +180,14 @@ def issue_certificate(
     signer = serialization.load_pem_private_key(Path(ca_key).read_bytes(), password=None)
     if not isinstance(signer, ec.EllipticCurvePrivateKey):
         raise FederationError(f"CA key {ca_key} is not an ECDSA key")
+    return _issue(ca, signer, name, Path(out_dir), hosts, days)
+
+
+def _issue(
+    ca: x509.Certificate, signer: ec.EllipticCurvePrivateKey, name: str, out: Path, hosts: Sequence[str], days: float
+) -> tuple[Path, Path]:
+    """`issue_certificate` with the CA's certificate and key in memory."""
+    check_party_name(name)
     key = ec.generate_private_key(ec.SECP256R1())
     since, until = _validity(days)
     certificate = (
@@ -169,7 +208,6 @@ def issue_certificate(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()), critical=False)
         .sign(signer, hashes.SHA256())
     )
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pem, key_path = out / f"{name}.pem", out / f"{name}.key"
     pem.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
@@ -298,7 +336,20 @@ def check_certificate(
 
 
 def check_key(key_path: str | os.PathLike[str], certificate_path: str | os.PathLike[str]) -> bytes:
-    """The PEM private key in `key_path`, refused unless it is unencrypted and belongs to the certificate."""
+    """The PEM private key in `key_path`, refused unless it is its owner's alone, unencrypted and the certificate's.
+
+    "Its owner's alone": on a POSIX system, no permission for the group or others (``chmod 600``), as `ssh` refuses
+    a private key others can read: a key others can read may have been copied, and the party it names with it.
+    """
+    try:
+        mode = os.stat(key_path).st_mode
+    except OSError as err:
+        raise FederationError(f"private key {key_path}: cannot read it ({err.strerror or err})") from None
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise FederationError(
+            f"private key {key_path} is readable by others (mode {stat.S_IMODE(mode):04o}): a key others can read "
+            f"may be copied, and whoever holds it is this party to its peers; chmod 600 {key_path}"
+        )
     try:
         data = Path(key_path).read_bytes()
         key = serialization.load_pem_private_key(data, password=None)

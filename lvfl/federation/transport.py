@@ -10,7 +10,9 @@ abort or a send that waits for its answer is one ``Deliver(Envelope) -> Ack`` ca
 
 Who sent a message is read from the TLS connection, never from the message: both ends present certificates from
 the federation's CA (``require_client_auth``), the server matches the client's certificate against the one pinned
-for each party in the federation file, and refuses an envelope whose ``src`` is not that party. It also refuses a
+for each party in the federation file, and refuses an envelope whose ``src`` is not that party; the client trusts
+only the certificate pinned for the peer it dials, so a server at that address with any other certificate, even one
+the CA signed, gets nothing. It also refuses a
 message of another run or configuration (``run_id``, ``fingerprint``), out of sequence (each (src, dst, tag) is
 numbered from 0: a lost or replayed message shows), or that the codec refuses; and `receive` refuses a message for
 another step than the one the protocol is at. A refused message is answered with the reason (the sender's `send`
@@ -48,7 +50,7 @@ from lvfl.federation.addresses import check_port_free
 from lvfl.federation.codec import RECORDS, Header, RecordRegistry, encode_envelope
 from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.identity import TLSIdentities
-from lvfl.federation.inbox import ABORT_TAG, Inbox
+from lvfl.federation.inbox import ABORT_TAG, HELLO_TAG, Inbox
 from lvfl.federation.outbox import DELIVER, Outbox
 from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
 
@@ -68,8 +70,6 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 
 Key = tuple[str, str, str]  # (src, dst, tag)
-#: the tag of the greeting every party sends every peer before set-up (`Transport.hello`)
-HELLO_TAG = "hello"
 
 
 class Transport(Inbox, Outbox):
@@ -144,7 +144,7 @@ class Transport(Inbox, Outbox):
             )
         if len(set(self._pins.values())) != len(self._pins):
             raise FederationError(f"federation file {self.federation.path}: two parties have the same certificate")
-        self.identities = TLSIdentities(self.me, self.federation, self.key_path)
+        self.identities = TLSIdentities(self.me, self.federation, self.key_path, run_id=self.run_id)
         ca_pem = self.federation.ca.read_bytes()
         cert_pem = self.federation.party(self.me).certificate.read_bytes()
         key_pem = check_key(self.key_path, self.federation.party(self.me).certificate)
@@ -175,7 +175,7 @@ class Transport(Inbox, Outbox):
             raise FederationError(f"{cannot_listen}: the port is in use, or the host is not this machine")
         server.start()
         self._server = server
-        self._dial(grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem))
+        self._dial(key_pem, cert_pem)
         return self
 
     def close(self) -> None:

@@ -76,6 +76,9 @@ class _ClippedNoise(GradientDefense):
 
     def __init__(self, clip: float, seed: int | None) -> None:
         self.clip = _check_positive(clip, "clip", type(self).__name__)
+        # a fixed seed, named where a public config must not hold one (`VFLModule.fixed_noise_seeds`); not `seed`, so
+        # that the run fingerprint (which records the settings an object keeps under their own names) does not change
+        self.fixed_seed = seed
         self.generator = os_seeded_generator(seed)
 
     @abstractmethod

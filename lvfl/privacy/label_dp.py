@@ -174,6 +174,9 @@ class LabelMechanism(ABC):
 
     def __init__(self, epsilon: float, seed: int | None = None) -> None:
         self.epsilon = check_epsilon(epsilon)
+        # a fixed seed, named where a public config must not hold one (`VFLModule.fixed_noise_seeds`); not `seed`, so
+        # that the run fingerprint (which records the settings an object keeps under their own names) does not change
+        self.fixed_seed = seed
         self.generator = os_seeded_generator(seed)
 
     def check_task(self, num_classes: int, kind: str) -> None:

@@ -3,13 +3,14 @@
 Protocol (VFedMH Eq. 5, with the static float blinding factor replaced by fresh per-step masks in the ring
 Z_2^R, R = `ring_bits`: 32 by default, 64 on request):
 
-1. Setup. Each passive party k draws an X25519 key pair and sends its 32-byte public key, signed with its identity
-   key (64 bytes, ECDSA P-256: `lvfl.crypto.signing`), to the active party (`tag="keys"`), which forwards every
-   other passive party's signed key to k, one message per key. k checks each signature against that party's
-   identity (in a federation, the certificate pinned for it in the federation file) and refuses a key that does not
-   carry it. Each pair (k, j) derives a pair key `HKDF-SHA256(X25519(sk_k, pk_j), info=sorted names)`. The active
-   party relays public keys only and learns no pair key. Key bytes on the wire: `K * 96 + K * (K - 1) * 96` for K
-   passive parties.
+1. Setup. Each passive party k draws an X25519 key pair and sends its 32-byte public key, signed with its identity key
+   (64 bytes, ECDSA P-256: `lvfl.crypto.signing`), to the active party (`tag="keys"`), which forwards every other
+   passive party's signed key to k, one message per key. The signature covers the key, its owner's name, the run (the
+   identities' `session`: in a federation the run ID every party is started with), the round of this key set-up and the
+   rank. k checks each signature against that party's identity (in a federation, the certificate pinned for it in the
+   federation file) and refuses a key that does not carry it, or that was signed for another run, round or rank. Each
+   pair (k, j) derives a pair key `HKDF-SHA256(X25519(sk_k, pk_j), info=sorted names)`. The active party relays public
+   keys only and learns no pair key. Key bytes on the wire: `K * 96 + K * (K - 1) * 96` for K passive parties.
 2. Protect. Passive party k checks that its embedding E_k is in range (refusing, naming k, otherwise), encodes it
    to fixed point in Z_2^R and adds, for every other passive party j, `+PRG(key_kj, step, rank, index)` if k
    precedes j in the party list and `-PRG(...)` otherwise. Every mask is added once and subtracted once, so the
@@ -20,7 +21,10 @@ Z_2^R, R = `ring_bits`: 32 by default, 64 on request):
 What the active party learns: the sum of the passive embeddings (which the protocol needs), not the individual ones,
 provided at least two passive parties do not collude with it. The public keys are relayed by the active party and
 signed by their owners, so an active party that swaps them (a man in the middle: it gives each passive party a
-public key of its own) is caught: the passive party refuses the key, naming the relay, and derives no pair key. In a
+public key of its own) is caught: the passive party refuses the key, naming the relay, and derives no pair key; so
+is one that replays a key its owner signed in another run (whose pair key it might know from that run's traffic).
+Within one run ID a relay could replay a key from an earlier attempt of the same run: give every attempt its own
+run ID (`lvfl launch` draws one; `lvfl party --run_id`). In a
 federation the signing keys are the parties' TLS keys, certified by the federation's CA; in simulation they are
 throw-away keys per party (one process holds every party anyway). With a single passive party there is no mask at
 all, so the "share" is that party's embedding; `DHMasking` refuses that unless `allow_insecure=True`. Masking
@@ -44,8 +48,9 @@ from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
 from lvfl.wire import Absent, Wire
 
-#: what a passive party's signature of its X25519 public key binds it to (`lvfl.crypto.signing.signed_message`)
-KEY_CONTEXT = b"lvfl/dh-masking/public-key/v1"
+#: what a passive party's signature of its X25519 public key binds it to (`lvfl.crypto.signing.signed_message`),
+#: with the run's session, the key set-up's round and the rank
+KEY_CONTEXT = b"lvfl/dh-masking/public-key/v2"
 #: bytes of one key message: the 32-byte X25519 public key and its 64-byte signature
 SIGNED_KEY_BYTES = keys.PUBLIC_KEY_BYTES + signing.SIGNATURE_BYTES
 
@@ -116,6 +121,7 @@ class DHMasking(AggregationBackend):
         self.ring_bits = fixedpoint.check_ring_bits(ring_bits, "DHMasking(ring_bits=...)")
         self.allow_insecure = bool(allow_insecure)
         self._check_capacity(2)  # the fewest parties there can be (one passive party, allow_insecure)
+        self._rounds = 0  # key set-ups run so far: each signature binds its round
         self._forget_keys()
 
     def _check_capacity(self, num_parties: int) -> None:
@@ -176,12 +182,14 @@ class DHMasking(AggregationBackend):
 
         super().setup(parties, active, wire, rank)
         self._forget_keys()
+        binding = (wire.identities.session, self._rounds.to_bytes(8, "big"), rank.to_bytes(2, "big"))
+        self._rounds += 1
         private = {}
         public_at_active = {}
         for k in passive:  # each passive party -> active: its signed public key (a view draws only its own)
             if wire.holds(k):
                 private[k], public = keys.generate_keypair()
-                signature = wire.identities.sign(k, signing.signed_message(KEY_CONTEXT, k, public))
+                signature = wire.identities.sign(k, signing.signed_message(KEY_CONTEXT, k, public, *binding))
                 signed = {"key": public, "signature": signature}
             else:
                 signed = {"key": Absent("an X25519 public key"), "signature": Absent("its signature")}
@@ -197,7 +205,7 @@ class DHMasking(AggregationBackend):
                 continue
             for j in passive:
                 if j != k:
-                    self._check_signed(wire, k, j, active, public_at[k][j])
+                    self._check_signed(wire, k, j, active, public_at[k][j], binding)
             peers[k] = tuple(
                 (keys.shared_pair_key(private[k], public_at[k][j]["key"], keys.pair_info(k, j)), pos_k < pos_j)
                 for pos_j, j in enumerate(passive)
@@ -210,17 +218,20 @@ class DHMasking(AggregationBackend):
         self._range_remedy = self._remedy()
 
     @staticmethod
-    def _check_signed(wire: Wire, receiver: str, owner: str, active: str, signed: Any) -> None:
-        """Refuse a relayed public key that does not carry its owner's signature (a man in the middle)."""
+    def _check_signed(
+        wire: Wire, receiver: str, owner: str, active: str, signed: Any, binding: tuple[bytes, ...]
+    ) -> None:
+        """Refuse a relayed public key without its owner's signature for this run and round (a man in the middle)."""
         ok = isinstance(signed, dict) and set(signed) == {"key", "signature"}
         ok = ok and isinstance(signed["key"], bytes) and isinstance(signed["signature"], bytes)
         if not ok or not wire.identities.verify(
-            owner, signing.signed_message(KEY_CONTEXT, owner, signed["key"]), signed["signature"]
+            owner, signing.signed_message(KEY_CONTEXT, owner, signed["key"], *binding), signed["signature"]
         ):
             raise ValueError(
                 f"DHMasking: {receiver} received {owner}'s X25519 public key, relayed by the active party {active}, "
-                f"without a valid signature by {owner}'s identity: the relayed key was changed (a man in the middle) "
-                "or is not the one it signed; no pair key is derived from it"
+                f"without a valid signature by {owner}'s identity for this run: the relayed key was changed (a man in "
+                "the middle), is not the one it signed, or was signed for another run (a replay); no pair key is "
+                "derived from it"
             )
 
     def _require_setup(self) -> None:

@@ -290,6 +290,24 @@ class VFLModule(
                 if b is not None:
                     submodule._buffers[bname] = shadow(b)
 
+    def fixed_noise_seeds(self) -> dict[str, int]:
+        """The privacy noise this run draws from a seed its config fixes: option (under `model`) -> seed.
+
+        The config is public (every party reads it), so a fixed seed there lets any party regenerate that noise and
+        strip it: the label mechanism's release, the gradient defense's noise, a party's `embedding_noise`. Tests
+        and reproducible experiments fix them on purpose; a deployment must not (`lvfl party` refuses them).
+        """
+        found = {}
+        noises = {"label_mechanism": self.label_mechanism, "gradient_defense": self.gradient_defense}
+        for option, mechanism in noises.items():
+            if getattr(mechanism, "fixed_seed", None) is not None:
+                found[f"{option}.init_args.seed"] = mechanism.fixed_seed
+        for index, config in enumerate(self.party_configs):
+            noise = config.embedding_noise
+            if getattr(noise, "fixed_seed", None) is not None:
+                found[f"parties[{index}].embedding_noise.init_args.seed"] = noise.fixed_seed
+        return found
+
     def check_backend(self) -> None:
         """Refuse backends that make no sense for this protocol (override in protocols that restrict them).
 
