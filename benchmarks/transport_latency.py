@@ -168,7 +168,7 @@ def codec_cost(rows: int, cols: int, repeats: int = 2000) -> tuple[float, float]
     """Microseconds to encode, and to parse and decode, one envelope of a ``rows x cols`` float32 tensor."""
     import torch
 
-    from lvfl.federation.codec import RECORDS, Header, decode_value, encode_envelope, parse_envelope
+    from lvfl.federation.codec import RECORDS, Header, decode_payload, encode_envelope, parse_envelope
 
     tensor, header = torch.randn(rows, cols), Header("latency", "a", "b", "there", 3, 7, "")
     data = encode_envelope(header, tensor, RECORDS)
@@ -178,8 +178,8 @@ def codec_cost(rows: int, cols: int, repeats: int = 2000) -> tuple[float, float]
     encode = (time.perf_counter() - started) / repeats
     started = time.perf_counter()
     for _ in range(repeats):
-        _, value = parse_envelope(data, sender="a")
-        decode_value(value, sender="a", tag="there", records=RECORDS)
+        _, payload = parse_envelope(data, sender="a")
+        decode_payload(payload, sender="a", tag="there", records=RECORDS)
     decode = (time.perf_counter() - started) / repeats
     return encode * 1e6, decode * 1e6
 

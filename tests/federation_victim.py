@@ -3,9 +3,9 @@
 It starts `lvfl.federation.transport.Transport` for `--party` (the project's own server, certificates and checks),
 prints ``listening`` once its server is up, greets `--greet` peers (as `lvfl party` does before set-up), then takes
 `--receive` messages (``PEER:TAG`` each, in order, each for step 0), and ends with one JSON line on standard output:
-``{"ok": ..., "error": the one-line refusal or null, "rss_mb": ..., "peak_mb": ...}`` (resident and peak resident
-memory of this process, from /proc). `--linger S` keeps the server up S seconds more before it closes, so that an
-attacker can still reach it after the last receive.
+``{"ok": ..., "error": the one-line refusal or null, "start_mb": ..., "rss_mb": ..., "peak_mb": ...}`` (resident memory
+once listening, and resident and peak resident memory at the end, from /proc). `--linger S` keeps the server up S
+seconds more before it closes, so that an attacker can still reach it after the last receive.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def main() -> None:
     transport = Transport(
         args.party, args.federation, args.run_id, timeout=args.timeout, fingerprint=args.fingerprint
     ).start()
+    start = memory_mb()["rss_mb"]
     print("listening", flush=True)
-    result: dict = {"ok": True, "error": None}
+    result: dict = {"ok": True, "error": None, "start_mb": start}
     try:
         if args.greet:
             transport.hello(args.greet)
@@ -49,7 +50,7 @@ def main() -> None:
             peer, _, tag = item.partition(":")
             transport.receive(peer, tag, 0)
     except FederationError as err:
-        result = {"ok": False, "error": str(err)}
+        result.update(ok=False, error=str(err))
     time.sleep(args.linger)
     result.update(memory_mb())
     transport.close()

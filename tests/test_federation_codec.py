@@ -31,7 +31,9 @@ from lvfl.federation.codec import (
     dtype_name,
     encode_envelope,
     encode_value,
+    parse_envelope,
     register_record,
+    scan_payload,
 )
 from lvfl.privacy.ckks import CKKSShare
 from lvfl.privacy.paillier import PaillierShare
@@ -481,3 +483,63 @@ def test_top_k_indices_out_of_range_or_out_of_order_are_refused() -> None:
         crafted = dataclasses.replace(sent, indices=indices)
         with pytest.raises(FederationError, match=r"indices must be increasing int64 positions in \[0, 16\)"):
             decode_envelope(encode_envelope(HEADER, crafted), sender="party2")
+
+
+# -------------------------------------------------------------------------------------------- the bounds before parsing
+def _values(obj) -> int:
+    """An independent count of the values `scan_payload` counts: every value, and each size of a tensor's shape."""
+    if isinstance(obj, torch.Tensor):
+        return 1 + obj.dim()
+    if isinstance(obj, dict):
+        return 1 + sum(_values(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return 1 + sum(_values(v) for v in obj)
+    if dataclasses.is_dataclass(obj):
+        return 1 + sum(_values(getattr(obj, f.name)) for f in dataclasses.fields(obj))
+    return 1
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        b"raw",
+        torch.zeros(3, 4, 5),
+        [1, 2.5, "text", None, True, b"x"],
+        {"a": [torch.ones(2), (3, 4)], "b": {"c": None}},
+        Compressor(bits=8, topk=0.5).compress(torch.randn(4, 6)),
+        [[[[torch.zeros(())]]]],
+    ],
+)
+def test_scan_counts_exactly_the_values_the_payload_holds(payload) -> None:
+    _, data = parse_envelope(encode_envelope(HEADER, payload), sender="party2")
+    assert scan_payload(data, sender="party2", tag="t") == _values(payload)
+
+
+def test_scan_refuses_past_each_bound_before_protobuf_parses_anything() -> None:
+    _, data = parse_envelope(encode_envelope(HEADER, [None] * 1000), sender="party2")
+    assert scan_payload(data, sender="party2", tag="t", max_nodes=1001) == 1001
+    with pytest.raises(FederationError, match=r"^party2 sent 't' with more than 1000 values \(max_nodes\)"):
+        scan_payload(data, sender="party2", tag="t", max_nodes=1000)
+    nested = pb.Value(none=pb.Null())
+    for _ in range(MAX_DEPTH + 1):
+        nested = pb.Value(list=pb.Items(items=[nested]))
+    with pytest.raises(FederationError, match=f"nested deeper than {MAX_DEPTH} levels"):
+        scan_payload(nested.SerializeToString(), sender="party2", tag="t")
+    wide = pb.Value(tensor=pb.Tensor(dtype="float32", shape=[1] * 40, data=b"\0\0\0\0"))
+    with pytest.raises(FederationError, match=r"a tensor of 40 dimensions \(at most 32\)"):
+        scan_payload(wide.SerializeToString(), sender="party2", tag="t")
+    for junk in (b"\xff", b"\x1a\x05ab", b"\x0b"):  # an overlong varint, a field past the end, a group
+        with pytest.raises(FederationError, match="not an lvfl value"):
+            scan_payload(junk, sender="party2", tag="t")
+
+
+def test_an_envelope_is_split_without_copying_or_parsing_its_payload() -> None:
+    data = encode_envelope(HEADER, torch.arange(1000.0))
+    header, payload = parse_envelope(data, sender="party2")
+    assert header == HEADER
+    assert isinstance(payload, memoryview)
+    assert payload.obj is data  # a view of the envelope's own bytes
+    twice = data + pb.EnvelopeHead(payload=b"\x12\x00").SerializeToString()  # a second payload field
+    with pytest.raises(FederationError, match="not an lvfl envelope \\(two payloads\\)"):
+        parse_envelope(twice, sender="party2")

@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 import pytest
+import torch
 from helpers import REPO
 
 from lvfl.federation import FederationError
@@ -326,3 +328,326 @@ def test_a_launch_leaves_none_of_its_throw_away_keys(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "federation " + str(tmp) in done.stdout  # the PKI was written there
     assert list(tmp.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------- what a peer can fill
+MiB = 2**20
+
+
+def crafted(src: str, dst: str, tag: str, payload: bytes, seq: int = 0) -> bytes:
+    """An envelope whose payload's bytes are given as they are (a rogue writes whatever it likes)."""
+    from lvfl.federation import envelope_pb2 as pb
+    from lvfl.federation.codec import SCHEMA
+
+    head = pb.EnvelopeHead(schema=SCHEMA, run_id="run-1", src=src, dst=dst, tag=tag, step=0, seq=seq, payload=payload)
+    return head.SerializeToString()
+
+
+def test_a_party_never_greeted_gets_nothing_held(federation, rogue):
+    """Finding 3: party2 is pinned but party0 never greets it (a party talks only to its peers). Of its eight 100 MiB
+    tensors the first is received and refused on its header, in one line naming party2; the others are refused
+    before they are read. party0 holds none of them, and party1's messages still pass. Stated bound: a party never
+    greeted costs party0 one envelope's reception (gRPC's and Python's buffers, freed): under 5 times the envelope,
+    where keeping all eight took 800 MiB."""
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:done", "--timeout", "60")
+    stranger = rogue("party2")  # greets nobody
+    big = torch.zeros(100 * MiB // 4)
+    refusals = []
+    for i in range(8):
+        with pytest.raises(FederationError) as refused:
+            stranger.send("party0", f"junk{i}", 0, big)
+        refusals.append(str(refused.value))
+    why = (
+        "party2 sent 'junk0' to party0, which has not greeted it: a party takes nothing but a greeting from a peer it "
+        "does not talk to"
+    )
+    assert refusals == [f"party0 refused 'junk{i}' from party2: {why}" for i in range(8)]  # the first reason, each
+    member = rogue("party1")
+    member.hello(["party0"])
+    member.send("party0", "done", 0, b"")
+    result = victim.result()
+    assert result["ok"], result
+    print(f"party0's peak grew by {result['peak_mb'] - result['start_mb']:.0f} MB")  # pytest -s shows it
+    assert result["peak_mb"] - result["start_mb"] < 500, result  # one envelope's reception (measured 3.2 to 3.5x)
+
+
+def test_a_greeted_peer_cannot_queue_more_than_the_bound(federation, rogue):
+    """Finding 3: party1, greeted, sends 100 MiB tensors under a tag party0 never reads. The first is held (a message
+    of any accepted size fits an empty queue); the second is refused in one line naming party1, over
+    max_queued_bytes (64 MiB), and the rest are refused before they are read. Stated bound: party0's peak grows by
+    the one message held, with the copies of decoding it, and one envelope's reception: under 6.5 times the
+    message (measured 4.8 to 5.4), however many follow."""
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:done", "--linger", "8")
+    member = rogue("party1")
+    member.hello(["party0"])
+    member.send("party0", "unread", 0, torch.zeros(100 * MiB // 4))
+    refusals = []
+    for _ in range(6):
+        with pytest.raises(FederationError) as refused:
+            member.send("party0", "unread", 0, torch.zeros(100 * MiB // 4))
+        refusals.append(str(refused.value))
+    assert refusals[0].startswith("party0 refused 'unread' from party1: party1 has 1 messages (104857")
+    assert refusals[0].endswith(
+        "over what party0 holds for one peer (67108864 bytes, max_queued_bytes, or 65536 messages)"
+    )
+    assert set(refusals) == {refusals[0]}  # the same line, without reading the rest
+    result = victim.result()
+    assert not result["ok"]
+    assert result["error"] == refusals[0].removeprefix("party0 refused 'unread' from party1: ")
+    print(f"party0's peak grew by {result['peak_mb'] - result['start_mb']:.0f} MB")  # pytest -s shows it
+    assert result["peak_mb"] - result["start_mb"] < 650, result
+
+
+def test_many_small_messages_under_unread_tags_stop_at_the_bound(federation, rogue):
+    """Finding 3: 300 messages of 1 MiB under tags nobody reads: held up to max_queued_bytes, then refused naming
+    party1; party0 grows by about that much, not by all of them."""
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:done", "--timeout", "60")
+    member = rogue("party1")
+    member.hello(["party0"])
+    sent, refusal = 0, None
+    for i in range(300):
+        try:
+            member.send("party0", f"tag{i}", 0, torch.zeros(MiB // 4))
+        except FederationError as err:
+            refusal = str(err)
+            break
+        sent += 1
+    assert 60 <= sent < 70
+    assert refusal.startswith(f"party0 refused 'tag{sent}' from party1: party1 has {sent} messages")
+    result = victim.result()
+    assert not result["ok"]
+    print(f"party0's peak grew by {result['peak_mb'] - result['start_mb']:.0f} MB")  # pytest -s shows it
+    assert result["peak_mb"] - result["start_mb"] < 200, result
+
+
+def test_a_payload_of_ten_million_values_is_refused_before_it_is_parsed(federation, rogue):
+    """Finding 3: a 40 MB list of ten million `None`s cost 7 s and half a gigabyte to decode before its refusal. Its
+    values are counted on its bytes first: refused at the millionth, in one line naming party1, within a second of
+    party0's time and without the memory."""
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:done", "--timeout", "60")
+    member = rogue("party1")
+    member.hello(["party0"])
+    nones = b"\x0a\x02\x52\x00" * 10_000_000  # ten million list items, each a Value holding `none`
+    payload = b"\x1a" + _varint(len(nones)) + nones  # a Value holding that list
+    with pytest.raises(FederationError) as refused:
+        member._post("party0", "nones", crafted("party1", "party0", "nones", payload))
+    assert str(refused.value) == (
+        "party0 refused 'nones' from party1: party1 sent 'nones' with more than 1048576 values (max_nodes); lvfl "
+        "sends bulk data as tensors"
+    )
+    result = victim.result()
+    assert (
+        result["error"]
+        == "party1 sent 'nones' with more than 1048576 values (max_nodes); lvfl sends bulk data as tensors"
+    )
+    print(f"party0's peak grew by {result['peak_mb'] - result['start_mb']:.0f} MB")  # pytest -s shows it
+    assert result["peak_mb"] - result["start_mb"] < 200, result  # the 40 MB received, and a little
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def test_streams_are_bounded_per_peer_and_a_stranger_holds_none(federation, rogue):
+    """Finding 6: idle streams from a party that never talks to party0 used up its server threads. Now a party it
+    has not greeted cannot open a stream at all, a greeted one holds one at a time, each refusal names the peer, and
+    party1's messages still arrive."""
+    from lvfl.federation.outbox import STREAM
+
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:done", "--timeout", "60")
+    stranger = rogue("party2")
+    idle = []
+    for _ in range(20):  # as many idle streams as the audit opened, from a party party0 never greets
+        call = stranger._channels["party0"].stream_unary(STREAM).future(iter(()), wait_for_ready=True)
+        idle.append(call)
+    codes = {call.exception(timeout=20).code() for call in idle}
+    assert codes == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert idle[0].exception().details() == (
+        "party2 opened a stream to party0, which has not greeted it (it talks only to its peers)"
+    )
+    member = rogue("party1")
+    member.hello(["party0"])
+    blocker = threading.Event()
+
+    def hold() -> Iterator[bytes]:
+        blocker.wait(20)
+        return
+        yield  # pragma: no cover
+
+    first = member._channels["party0"].stream_unary(STREAM).future(hold(), wait_for_ready=True)
+    second = member._channels["party0"].stream_unary(STREAM).future(iter(()), wait_for_ready=True)
+    assert second.exception(timeout=20).details() == (
+        "party1 opened a second stream to party0; a peer streams to it on one at a time"
+    )
+    blocker.set()
+    first.result(timeout=20)
+    member.send("party0", "done", 0, b"")
+    assert victim.result()["ok"]
+
+
+def test_failed_handshakes_add_no_log_lines(tmp_path):
+    """Finding 10: every failed TLS handshake added a gRPC log line to the party's output (193 from one probe).
+    `lvfl` keeps gRPC's own log to its errors: 30 handshakes with a certificate of another CA leave no line."""
+    done = lvfl("pki", "--parties", "party0", "party1", "--out", str(tmp_path / "pki"))
+    assert done.returncode == 0, done.stderr
+    federation = tmp_path / "pki" / "federation.yaml"
+    party = subprocess.Popen(  # noqa: S603 - our own command
+        [sys.executable, "-m", "lvfl", "party", "--party", "party0", "--federation", str(federation), "--timeout", "15",
+         *DIGITS, "--data.init_args.num_parties=2", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    other = write_test_pki(tmp_path / "other", ["party1"])
+    credentials = grpc.ssl_channel_credentials(
+        other.ca_certificate.read_bytes(), other.keys["party1"].read_bytes(), other.certificates["party1"].read_bytes()
+    )
+    from lvfl.federation.federation_file import load_federation
+
+    address = load_federation(federation).party("party0").address
+    failed = 0
+    for _ in range(30):
+        channel = grpc.secure_channel(address, credentials, options=[("grpc.ssl_target_name_override", "party0")])
+        try:
+            grpc.channel_ready_future(channel).result(timeout=1)
+        except grpc.FutureTimeoutError:
+            failed += 1
+        channel.close()
+    assert failed == 30
+    out, err = party.communicate(timeout=120)
+    assert party.returncode == 2
+    assert "Handshake failed" not in out + err
+    assert len(errors((out, err))) == 1  # its own one line: party1 never came
+
+
+@pytest.mark.parametrize("numel", [2**40, 750_000_000], ids=["4 TiB", "3 GB"])
+def test_a_compressed_tensor_is_rebuilt_only_at_the_shape_the_receiver_expects(tmp_path, rogue, federation, numel):
+    """Finding 2: C_VFL's compressed embeddings skipped the receiver's shape check, so a passive party chose what the
+    active party rebuilt: a 200-byte message made it allocate 4 TiB (a traceback), another 3 GB. Every field of a
+    compressed tensor is now checked against the receiver's shadow of it: party0, a real `lvfl party`, refuses it in
+    one line naming party1 and the field, allocating nothing from the declared shape."""
+    from lvfl.commands.fit import build_cli
+    from lvfl.commands.party import config_fingerprint
+    from lvfl.compression import CompressedTensor
+
+    wine = ["--config", "configs/data/wine.yaml", "--config", "configs/protocols/cvfl/default.yaml", "--config",
+            "configs/parties/wine.yaml", "--data.init_args.num_parties=2", "--model.init_args.parties="
+            '[{"model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [8]}}}]',
+            "--trainer.max_epochs=1", "--trainer.num_sanity_val_steps=0"]  # fmt: skip
+    two = write_federation(federation.path.parent / "two.yaml", ["party0", "party1"])
+    fingerprint = config_fingerprint(build_cli(wine, run=False).config.as_dict())
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        party = subprocess.Popen(  # noqa: S603 - our own command
+            [sys.executable, "-m", "lvfl", "party", "--party", "party0", "--federation", str(two.path), "--run_id",
+             "run-1", "--timeout", "30", *wine, f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
+            cwd=REPO, stdout=stdout, stderr=stderr,
+        )  # fmt: skip
+        member = Transport("party1", two, "run-1", timeout=60, fingerprint=fingerprint).start()
+        try:
+            member.hello(["party0"])
+            crafted_tensor = CompressedTensor(
+                (numel,), torch.float32, 8, torch.zeros(1, dtype=torch.uint8), torch.tensor(0.0), torch.tensor(1.0),
+                torch.tensor([0]),
+            )  # fmt: skip
+            member.send("party0", "embeddings", 0, crafted_tensor)  # accepted: the form is checked where it is read
+            peak_kib = peak_while_running(party.pid)
+            _, status, _ = os.wait4(party.pid, 0)
+        finally:
+            member.close()
+    lines = [line for line in err.read_text().splitlines() if line.startswith("lvfl: error:")]
+    assert os.waitstatus_to_exitcode(status) == 2, err.read_text()[-3000:]
+    assert "Traceback" not in err.read_text()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"lvfl: error: party1 sent 'embeddings' at .shape as ({numel},); expected (")
+    assert 0 < peak_kib < 2.5 * 2**20, peak_kib  # KiB: nothing of the declared 3 GB (or 4 TiB) allocated
+
+
+def peak_while_running(pid: int) -> int:
+    """The peak resident memory (VmHWM, KiB) of process `pid` as last read before it exited, polled every 20 ms.
+
+    Read from /proc while it runs, since a child's `ru_maxrss` also counts the parent it was forked from.
+    """
+    peak = 0
+    while True:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return peak
+        if "VmHWM:" not in status:  # exited: a zombie until it is waited for
+            return peak
+        peak = max(peak, int(status.split("VmHWM:")[1].split()[0]))
+        time.sleep(0.02)
+
+
+# ------------------------------------------------------------------------------------------------- what held, kept
+def _tensor_value(dtype: str, shape: list[int], data: bytes) -> bytes:
+    from lvfl.federation import envelope_pb2 as pb
+
+    return pb.Value(tensor=pb.Tensor(dtype=dtype, shape=shape, data=data)).SerializeToString()
+
+
+PROBES = {  # what the audits sent and the party refused, each kept: (the bytes party1 posts, the refusal)
+    "another sender's name": (
+        lambda: crafted("party2", "party0", "x", _tensor_value("float32", [1], b"\0" * 4)),
+        "party1 (by its certificate) sent 'x' in an envelope claiming to be from 'party2'",
+    ),
+    "a pickle": (
+        lambda: __import__("pickle").dumps({"payload": [1, 2, 3]}),
+        "party1 sent 35 bytes that are not an lvfl envelope",
+    ),
+    "an unknown dtype": (
+        lambda: crafted("party1", "party0", "x", _tensor_value("float128", [1], b"\0" * 16)),
+        "party1 sent 'x' with a tensor of unknown dtype 'float128'",
+    ),
+    "a shape that overflows": (
+        lambda: crafted("party1", "party0", "x", _tensor_value("float32", [2**40, 2**40], b"\0" * 4)),
+        "party1 sent 'x' with a float32 [1099511627776, 1099511627776] tensor: a shape too large for any tensor",
+    ),
+    "deep nesting": (
+        lambda: crafted("party1", "party0", "x", _nested(40)),
+        "party1 sent 'x' with values nested deeper than 16 levels",
+    ),
+}
+
+
+def _nested(levels: int) -> bytes:
+    from lvfl.federation import envelope_pb2 as pb
+
+    value = pb.Value(none=pb.Null())
+    for _ in range(levels):
+        value = pb.Value(list=pb.Items(items=[value]))
+    return value.SerializeToString()
+
+
+@pytest.mark.parametrize("probe", list(PROBES), ids=list(PROBES))
+def test_the_probes_that_held_are_still_refused_in_one_line(federation, rogue, probe):
+    """The audits' probes that held, against a party's own process: each refused in one line naming party1 and the
+    fault, before anything is allocated from what the message declares."""
+    data, refusal = PROBES[probe]
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:x", "--timeout", "30")
+    member = rogue("party1")
+    member.hello(["party0"])
+    with pytest.raises(FederationError, match="^party0 refused 'x' from party1: " if probe != "a pickle" else None):
+        member._post("party0", "x", data())
+    result = victim.result()
+    assert not result["ok"]
+    assert result["error"].startswith(refusal), result["error"]
+    assert "\n" not in result["error"]
+
+
+def test_a_replayed_message_is_refused_by_the_partys_process(federation, rogue):
+    """A message replayed (the same sequence number twice) is refused, naming party1: sequence numbers count each
+    (sender, receiver, tag) from 0."""
+    victim = Victim(federation, "party0", "--greet", "party1", "--receive", "party1:x", "party1:x", "--timeout", "30")
+    member = rogue("party1")
+    member.hello(["party0"])
+    message = crafted("party1", "party0", "x", _tensor_value("float32", [1], b"\0" * 4))
+    member._post("party0", "x", message)
+    with pytest.raises(FederationError, match="party1 sent 'x' message #0; party0 expected #1"):
+        member._post("party0", "x", message)
+    result = victim.result()
+    assert result["error"] == "party1 sent 'x' message #0; party0 expected #1 (a message was lost or replayed)"

@@ -44,6 +44,7 @@ def make(federation: Federation) -> Iterator[Callable[..., Transport]]:
     def factory(name: str, start: bool = True, **kwargs) -> Transport:
         kwargs.setdefault("run_id", "run-1")
         kwargs.setdefault("timeout", TIMEOUT)
+        kwargs.setdefault("greetings", False)  # these tests send without greeting: the message path alone
         transport = Transport(name, kwargs.pop("federation", federation), **kwargs)
         made.append(transport)
         return transport.start() if start else transport
@@ -119,7 +120,10 @@ def test_three_parties_exchange_tensors_both_ways(make) -> None:
 
 def test_structured_payloads_and_the_context_manager(federation: Federation) -> None:
     payload = {"ids": b"\x01\x02", "grads": [torch.ones(3, dtype=torch.int64), torch.tensor(True)], "n": ()}
-    with Transport("party0", federation, "run-1", timeout=TIMEOUT) as a, Transport("party1", federation, "run-1") as b:
+    with (
+        Transport("party0", federation, "run-1", timeout=TIMEOUT, greetings=False) as a,
+        Transport("party1", federation, "run-1", greetings=False) as b,
+    ):
         a.send("party1", "mixed", 4, payload)
         got = b.receive(
             "party0", "mixed", 4, expected={"ids": bytes, "grads": [torch.empty(3, dtype=torch.int64), None], "n": None}
@@ -442,7 +446,8 @@ def test_start_twice_and_send_before_start(make) -> None:
 
 
 def test_transports_helper_starts_and_closes_all(federation: Federation) -> None:
-    with transports(*(Transport(name, federation, "run-1", timeout=TIMEOUT) for name in NAMES[:2])) as (a, b):
+    made = (Transport(name, federation, "run-1", timeout=TIMEOUT, greetings=False) for name in NAMES[:2])
+    with transports(*made) as (a, b):
         b.send("party0", "x", 0, b"hello")
         assert a.receive("party1", "x", 0) == b"hello"
     with pytest.raises(FederationError, match="closed its transport"):

@@ -7,6 +7,7 @@ LightningCLI; `predict` holds what predict does around Lightning's loop), `expor
 
 from __future__ import annotations
 
+import os
 import sys
 
 #: every subcommand, with the one line `lvfl --help` prints for it
@@ -47,7 +48,13 @@ def unknown_subcommand(given: str) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the `lvfl` console script and of `python -m lvfl`."""
+    """Entry point of the `lvfl` console script and of `python -m lvfl`.
+
+    gRPC's own log is cut to its errors (unless `GRPC_VERBOSITY` says otherwise), before gRPC is loaded: at its
+    default it writes a line for every failed TLS handshake, and anyone who can reach a party's port can make one
+    (a probe wrote 193); lvfl says in one line of its own what failed between the parties.
+    """
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     argv = list(sys.argv[1:] if args is None else args)
     if not argv or argv[0] in ("-h", "--help"):
         print(HELP)

@@ -179,8 +179,11 @@ class PartySession:
         ).start()
         # every lvfl protocol is a star around the active party (the DH keys are relayed by it, an HE backend's
         # coordinator answers it only): the active party greets every other one and each other one the active one,
-        # so only those connections must open
-        active = party_name(cli.datamodule.active_party)
+        # so only those connections must open. A coordinator also sends every party its public key, which they
+        # take without greeting it (before any greeting: it may come as soon as the coordinator is greeted)
+        active, coordinator = party_name(cli.datamodule.active_party), coordinator_of(cli.model)
+        if coordinator is not None and self.party not in (active, coordinator):
+            self.transport.expect([coordinator])
         self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
         link = SocketLink(self.transport)
         cli.model.wire = Wire(here=self.party, transport=link)

@@ -6,9 +6,13 @@ little-endian bytes, `bytes`, lists, tuples, str-keyed dicts, ints of any size (
 str, bool, float, None, and *records*: objects of a type registered on an explicit allow-list
 (`register_record`), carried as their registered name and str-keyed fields.
 
-Decoding trusts nothing: dtype names come from a fixed table, a tensor's shape times its item size must equal its
-buffer's length, a bool tensor holds only bytes 0 and 1, nesting is bounded, a dict key or record field appears
-once, and a record type that is not registered is refused. `conform` then checks a payload against what the
+Decoding trusts nothing, and spends nothing before it has checked: the header is read first with the payload left
+as bytes (`parse_envelope`), so a receiver refuses a message for who sent it or what it is before parsing it; the
+payload's values are then counted on the wire bytes themselves (`scan_payload`: at most `MAX_NODES` values, nested at
+most `MAX_DEPTH` deep) before protobuf builds any of them, since a few bytes per value on the wire cost tens of
+bytes each once parsed; dtype names come from a fixed table, a tensor's shape times its item size must equal its
+buffer's length before anything is allocated, a bool tensor holds only bytes 0 and 1, a dict key or record field
+appears once, and a record type that is not registered is refused. `conform` then checks a payload against what the
 receiver expects (`expected`: a tensor of the dtype and shape it expects, a `meta` tensor will do, or a dict /
 list / tuple of them). Each refusal is one `FederationError` line naming the sender, the tag and the fault:
 ``party2 sent 'embeddings' as float64 [128, 16]; expected float32 [128, 16]``.
@@ -43,6 +47,7 @@ __all__ = [
     "RecordType",
     "conform",
     "decode_envelope",
+    "decode_payload",
     "decode_value",
     "describe",
     "dtype_from_name",
@@ -52,6 +57,7 @@ __all__ = [
     "parse_envelope",
     "printable",
     "register_record",
+    "scan_payload",
 ]
 
 #: version of the envelope layout; a receiver refuses any other (0 is what a non-lvfl message parses to)
@@ -63,6 +69,9 @@ MAX_DEPTH = 16
 MAX_INT_BYTES = 4096
 #: most dimensions a tensor may have
 MAX_DIMS = 32
+#: most values one payload may hold (tensors, ints, list items, ...): lvfl's own payloads hold a few, or one per
+#: Paillier ciphertext (16,000 for a million packed values); each costs ~60 bytes once protobuf has parsed it
+MAX_NODES = 2**20
 
 #: the dtypes that may cross the wire, by the name the envelope carries (torch's, without "torch.")
 DTYPES: dict[str, torch.dtype] = {
@@ -316,33 +325,220 @@ def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECO
     return envelope.SerializeToString()
 
 
-def parse_envelope(data: bytes, *, sender: str) -> tuple[Header, pb.Value]:
-    """The header and the still-encoded payload of `data`, which `sender` sent; refuses what is not an envelope.
+def parse_envelope(data: bytes, *, sender: str) -> tuple[Header, memoryview]:
+    """The header of `data`, which `sender` sent, and its payload still encoded; refuses what is not an envelope.
 
-    Split from `decode_value` so a receiver can refuse a message for its header (wrong run, wrong sender) before
-    it spends time decoding the payload.
+    The payload is neither parsed nor copied: the envelope's top-level fields are walked on the bytes, the header's
+    (a few short strings and numbers) parsed by protobuf (`EnvelopeHead`), and the payload returned as a view of
+    `data`. A receiver can so refuse a message for its header (wrong run, wrong sender, a peer it holds too much
+    of) having spent nothing on its payload; `decode_payload` then bounds and decodes it.
     """
+    head, start, end = _split_envelope(data, sender)
     try:
-        envelope = pb.Envelope.FromString(data)
+        envelope = pb.EnvelopeHead.FromString(head)
     except DecodeError as err:
         raise FederationError(f"{sender} sent {len(data)} bytes that are not an lvfl envelope ({err})") from None
     if envelope.schema != SCHEMA:
         what = "no schema number" if envelope.schema == 0 else f"schema {envelope.schema}; this lvfl reads {SCHEMA}"
         raise FederationError(f"{sender} sent {len(data)} bytes that are not an lvfl envelope ({what})")
-    if not envelope.HasField("payload"):
+    if start is None:
         raise FederationError(f"{sender} sent {envelope.tag!r} without a payload")
     header = Header(**{field.name: getattr(envelope, field.name) for field in dataclasses.fields(Header)})
-    return header, envelope.payload
+    return header, memoryview(data)[start:end]
+
+
+def _varint(view: memoryview, pos: int, refusal: Callable[[], FederationError]) -> tuple[int, int]:
+    """The protobuf varint at `pos` of `view`, and the position after it.
+
+    `refusal()` is raised for a varint cut short by the end of `view`, or one longer than 64 bits.
+    """
+    value = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise refusal()
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+#: the envelope's payload field (envelope.proto), and the most bytes its other fields may take together
+_PAYLOAD_FIELD, _MAX_HEAD_BYTES = 9, 64 * 1024
+
+
+def _split_envelope(data: bytes, sender: str) -> tuple[bytes, int | None, int | None]:
+    """The envelope's fields other than the payload, as bytes, and where the payload's bytes start and end.
+
+    Refuses bytes that do not walk as a protobuf message, a payload given twice (protobuf would merge the two), and
+    header fields longer than `_MAX_HEAD_BYTES` together (names, a run ID and a fingerprint are short).
+    """
+    view, size = memoryview(data), len(data)
+    head, start, end, pos = bytearray(), None, None, 0
+
+    def refuse(why: str) -> FederationError:
+        return FederationError(f"{sender} sent {size} bytes that are not an lvfl envelope ({why})")
+
+    def varint() -> int:
+        nonlocal pos
+        value, pos = _varint(view, pos, lambda: refuse("a truncated or overlong varint"))
+        return value
+
+    while pos < size:
+        field_start = pos
+        key = varint()
+        field, wire_type = key >> 3, key & 7
+        if wire_type == _LEN:
+            length = varint()
+            if pos + length > size:
+                raise refuse("a field runs past the end")
+            if field == _PAYLOAD_FIELD:
+                if start is not None:
+                    raise refuse("two payloads")
+                start, end = pos, pos + length
+                pos = end
+                continue
+            pos += length
+        elif wire_type == _VARINT:
+            varint()
+        elif wire_type in (_I64, _I32):
+            pos += 8 if wire_type == _I64 else 4
+        else:
+            raise refuse(f"wire type {wire_type}")
+        if pos > size:
+            raise refuse("a field runs past the end")
+        head += view[field_start:pos]
+        if len(head) > _MAX_HEAD_BYTES:
+            raise refuse(f"a header of more than {_MAX_HEAD_BYTES} bytes")
+    return bytes(head), start, end
 
 
 def decode_envelope(
     data: bytes, *, sender: str, expected: Any = None, records: RecordRegistry = RECORDS
 ) -> tuple[Header, Any]:
-    """`parse_envelope`, `decode_value` and `conform` in one: the header and the checked payload."""
-    header, value = parse_envelope(data, sender=sender)
-    payload = decode_value(value, sender=sender, tag=header.tag, records=records)
-    conform(payload, expected, sender=sender, tag=header.tag)
-    return header, payload
+    """`parse_envelope`, `decode_payload` and `conform` in one: the header and the checked payload."""
+    header, payload = parse_envelope(data, sender=sender)
+    value = decode_payload(payload, sender=sender, tag=header.tag, records=records)
+    conform(value, expected, sender=sender, tag=header.tag)
+    return header, value
+
+
+def decode_payload(
+    data: bytes | memoryview,
+    *,
+    sender: str,
+    tag: str,
+    records: RecordRegistry = RECORDS,
+    max_nodes: int = MAX_NODES,
+    max_depth: int = MAX_DEPTH,
+) -> Any:
+    """The payload an envelope's payload bytes encode: counted (`scan_payload`), parsed, then decoded and checked."""
+    scan_payload(data, sender=sender, tag=tag, max_nodes=max_nodes, max_depth=max_depth)
+    try:
+        value = pb.Value.FromString(data)
+    except DecodeError as err:
+        raise FederationError(f"{sender} sent {tag!r} with a payload that is not an lvfl value ({err})") from None
+    return decode_value(value, sender=sender, tag=tag, records=records, max_depth=max_depth)
+
+
+# the payload's wire form, as `scan_payload` walks it (envelope.proto): what each message's fields hold
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_VALUE, _ITEMS, _ENTRIES, _ENTRY, _RECORD, _TENSOR = range(6)
+#: (the message being read, a field of it) -> the message that field holds, for the fields that hold values
+_HOLDS = {
+    (_VALUE, 1): _TENSOR,  # tensor: its shape's sizes are counted
+    (_VALUE, 3): _ITEMS,  # list
+    (_VALUE, 4): _ITEMS,  # tuple
+    (_VALUE, 5): _ENTRIES,  # map
+    (_VALUE, 8): _RECORD,  # record
+    (_ITEMS, 1): _VALUE,
+    (_ENTRIES, 1): _ENTRY,
+    (_RECORD, 2): _ENTRY,
+    (_ENTRY, 2): _VALUE,
+}
+
+
+def scan_payload(data: bytes, *, sender: str, tag: str, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> int:
+    """The number of values an encoded payload holds, counted on its wire bytes; refused past the bounds.
+
+    The bounds: at most `max_nodes` values (each size of a tensor's shape counted as one), nested at most
+    `max_depth` deep, and at most `MAX_DIMS` sizes in a tensor's shape.
+
+    Why on the bytes: protobuf's parser builds an object for every value, tens of bytes each for a value that takes
+    two or four bytes on the wire (a list of ten million `None`s is 40 MB to receive and half a gigabyte parsed), and
+    a receiver cannot bound what it has not counted. The walk stops at the first value past the bound, so what it
+    costs is bounded too; bytes fields (tensor data, raw bytes, ints, text) are stepped over, never copied.
+
+    Raises:
+        FederationError: more than `max_nodes` values, nesting deeper than `max_depth`, or bytes that are not a
+            well-formed payload, naming `sender` and `tag`.
+    """
+    view, end_of_data = memoryview(data), len(data)
+    stack = [(end_of_data, _VALUE, 0)]  # (where the message ends, which message, its depth in values)
+    pos, nodes, dims = 0, 1, 0  # dims: sizes in the shape of the tensor being read
+
+    def refuse(what: str) -> FederationError:
+        return FederationError(f"{sender} sent {tag!r} with {what}")
+
+    def varint() -> int:
+        nonlocal pos
+        value, pos = _varint(view, pos, lambda: refuse("a payload that is not an lvfl value (a truncated varint)"))
+        return value
+
+    def count_sizes(dims: int, nodes: int, added: int) -> int:
+        """A tensor's sizes count as values (protobuf keeps each): refused past MAX_DIMS, or past max_nodes."""
+        if dims > MAX_DIMS:
+            raise refuse(f"a tensor of {dims} dimensions (at most {MAX_DIMS})")
+        if nodes + added > max_nodes:
+            raise refuse(f"more than {max_nodes} values (max_nodes); lvfl sends bulk data as tensors")
+        return nodes + added
+
+    while stack:
+        end, kind, depth = stack[-1]
+        if pos >= end:
+            if pos > end:
+                raise refuse("a payload that is not an lvfl value (a field runs past its message)")
+            stack.pop()
+            continue
+        key = varint()
+        field, wire_type = key >> 3, key & 7
+        shape = kind == _TENSOR and field == 2  # a size of a tensor's shape (a varint), or all of them packed
+        if wire_type == _LEN:
+            length = varint()
+            child_end = pos + length
+            if child_end > end:
+                raise refuse("a payload that is not an lvfl value (a field runs past its message)")
+            if shape:  # packed varints: one ends at each byte below 0x80, ten bytes at most each
+                if length > 10 * MAX_DIMS:
+                    raise refuse(f"a tensor whose shape takes {length} bytes (at most {MAX_DIMS} sizes)")
+                added = sum(byte < 0x80 for byte in view[pos:child_end])
+                dims += added
+                nodes = count_sizes(dims, nodes, added)
+            child = _HOLDS.get((kind, field))
+            if child is None:  # bytes: a tensor's data, raw bytes, an int, a text, a name; or a message of no value
+                pos = child_end
+                continue
+            child_depth = depth + (child == _VALUE)
+            if child == _TENSOR:
+                dims = 0
+            if child == _VALUE:
+                nodes += 1
+                if nodes > max_nodes:
+                    raise refuse(f"more than {max_nodes} values (max_nodes); lvfl sends bulk data as tensors")
+                if child_depth > max_depth:
+                    raise refuse(f"values nested deeper than {max_depth} levels")
+            stack.append((child_end, child, child_depth))
+        elif wire_type == _VARINT:
+            varint()
+            if shape:
+                dims += 1
+                nodes = count_sizes(dims, nodes, 1)
+        elif wire_type in (_I64, _I32):
+            pos += 8 if wire_type == _I64 else 4
+        else:
+            raise refuse(f"a payload that is not an lvfl value (wire type {wire_type})")
+    return nodes
 
 
 # ------------------------------------------------------------------------------------------------- decoding
@@ -449,6 +645,21 @@ def printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
+def _same(got: Any, want: Any) -> bool:
+    """Whether a record field a peer sent equals the one expected (a tensor is compared as a template instead)."""
+    if isinstance(got, torch.Tensor):
+        return False
+    try:
+        return bool(got == want)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _shown(value: Any) -> str:
+    """A field's value in a refusal: short, printable."""
+    return printable(repr(value))[:80]
+
+
 # ------------------------------------------------------------------------------------------------- expectations
 def describe(obj: Any) -> str:
     """How a refusal names a value: "float32 [128, 16]" for a tensor, else its type ("bytes", "dict")."""
@@ -462,7 +673,9 @@ def conform(payload: Any, expected: Any, *, sender: str, tag: str, path: str = "
 
     `expected` is a template: a tensor (any device, `meta` included) requires a tensor of exactly its dtype and
     shape; a dict the same keys, a list or tuple the same type and length, each item checked against its own
-    template; a class requires an instance of it (`bytes`, a record's class); `None` accepts anything there.
+    template; a class requires an instance of it (`bytes`, a record's class); a dataclass instance (a record, its
+    tensors `meta` tensors) requires an instance of exactly its class whose every field matches: a tensor field as
+    a tensor template, `None` as `None`, any other field equal; `None` accepts anything there.
 
     Raises:
         FederationError: ``party2 sent 'embeddings' as float64 [128, 16]; expected float32 [128, 16]``.
@@ -481,6 +694,15 @@ def conform(payload: Any, expected: Any, *, sender: str, tag: str, path: str = "
     elif isinstance(expected, type):
         if not isinstance(payload, expected):
             raise refuse(expected.__qualname__)
+    elif dataclasses.is_dataclass(expected):
+        if type(payload) is not type(expected):
+            raise refuse(type(expected).__qualname__)
+        for field in dataclasses.fields(expected):
+            want, got, where = getattr(expected, field.name), getattr(payload, field.name), f"{path}.{field.name}"
+            if isinstance(want, torch.Tensor):
+                conform(got, want, sender=sender, tag=tag, path=where)
+            elif want is None and got is not None or want is not None and not _same(got, want):
+                raise FederationError(f"{sender} sent {tag!r} at {where} as {_shown(got)}; expected {_shown(want)}")
     elif isinstance(expected, dict):
         if not isinstance(payload, dict):
             raise refuse("a dict")

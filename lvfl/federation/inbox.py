@@ -3,7 +3,22 @@
 The server's handlers (`Deliver`, `Stream`) identify the sender by its TLS certificate (never by the message),
 check the envelope (sender, addressee, run, configuration, tag, sequence, what the codec accepts) and file it under
 (sender, tag); a refused message is answered with the reason and fails this party's next `receive` from that
-sender. `receive` takes the next message of a (sender, tag) and checks its step and form.
+sender, and nothing more from that sender is read. `receive` takes the next message of a (sender, tag) and checks
+its step and form.
+
+What a peer can make this party hold is bounded, and checked on the envelope's header before its payload is parsed:
+
+- Before this party greeted a peer (`Transport.hello`), the peer's greeting and its abort are all it accepts from it:
+  a party talks only to the peers it greets (the active party to every other, the others to the active party) or
+  expects (`Transport.expect`: an HE coordinator, which sends every party its public key), so a pinned party that
+  never talks to this one cannot fill it, nor hold a stream open to it.
+- What a peer has queued here and this party has not read yet is at most `max_queued_bytes` (one message of any
+  size up to `max_message_bytes` when nothing of that peer is queued) and `MAX_QUEUED_MESSAGES` messages;
+  a message past either is refused, naming the peer, whatever its tag.
+- A peer holds at most one stream and `MAX_CALLS` single calls open here at once, so it cannot use up the server's
+  threads, which are counted per peer.
+- A payload holds at most `max_nodes` values, counted on its bytes before protobuf parses it
+  (`lvfl.federation.codec.scan_payload`).
 
 `Inbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the receiving and the sending
 side share one lock and read each other's state (a refused peer stops this party's sends to it, a failed send
@@ -26,8 +41,7 @@ import grpc
 from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
-from lvfl.federation.codec import Header, RecordRegistry, conform, decode_value, printable
-from lvfl.federation.codec import parse_envelope as _parse_envelope
+from lvfl.federation.codec import Header, RecordRegistry, conform, decode_payload, parse_envelope, printable
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import certificate_fingerprint
 from lvfl.wire import payload_nbytes
@@ -45,6 +59,12 @@ ABORT_GRACE = 5.0
 ABORT_TAG = "abort"
 #: the tag of the greeting every party sends every peer before set-up (`Transport.hello`)
 HELLO_TAG = "hello"
+#: the most messages a peer may have queued here, unread (each costs Python objects beyond its bytes)
+MAX_QUEUED_MESSAGES = 65536
+#: the most single calls (a greeting, an abort, a send that waits) a peer may have open here at once, besides a stream
+MAX_CALLS = 2
+#: the longest abort payload accepted, in bytes (the reason printed is cut at 500 characters)
+MAX_REASON_BYTES = 4096
 
 
 class Inbox:
@@ -60,6 +80,9 @@ class Inbox:
     payload_bytes: Counter[tuple[str, str, str]]  # the ledger, by (src, dst, tag)
     envelope_bytes: Counter[tuple[str, str, str]]
     messages: Counter[tuple[str, str, str]]
+    greetings: bool  # whether a peer must be greeted before it may send more than its greeting
+    max_queued_bytes: int
+    max_nodes: int
     _cond: threading.Condition  # guards the mailbox, the ledger and the failures of both sides
     _closed: bool
     _pins: dict[str, str]  # each party's pinned certificate fingerprint, once started
@@ -68,16 +91,26 @@ class Inbox:
 
     def _init_inbox(self) -> None:
         """The empty mailbox: messages by (src, tag) in arrival order, and the first refusal of each peer."""
-        self._inbox: dict[tuple[str, str], deque[tuple[Header, Any]]] = {}
+        self._inbox: dict[tuple[str, str], deque[tuple[Header, Any, int]]] = {}
         self._next_in: Counter[tuple[str, str]] = Counter()
         self._refusals: dict[str, str] = {}
         self._aborted: str | None = None  # a peer's abort: every receive fails with it
         self._senders: dict[bytes, str] = {}  # a pinned peer's certificate (PEM) -> its name, once identified
+        # the peers this party talks to: those it greeted (`Transport.hello`) and those it expects without a greeting
+        # (`Transport.expect`); they may send it more than a greeting
+        self._expected: set[str] = set()
+        self._hello_from: set[str] = set()  # the peers whose greeting this party took
+        self._queued_bytes: Counter[str] = Counter()  # per peer, bytes of its messages filed here and not yet read
+        self._queued_messages: Counter[str] = Counter()
+        self._open_streams_in: Counter[str] = Counter()  # per peer, its streams and single calls open here now
+        self._open_calls_in: Counter[str] = Counter()
 
     def _handler(self) -> grpc.GenericRpcHandler:
         """The server's handlers of the service: bytes in, bytes out (parsed by the codec)."""
         handlers = {
-            "Deliver": grpc.unary_unary_rpc_method_handler(self._deliver),
+            # one envelope per call, but read through an iterator: a call from a peer already refused is refused
+            # before its envelope is read off the connection (a unary handler would receive all of it first)
+            "Deliver": grpc.stream_unary_rpc_method_handler(self._deliver),
             "Stream": grpc.stream_unary_rpc_method_handler(self._stream),
         }
         return grpc.method_handlers_generic_handler(_SERVICE, handlers)
@@ -109,7 +142,9 @@ class Inbox:
                     raise FederationError(self._refusals[src])
                 queue = self._inbox.get((src, tag))
                 if queue:
-                    header, payload = queue.popleft()
+                    header, payload, size = queue.popleft()
+                    self._queued_bytes[src] -= size
+                    self._queued_messages[src] -= 1
                     break
                 if self._closed:
                     raise FederationError(f"{self.me} closed its transport while waiting for {tag!r} from {src}")
@@ -141,36 +176,107 @@ class Inbox:
         conform(payload, expected, sender=src, tag=tag)
         return payload
 
-    def _deliver(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        """The server's handler of one envelope: identify the sender by its certificate, check the message, file it."""
-        return self._accept(request, self._identify(context), context)
+    def _deliver(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        """The server's handler of one envelope: identify the sender by its certificate, check the message, file it.
+
+        A sender refused before is refused before its envelope is read (the client's call is unary; on the wire
+        it is the same as a stream of one, which the server reads only on demand).
+        """
+        sender = self._identify(context)
+        self._enter(sender, context, stream=False)
+        try:
+            self._refuse_again(sender, context)
+            request = next(requests, None)
+            if request is None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{sender} called {self.me} without an envelope")
+            return self._accept(request, sender, context)
+        finally:
+            self._leave(sender, stream=False)
 
     def _stream(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         """The server's handler of a peer's stream: identified once, each envelope taken as `_deliver` takes one.
 
         Answered when the peer ends the stream, with the number of envelopes accepted (the first one refused aborts
-        the stream with the reason instead).
+        the stream with the reason instead). Only a peer this party greeted may open one, and one at a time.
         """
         sender, count = self._identify(context), 0
-        for request in requests:
-            self._accept(request, sender, context)
-            count += 1
+        self._enter(sender, context, stream=True)
+        try:
+            self._refuse_again(sender, context)
+            for request in requests:
+                self._accept(request, sender, context)
+                count += 1
+        finally:
+            self._leave(sender, stream=True)
         return pb.Ack(seq=count).SerializeToString()
 
+    def _enter(self, sender: str, context: grpc.ServicerContext, stream: bool) -> None:
+        """Take one of `sender`'s places here (its stream, or one of its `MAX_CALLS` calls), or refuse the call."""
+        with self._cond:
+            if stream and self.greetings and sender not in self._expected:
+                why = f"{sender} opened a stream to {self.me}, which has not greeted it (it talks only to its peers)"
+            elif stream and self._open_streams_in[sender]:
+                why = f"{sender} opened a second stream to {self.me}; a peer streams to it on one at a time"
+            elif not stream and self._open_calls_in[sender] >= MAX_CALLS:
+                why = f"{sender} has {MAX_CALLS} calls open to {self.me} already, the most one peer may have at once"
+            else:
+                (self._open_streams_in if stream else self._open_calls_in)[sender] += 1
+                return
+        log.warning("%s refused a call: %s", self.me, why)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
+
+    def _refuse_again(self, sender: str, context: grpc.ServicerContext) -> None:
+        """Refuse a call and read nothing of it, from a sender refused before or one that may send nothing more.
+
+        The first keeps its reason; the second is a peer this party has not greeted that has sent its greeting
+        already (a greeting is all such a peer may send).
+        """
+        with self._cond:
+            earlier = self._refusals.get(sender)
+            if earlier is None and self.greetings and sender not in self._expected and sender in self._hello_from:
+                earlier = self._refusals.setdefault(
+                    sender,
+                    f"{sender} sent {self.me} more than its greeting, and {self.me} has not greeted it: a party takes "
+                    "nothing but a greeting from a peer it does not talk to",
+                )
+                self._cond.notify_all()
+        if earlier is not None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, earlier)
+
+    def _leave(self, sender: str, stream: bool) -> None:
+        with self._cond:
+            (self._open_streams_in if stream else self._open_calls_in)[sender] -= 1
+
     def _accept(self, request: bytes, sender: str, context: grpc.ServicerContext) -> bytes:
-        """Check one envelope from `sender` and file it; its acknowledgement, or the call aborted with the reason."""
+        """Check one envelope from `sender` and file it; its acknowledgement, or the call aborted with the reason.
+
+        In order, each before anything costs more: `sender` was not refused before; the header (who, for whom,
+        which configuration and run, `_check_header`); whether this party will hold it (`_reserve`: the greeting,
+        what `sender` has queued here); the payload's size in values, then the payload itself; its sequence.
+        """
+        size, reserved = len(request), False
+        self._refuse_again(sender, context)  # refused once: nothing more from it is read
         try:
-            header, value = _parse_envelope(request, sender=sender)
+            header, data = parse_envelope(request, sender=sender)
             self._check_header(header, sender)
-            payload = decode_value(value, sender=sender, tag=header.tag, records=self.records)
-            if header.tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
-                text = " ".join(bytes(payload).decode("utf-8", errors="replace").split())[:500]
+            reserved = self._reserve(header, sender, size)
+            tag = header.tag
+            payload = decode_payload(data, sender=sender, tag=tag, records=self.records, max_nodes=self.max_nodes)
+            if tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
+                if not isinstance(payload, bytes) or len(payload) > MAX_REASON_BYTES:
+                    raise FederationError(f"{sender} sent an abort that is not bytes of at most {MAX_REASON_BYTES}")
+                text = " ".join(payload.decode("utf-8", errors="replace").split())[:500]
                 reason = printable(text)  # a peer's words reach this party's terminal and log: no escape sequence
                 with self._cond:
                     if self._aborted is None:
                         self._aborted = f"{sender} stopped: {reason}"
                     self._cond.notify_all()
                 return pb.Ack(seq=header.seq).SerializeToString()
+            if header.tag == HELLO_TAG:
+                if payload != b"":
+                    raise FederationError(f"{sender} sent a greeting that is not empty")
+                with self._cond:
+                    self._hello_from.add(sender)
             try:
                 nbytes = payload_nbytes(payload)
             except TypeError as err:
@@ -183,13 +289,18 @@ class Inbox:
                         "(a message was lost or replayed)"
                     )
                 self._next_in[(sender, header.tag)] += 1
-                self._inbox.setdefault((sender, header.tag), deque()).append((header, payload))
+                self._inbox.setdefault((sender, header.tag), deque()).append((header, payload, size))
+                reserved = False  # filed: `receive` releases it
                 key = (sender, self.me, header.tag)
                 self.payload_bytes[key] += nbytes
-                self.envelope_bytes[key] += len(request)
+                self.envelope_bytes[key] += size
                 self.messages[key] += 1
                 self._cond.notify_all()
         except Exception as err:  # noqa: BLE001 (a peer must not be able to leave this party waiting)
+            if reserved:
+                with self._cond:
+                    self._queued_bytes[sender] -= size
+                    self._queued_messages[sender] -= 1
             if isinstance(err, FederationError):
                 reason = str(err)
                 log.warning("%s refused a message: %s", self.me, reason)
@@ -202,6 +313,35 @@ class Inbox:
                 self._cond.notify_all()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
         return pb.Ack(seq=header.seq).SerializeToString()
+
+    def _reserve(self, header: Header, sender: str, size: int) -> bool:
+        """Hold room for a `size`-byte message from `sender`, or refuse it; whether room was held (an abort's is not).
+
+        Before this party greeted `sender`, nothing but its greeting and its abort is taken, each of a few kB at most
+        (an abort is not filed: it stops the run). What `sender` has queued here unread stays within
+        `max_queued_bytes` (a first message of any size passes) and `MAX_QUEUED_MESSAGES`.
+        """
+        tag = header.tag
+        if tag in (HELLO_TAG, ABORT_TAG) and size > MAX_REASON_BYTES + 1024:
+            raise FederationError(f"{sender} sent a {size}-byte {tag!r}; {self.me} takes one of at most a few kB")
+        if tag == ABORT_TAG:  # not filed: it stops the run
+            return False
+        with self._cond:
+            if tag != HELLO_TAG and self.greetings and sender not in self._expected:
+                raise FederationError(
+                    f"{sender} sent {tag!r} to {self.me}, which has not greeted it: a party takes nothing but a "
+                    "greeting from a peer it does not talk to"
+                )
+            queued, count = self._queued_bytes[sender], self._queued_messages[sender]
+            if queued and queued + size > self.max_queued_bytes or count >= MAX_QUEUED_MESSAGES:
+                raise FederationError(
+                    f"{sender} has {count} messages ({queued} bytes) queued at {self.me} that it has not read yet, "
+                    f"and sent a {size}-byte {tag!r}: over what {self.me} holds for one peer "
+                    f"({self.max_queued_bytes} bytes, max_queued_bytes, or {MAX_QUEUED_MESSAGES} messages)"
+                )
+            self._queued_bytes[sender] += size
+            self._queued_messages[sender] += 1
+            return True
 
     def _identify(self, context: grpc.ServicerContext) -> str:
         """The party whose pinned certificate the client presented; the call is refused if there is none."""

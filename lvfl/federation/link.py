@@ -8,12 +8,14 @@ is refused) and the templates the codec checks a received payload against.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lvfl.federation.transport import Transport
+from lvfl.wire import Absent
 
 __all__ = ["SocketLink", "StepClock", "template"]
 
@@ -21,10 +23,15 @@ __all__ = ["SocketLink", "StepClock", "template"]
 def template(expected: Any) -> Any:
     """The codec's template (`lvfl.federation.codec.conform`) for a receiver's shadow of a message.
 
-    A shadow tensor fixes the dtype and shape; an `Absent` (a key, a ciphertext: its size is known only to its
-    sender) accepts any value, which the code that uses it then checks (a backend's `combine`).
+    A shadow tensor fixes the dtype and shape; a record whose data is in tensors (a `CompressedTensor`, shadowed as
+    the same record with meta tensors, `lvfl.wire.shadow`) fixes every field: its tensors' dtypes and shapes and its
+    other fields' values (the shape it rebuilds to, its bits), so a peer cannot choose what the receiver rebuilds;
+    an `Absent` (a key, a ciphertext: its size is known only to its sender) accepts any value, which the code that
+    uses it then checks (a backend's `combine`).
     """
     if isinstance(expected, torch.Tensor):
+        return expected
+    if dataclasses.is_dataclass(expected) and not isinstance(expected, type | Absent):
         return expected
     if isinstance(expected, dict):
         return {k: template(v) for k, v in expected.items()}

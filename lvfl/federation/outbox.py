@@ -267,11 +267,13 @@ class Outbox:
         address = self.federation.party(dst).address
         if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED):
             return FederationError(f"{dst} refused {tag!r} from {self.me}: {details}")
-        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:  # gRPC's own size check
             return FederationError(
                 f"{dst} refused {tag!r} from {self.me}: the {size}-byte envelope is over its message size limit "
                 f"({details})"
             )
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED:  # the peer's bound on what it holds for this party
+            return FederationError(f"{dst} refused {tag!r} from {self.me}: {details}")
         if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
             if streaming:  # a stream has no deadline: it broke (the peer stopped, or its machine is out of reach)
                 return FederationError(

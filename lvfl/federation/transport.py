@@ -47,16 +47,17 @@ import grpc
 
 from lvfl.federation import FederationError
 from lvfl.federation.addresses import check_port_free
-from lvfl.federation.codec import RECORDS, Header, RecordRegistry, encode_envelope
+from lvfl.federation.codec import MAX_NODES, RECORDS, Header, RecordRegistry, encode_envelope
 from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.identity import TLSIdentities
-from lvfl.federation.inbox import ABORT_TAG, HELLO_TAG, Inbox
+from lvfl.federation.inbox import ABORT_TAG, HELLO_TAG, MAX_CALLS, Inbox
 from lvfl.federation.outbox import DELIVER, Outbox
 from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
 
 __all__ = [
     "ABORT_TAG",
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_TIMEOUT",
     "DELIVER",
     "HELLO_TAG",
@@ -68,6 +69,8 @@ __all__ = [
 DEFAULT_TIMEOUT = 60.0
 #: largest envelope a party accepts: room for a CKKS key exchange or a large batch, far below gRPC's 2 GiB cap
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
+#: most bytes of one peer's messages a party holds unread (beyond a single message of any accepted size)
+DEFAULT_MAX_QUEUED_BYTES = 64 * 2**20
 
 Key = tuple[str, str, str]  # (src, dst, tag)
 
@@ -86,6 +89,11 @@ class Transport(Inbox, Outbox):
         fingerprint: a digest of the run's configuration; when both ends set one, they must be equal.
         records: the record types this party sends and accepts (`lvfl.federation.codec.RECORDS` by default).
         listen: the address the server binds, when not the federation file's (e.g. ``0.0.0.0:50051`` behind NAT).
+        greetings: whether a peer must be greeted (`hello`) before this party takes more than its greeting from it;
+            off only for tests that exercise the message path alone.
+        max_queued_bytes: the most bytes of one peer's messages this party holds unread; a message past it is
+            refused, naming the peer (one message of up to `max_message_bytes` always fits an empty queue).
+        max_nodes: the most values one payload may hold (`lvfl.federation.codec.scan_payload`).
 
     Sends to one (peer, tag) must come from one thread at a time: their sequence numbers are their order.
     `receive` and the server's checks are `lvfl.federation.inbox.Inbox`'s; `send` and `flush` are
@@ -104,6 +112,9 @@ class Transport(Inbox, Outbox):
         fingerprint: str = "",
         records: RecordRegistry = RECORDS,
         listen: str | None = None,
+        greetings: bool = True,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        max_nodes: int = MAX_NODES,
     ) -> None:
         self.federation = federation if isinstance(federation, Federation) else load_federation(federation)
         self.me = self.federation.party(me).name
@@ -113,7 +124,12 @@ class Transport(Inbox, Outbox):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if not 0 < max_message_bytes < 2**31:
             raise ValueError(f"max_message_bytes must be in [1, 2**31 - 1], got {max_message_bytes!r}")
+        if not max_queued_bytes > 0:
+            raise ValueError(f"max_queued_bytes must be a positive number of bytes, got {max_queued_bytes!r}")
+        if not max_nodes > 0:
+            raise ValueError(f"max_nodes must be a positive number of values, got {max_nodes!r}")
         self.run_id, self.timeout, self.max_message_bytes = run_id, float(timeout), int(max_message_bytes)
+        self.greetings, self.max_queued_bytes, self.max_nodes = bool(greetings), int(max_queued_bytes), int(max_nodes)
         self.fingerprint, self.records = fingerprint, records
         self.key_path = Path(key_path) if key_path is not None else self.federation.key_path(me)
         self.listen = listen or self.federation.party(me).address
@@ -149,8 +165,9 @@ class Transport(Inbox, Outbox):
         cert_pem = self.federation.party(self.me).certificate.read_bytes()
         key_pem = check_key(self.key_path, self.federation.party(self.me).certificate)
         self._executor = ThreadPoolExecutor(
-            # a worker per peer's stream for the whole run, and as many again for single calls (hello, abort)
-            max_workers=2 * len(self.peers) + 2,
+            # per peer, its stream for the whole run and its single calls (hello, abort, a send that waits), each
+            # peer held to its own places (`Inbox._enter`), so none can take another's; and two to spare
+            max_workers=(1 + MAX_CALLS) * len(self.peers) + 2,
             thread_name_prefix=f"lvfl-{self.me}",
         )
         server = grpc.server(
@@ -221,12 +238,28 @@ class Transport(Inbox, Outbox):
 
         The greeting is an empty message under tag ``hello`` (not on the Wire's ledger); its header carries the run
         ID and the configuration's fingerprint, which the peer checks (a refusal names the sections that differ).
+        Greeting a peer is also what lets it send this party more than its greeting (`Inbox`'s bounds).
         """
         peers = self.peers if peers is None else tuple(peers)
+        for peer in peers:
+            self._check_peer(peer)
+        with self._cond:  # before the greeting leaves: a peer's messages after its own greeting are then taken
+            self._expected.update(peers)
         for peer in peers:
             self.send(peer, HELLO_TAG, -1, b"")
         for peer in peers:
             self.receive(peer, HELLO_TAG, -1)
+
+    def expect(self, peers: Sequence[str]) -> None:
+        """Take messages from `peers` without greeting them: the senders of a one-way edge.
+
+        An HE backend's coordinator sends every party its public key, and the passive parties never write back (nor
+        need to reach its port): they expect it instead of greeting it.
+        """
+        for peer in peers:
+            self._check_peer(peer)
+        with self._cond:
+            self._expected.update(peers)
 
     def abort(self, reason: str) -> None:
         """Tell every peer this party stops, and why, so that they stop at once (best effort: a second each)."""
