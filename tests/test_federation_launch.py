@@ -375,6 +375,43 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     assert (tmp_path / "party0.csv").read_text() == written  # the bank writes what lvfl predict writes
     assert not (tmp_path / "party1.csv").exists()  # the retailer served its rows and wrote nothing
 
+    # new customers, in each organisation's own file of them: `lvfl launch predict` with the datamodule's new_rows
+    # aligns them by a PSI of their own and writes the file `lvfl predict` writes for the same config
+    retailer_ids = sorted(shared)[5:9]
+    for source, target, keys in (
+        ("bank.csv", "new_bank.csv", [*retailer_ids, *sorted(set(bank_ids) - shared)[3:5]]),
+        ("retailer.csv", "new_retailer.csv", [*retailer_ids[::-1], *sorted(shared)[9:11]]),
+    ):
+        header, *rows = [line.split(",") for line in (everything / source).read_text().splitlines()]
+        keep = [j for j, column in enumerate(header) if column != "status"]
+        by_id = {row[0]: row for row in rows}
+        lines = [",".join(header[j] for j in keep)]
+        lines += [",".join(f"NEW-{key}" if j == 0 else by_id[key][j] for j in keep) for key in keys]
+        (everything / target).write_text("\n".join(lines) + "\n")
+    (everything / "new_rows.yaml").write_text(
+        "data:\n  init_args:\n    new_rows:\n"
+        "      - {path: new_bank.csv, id_column: customer_id, missing: mean}\n"
+        "      - {path: new_retailer.csv, id_column: client}\n"
+    )
+    new = [*run, "--config", str(everything / "new_rows.yaml"), "--ckpt_path", "best"]
+    for command, save_dir, output in (
+        (["predict"], tmp_path / "fit", tmp_path / "new_fit.csv"),
+        (["launch", "predict", "--timeout", "60"], tmp_path / "launch", tmp_path / "new_launch.csv"),
+    ):
+        done = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "lvfl", *command, *new, f"--trainer.logger.init_args.save_dir={save_dir}",
+             "--output", str(output)],
+            cwd=everything, capture_output=True, text=True, timeout=300, check=False, env=env,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    written = (tmp_path / "new_fit.csv").read_text()
+    assert [line.split(",")[0] for line in written.splitlines()[1:]] == [
+        f"NEW-{key}" for key in [*retailer_ids, *sorted(set(bank_ids) - shared)[3:5]]
+    ]
+    assert written.count(",vfl,") == 4, written  # the four both hold; the bank's own two by the student
+    assert written.count(",student,") == 2, written
+    assert (tmp_path / "new_launch.csv").read_text() == written
+
     # each organisation exports its own folder (its encoders come from the set-up, run again with the other's export)
     exported = subprocess.run(  # noqa: S603
         [sys.executable, "-m", "lvfl", "export", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}",

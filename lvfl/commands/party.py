@@ -156,11 +156,6 @@ class PartySession:
             raise ValueError(
                 "lvfl party predict answers in the clear; --oblivious runs in one process only (lvfl predict)"
             )
-        if subcommand == "predict" and getattr(cli.datamodule, "new_row_tables", None) is not None:
-            raise ValueError(
-                "lvfl party predict answers the run's own samples (--ids, or the test split); the datamodule's "
-                "new_rows are predicted in one process only for now (lvfl predict)"
-            )
         known = _federation_names(self.federation)  # read once: it loads and checks the file
         missing = [n for n in names if n not in known]
         if missing:

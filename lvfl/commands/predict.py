@@ -59,7 +59,8 @@ def before_predict(cli: Any) -> None:
     datamodule.setup("predict")
     if not cli.model.wire.holds(datamodule.active_party_name):  # a passive party's own process (`lvfl party`)
         cli.prediction_writer = None  # the active party decides the rows and writes the file
-        datamodule.predict_ids = rows_to_serve(cli.model, datamodule, None)
+        if getattr(datamodule, "new_row_ids", lambda: None)() is None:  # else: the new rows all hold, PSI's order
+            datamodule.predict_ids = rows_to_serve(cli.model, datamodule, None)
         return
     path = config.get("output") or str(Path(cli.trainer.log_dir or ".") / "predictions.csv")
     cli.prediction_writer = writer = PredictionWriter(path)

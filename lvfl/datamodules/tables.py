@@ -64,7 +64,7 @@ from lvfl.datamodules.table_files import PartyTable, read_table
 from lvfl.parties import TaskInfo, party_name
 from lvfl.privacy.psi import private_intersection
 from lvfl.runs import digest_array, digest_json
-from lvfl.wire import Absent, Wire
+from lvfl.wire import Absent, Wire, shadow
 
 __all__ = ["PartyTable", "PartyTables", "read_table"]
 
@@ -325,42 +325,64 @@ class PartyTables(VerticalDataModule):
     def _load_new_rows(self) -> tuple[VerticalTensorDataset, list[str], torch.Tensor]:
         """The new rows, encoded and scaled as each party's training rows were, aligned by their own PSI.
 
+        Each party's part runs where the wire holds it, as `load`'s: in a party's own process (`exchange_on`) it reads
+        only its own table of new rows, runs its part of the PSI live (tags `psi_new/...`), and holds only its own
+        features of the shared rows, the other parties' as shadows of their widths. Every process serves the shared
+        rows in the PSI's agreed order, so the predict loop's batches match; a passive party numbers them from the
+        end of the training samples in that order (the active party's numbers, by its table's rows, are its own).
+
         Returns (the new rows every party holds, as a dataset; the business IDs of the new rows only the active
-        party holds; those rows' active-party features).
+        party holds; those rows' active-party features: at a passive party, none).
         """
-        tables = [read_table(source) for source in self.new_row_tables or []]
-        names = [party_name(k) for k in range(len(tables))]
-        for name, table in zip(names, tables, strict=True):
+        names = [party_name(k) for k in range(len(self.tables))]
+        live = self._party_wire is not None
+        wire = self._party_wire if live else Wire()
+        tables = {
+            n: read_table(source) for n, source in zip(names, self.new_row_tables or [], strict=True) if wire.holds(n)
+        }
+        for name, table in tables.items():
             trained = [e.name for e in self.encoders[name]]
             if table.columns != trained:
                 raise ValueError(f"{table.path}: columns {table.columns}, but {name} was trained on {trained}")
         active = names[self.active_party]
-        wire = Wire()
-        with wire.recording() as held:
+        with contextlib.nullcontext([]) if live else wire.recording() as held:
             alignment = private_intersection(
-                {n: t.ids for n, t in zip(names, tables, strict=True)},
-                active=active,
-                wire=wire,
-                tag="psi_new",
+                {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire, tag="psi_new"
             )
         self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         features = {}
-        for name, table in zip(names, tables, strict=True):
+        for name, table in tables.items():
             rows = np.arange(len(table.ids)) if name == active else alignment.rows[name]
             origins = [table.origins[r] for r in rows]
             parts = [e.encode([table.values[r][j] for r in rows], origins) for j, e in enumerate(self.encoders[name])]
             features[name] = self._scale(name, np.concatenate(parts, axis=1))
         first = len(self._ids)
-        self._ids = [*self._ids, *tables[self.active_party].ids]  # new sample IDs follow the training ones
-        shared = alignment.rows[active]
-        only = np.setdiff1d(np.arange(len(tables[self.active_party].ids)), shared)
+        here = next(iter(tables))  # the party this process holds (every party in simulation: the first)
+        count = len(alignment.rows[active] if active in tables else alignment.rows[here])
+        if active in tables:
+            shared = alignment.rows[active]
+            ids = torch.as_tensor(first + shared, dtype=torch.int64)
+            self._ids = [*self._ids, *tables[active].ids]  # new sample IDs follow the training ones
+        else:  # a passive party's own process: the shared rows, numbered in the PSI's order
+            ids = torch.arange(first, first + count, dtype=torch.int64)
+        widths = {name: len(self.partitioner.columns[k]) for k, name in enumerate(names)}
+        held_features = {
+            n: torch.from_numpy(features[n][shared] if n == active else features[n])
+            if n in features
+            else shadow(torch.zeros(count, widths[n]))
+            for n in names
+        }
         vfl = VerticalTensorDataset(
-            ids=torch.as_tensor(first + shared, dtype=torch.int64),
-            features={n: torch.from_numpy(features[n][shared] if n == active else features[n]) for n in names},
-            labels=torch.zeros(len(shared), dtype=torch.int64),  # unknown: predict_step does not read them
+            ids=ids,
+            features=held_features,
+            labels=torch.zeros(count, dtype=torch.int64),  # unknown: predict_step does not read them
         )
-        only_keys = [tables[self.active_party].ids[r] for r in only]
-        self._new_keys = list(tables[self.active_party].ids)
+        if active not in tables:
+            self._new_keys = []
+            return vfl, [], torch.zeros(0, widths[active])
+        only = np.setdiff1d(np.arange(len(tables[active].ids)), shared)
+        only_keys = [tables[active].ids[r] for r in only]
+        self._new_keys = list(tables[active].ids)
         return vfl, only_keys, torch.from_numpy(features[active][only])
 
     def _scale(self, party: str, x: np.ndarray) -> np.ndarray:
