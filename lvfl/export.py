@@ -22,7 +22,9 @@ fitted protocol and its set-up datamodule, `DIR/<party>/` (`lvfl export --config
   the task (`TaskInfo`). A passive party's `contribution` says what its file computes; the active party's
   `serving` says how the outputs combine: the protocol's own description (`VFLModule.describe_combination`:
   formulas and the values in them, e.g. Agg_VFL's weights), the order of the contributions, the output's kind and
-  how to decode it (softmax and label names, or `value * target_scale + target_mean`), and the student.
+  how to decode it (softmax and label names, or `value * target_scale + target_mean`), and the student. Every
+  party's `export` names the fitted model the folder belongs to (`lvfl export`: the run, the checkpoint's epoch and
+  step; `id`, their digest, is what serving parties compare: `lvfl serve`).
 
 `examples/serve_exported.py` serves the folders from the parties' raw tables with numpy and torch alone. Earlier
 exports traced each module on its own (`encoder.pt`, `head.pt`, `model.pt`, `top.pt`); those are no longer written:
@@ -33,6 +35,7 @@ combination to guesswork. Their weights are still in `state_dict.pt`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -43,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["export_parties", "owned_keys"]
+__all__ = ["export_id", "export_parties", "owned_keys"]
 
 
 def owned_keys(model: Any) -> dict[str, list[str]]:
@@ -245,6 +248,7 @@ def export_parties(
     out: str | Path,
     student_folder: str | Path | None = None,
     only: str | None = None,
+    identity: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write every party's folder (see the module docstring) for a built, loaded `model`; returns the folders.
 
@@ -260,6 +264,9 @@ def export_parties(
         student_folder: where the run's student is saved; None: beside the checkpoint `model`'s trainer loaded
             (`trainer.ckpt_path`, as `lvfl export` sets it), else in the run's checkpoint folder.
         only: the one party to export (see above); None: every party.
+        identity: what identifies the fitted model (`lvfl export`: the run's token, the checkpoint's epoch and
+            step); written with its digest as party.json's `export`, by which serving parties refuse a peer serving
+            another export. None: the model's run token alone.
 
     Raises:
         TypeError: the protocol has no split prediction (`describe_combination` names it); nothing is written.
@@ -337,6 +344,8 @@ def export_parties(
     party_configs = (config.get("model", {}).get("init_args", {}) or {}).get("parties", [])
     tables = getattr(datamodule, "tables", None)
     label_names = list(getattr(datamodule, "label_names", None) or [])
+    export = dict(identity) if identity is not None else {"run": getattr(model, "run_token", None)}
+    export["id"] = export_id(export)
     folders = {}
     for index, party in enumerate(model.party_names):
         if party not in exported:
@@ -357,6 +366,7 @@ def export_parties(
             "embedding_dim": getattr(model, "embedding_dim", None),
             "scaling": _jsonable(getattr(datamodule, "scaling", {}).get(party)),
             "state_dict_keys": keys[party],
+            "export": export,
         }
         encoders = getattr(datamodule, "encoders", {}).get(party)
         if encoders is not None:
@@ -418,6 +428,12 @@ def export_parties(
         (folder / "party.json").write_text(json.dumps(info, indent=1))
         folders[party] = folder
     return folders
+
+
+def export_id(identity: Mapping[str, Any]) -> str:
+    """The digest of an export's identity (its other fields): equal at every party of one export, short to send."""
+    fields = {k: v for k, v in identity.items() if k != "id"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _contribution_step(model: Any, party: str) -> Callable[[torch.Tensor], torch.Tensor]:

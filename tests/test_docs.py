@@ -179,6 +179,12 @@ def plan(cmd: Command) -> None:
                 cmd.jobs.append(("script_help", words[1], flags))
         cmd.checks.append("script")
         return
+    elif words[0] == "curl":
+        _check_curl(cmd)
+        return
+    elif words[0] == "kill" and all(w.startswith("%") for w in words[1:]):
+        cmd.checks.append("shell job control: stops the servers the block started with &")
+        return
     else:
         cmd.problems.append(f"no check for a command starting {words[0]!r}: teach tests/test_docs.py")
         return
@@ -219,8 +225,28 @@ def plan(cmd: Command) -> None:
                 cmd.jobs.append(("grid", grid))
     elif sub == "pki":
         cmd.jobs.append(("pki", rest))
+    elif sub in ("serve", "score"):
+        cmd.jobs.append(("help_has", [sub, "--help"], [f for f in _flags(rest) if f not in ("--help", "-h")]))
     else:
         cmd.problems.append(f"lvfl has no subcommand {sub!r}")
+
+
+def _check_curl(cmd: Command) -> None:
+    """A request to `lvfl serve --http`: a POST of JSON to /score on this machine that the endpoint would accept."""
+    from lvfl.serving.api import parse_json_request
+
+    words = cmd.words
+    urls = [w for w in words if "/score" in w or "/health" in w]
+    data = words[words.index("-d") + 1] if "-d" in words else None
+    if len(urls) != 1 or not re.match(r"^(http://)?(127\.0\.0\.1|localhost):\d+/(score|health)$", urls[0]):
+        cmd.problems.append(f"not a request to lvfl serve's endpoint on this machine: {urls}")
+        return
+    if data is not None:
+        try:
+            parse_json_request(json.loads(data), "customer_id")
+        except (ValueError, json.JSONDecodeError) as err:
+            cmd.problems.append(f"the endpoint would refuse {data}: {err}")
+    cmd.checks.append("the endpoint's URL and a body it accepts")
 
 
 COMMANDS = documented_commands()

@@ -450,12 +450,21 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     for name, process in processes.items():
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, (name, err[-3000:])
+    identities = {}
     for name in sites:
         fitted, own = (tmp_path / "exports" / kind / name for kind in ("fit", "own"))
-        assert (own / "party.json").read_text() == (fitted / "party.json").read_text(), name  # encoders, scaling
+        infos = [json.loads((folder / "party.json").read_text()) for folder in (fitted, own)]
+        identities[name] = [info.pop("export") for info in infos]
+        assert infos[0] == infos[1], name  # encoders, scaling: all but the identity of the run exported
         a, b = (torch.load(folder / "state_dict.pt", weights_only=True) for folder in (fitted, own))
         assert a.keys() == b.keys(), name
         assert all(torch.equal(a[k], b[k]) for k in a), name
+    # the launched parties' folders name one export (the run's ID, its step); the simulated run's is another
+    fit_ids = {mine[0]["id"] for mine in identities.values()}
+    own_ids = {mine[1]["id"] for mine in identities.values()}
+    assert len(fit_ids) == 1, identities
+    assert len(own_ids) == 1, identities
+    assert fit_ids != own_ids, identities
 
 
 def student_figures(save_dir: Path) -> dict[str, str]:

@@ -163,8 +163,8 @@ def test_the_layer_contract_refuses_an_import_up_even_inside_a_function(tmp_path
 def test_the_layer_contract_places_every_package(tmp_path):
     """A new package that stands on no layer is refused until it is placed."""
     shutil.copytree(LVFL, tmp_path / "lvfl", ignore=shutil.ignore_patterns("__pycache__"))
-    (tmp_path / "lvfl" / "serving").mkdir()
-    (tmp_path / "lvfl" / "serving" / "__init__.py").write_text('"""A package on no layer yet."""\n')
+    (tmp_path / "lvfl" / "scheduling").mkdir()
+    (tmp_path / "lvfl" / "scheduling" / "__init__.py").write_text('"""A package on no layer yet."""\n')
     result = contract_violations(tmp_path)
     assert result.returncode == 1
-    assert "lvfl.serving stands on no layer of lvfl" in result.stdout
+    assert "lvfl.scheduling stands on no layer of lvfl" in result.stdout

@@ -9,6 +9,7 @@ clone does from its root.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shlex
 import subprocess
@@ -19,9 +20,14 @@ import pytest
 from helpers import REPO
 
 
+def tour_block(index: int) -> str:
+    """The README's `index`-th ```bash block under "A five-minute tour" (0: the tour, 1: serving)."""
+    text = (REPO / "README.md").read_text().split("## A five-minute tour", 1)[1].split("\n## ", 1)[0]
+    return text.split("```bash\n")[index + 1].split("```", 1)[0]
+
+
 def tour_commands() -> list[list[str]]:
-    text = (REPO / "README.md").read_text()
-    block = text.split("## A five-minute tour", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    block = tour_block(0)
     return [shlex.split(command) for command in block.replace("\\\n", " ").splitlines() if command.strip()]
 
 
@@ -73,3 +79,25 @@ def test_the_readme_tour_runs_as_written(tmp_path):
         assert (tmp_path / "runs" / party / "bank_retailer" / "version_0" / "checkpoints" / "last.ckpt").is_file()
     for party in ("party0", "party1", "party2", "party3"):  # four digits parties, four processes
         assert (tmp_path / "runs" / party / "easter_digits" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+
+    # serving: the second block, run as the shell script it is (two servers in the background, stopped at its end)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lvfl").write_text(f'#!/bin/sh\nexec {sys.executable} -m lvfl "$@"\n')
+    (bin_dir / "lvfl").chmod(0o755)
+    script = tour_block(1)
+    assert script.count("lvfl serve") == 2
+    assert "lvfl score --server" in script
+    done = subprocess.run(  # noqa: S603 - the README's own commands
+        ["bash", "-c", "set -m\n" + script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**env, "PATH": f"{bin_dir}{os.pathsep}{env['PATH']}"},
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    scored = rows(tmp_path / "scored.csv")
+    assert [r["id"] for r in scored] == [r["id"] for r in predicted]
+    for mine, theirs in zip(scored, predicted, strict=True):
+        assert (mine["prediction"], mine["path"], mine["reason"]) == (theirs["prediction"], theirs["path"], "")
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("{")]  # curl's: the JSON answer
+    answer = json.loads(line)
+    assert [a["id"] for a in answer["answers"]] == ["CUST-00312"]
+    assert answer["answers"][0]["path"] == "vfl"

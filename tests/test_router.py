@@ -13,7 +13,7 @@ from lvfl.compression import Compressor
 from lvfl.datamodules import Digits
 from lvfl.inference.router import Router
 from lvfl.models import MLP
-from lvfl.privacy import LaplaceLabels
+from lvfl.privacy import DHMasking, LaplaceLabels, Paillier
 from lvfl.protocols import CVFL, EASTER, AggVFL, Local, PraVFed, SplitNN
 
 PROTOCOLS = {
@@ -49,6 +49,58 @@ def test_split_prediction_equals_the_protocols_own(tmp_path, name):
         split = model.complete_prediction(batch.features[model.active], contributions)
     assert torch.allclose(split, own, atol=1e-6, rtol=0), (split - own).abs().max()
     assert torch.equal(split.argmax(-1), own.argmax(-1))
+
+
+#: the protocols whose passive parties' outputs a backend sums, under the backends that round them to fixed point
+ROUNDED = {
+    "EASTER": lambda backend: EASTER(parties=mlp_parties(3), embedding_dim=8, aggregation=backend),
+    "SplitNN-sum": lambda backend: SplitNN(
+        parties=mlp_parties(3), top_model=partial(MLP, hidden=[]), embedding_dim=8, fusion="sum", aggregation=backend
+    ),
+    "AggVFL-mean": lambda backend: AggVFL(
+        parties=mlp_parties(3), embedding_dim=8, aggregate="mean", aggregation=backend
+    ),
+    "PraVFed": lambda backend: PraVFed(
+        parties=mlp_parties(3),
+        embedding_dim=8,
+        label_mechanism=LaplaceLabels(epsilon=1.0, seed=0),
+        local_epochs=1,
+        aggregation=backend,
+    ),
+}
+
+
+@pytest.mark.parametrize("backend", ["DHMasking", "Paillier"])
+@pytest.mark.parametrize("name", list(ROUNDED))
+def test_split_prediction_rounds_as_the_runs_backend_does_bit_for_bit(tmp_path, name, backend):
+    """Under DHMasking and Paillier the run's own prediction sums the passive outputs in fixed point; the split
+    prediction from the same outputs in the clear (what lvfl export, lvfl serve and the router compute) rounds
+    them the same way, so the two are equal bit for bit, not merely close."""
+    aggregation = DHMasking() if backend == "DHMasking" else Paillier(workers=1)
+    model = ROUNDED[name](aggregation)
+    dm = Digits(num_parties=3, batch_size=16)
+    trainer = make_trainer(tmp_path, max_epochs=1, limit_train_batches=2, limit_val_batches=0)
+    trainer.fit(model, datamodule=dm)
+    model.eval()
+    batch = dm.test_set.gather(torch.arange(16))
+    with torch.no_grad():
+        own = model.party_logits(batch)["aggregate" if isinstance(model, AggVFL) else model.active]
+        contributions = {k: model.passive_contribution(k, batch.features[k]) for k in model.passive}
+        split = model.complete_prediction(batch.features[model.active], contributions)
+        plain = Plain_sum_of(model, batch, contributions)
+    assert torch.equal(split, own), (split - own).abs().max()
+    assert not torch.equal(plain, own)  # the float sum differs: the rounding is what makes them equal
+
+
+def Plain_sum_of(model, batch, contributions):  # noqa: N802 - names the backend it stands in for
+    """The split prediction with the backend's rounding left out (Plain's float sum)."""
+    from lvfl.privacy import Plain
+
+    saved, model.aggregation = model.aggregation, Plain()
+    try:
+        return model.complete_prediction(batch.features[model.active], contributions)
+    finally:
+        model.aggregation = saved
 
 
 def test_central_refuses_split_inference(tmp_path):

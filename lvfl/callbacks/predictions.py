@@ -32,9 +32,49 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-__all__ = ["PredictionWriter"]
+__all__ = ["NO_STUDENT", "UNKNOWN_ID", "PredictionWriter", "prediction_row", "write_predictions"]
 
 FORMATS = (".csv", ".parquet")
+#: the reason written for a row only the active party holds when the run saved no student
+NO_STUDENT = (
+    "held by the active party only, and the run saved no student to answer it (fit with "
+    "lvfl.callbacks.StudentDistillation)"
+)
+#: the reason written for an ID that is not the active party's
+UNKNOWN_ID = "not an ID of the active party"
+
+
+def prediction_row(key: str, output: torch.Tensor | None, path: str, reason: str, names: list[str]) -> dict[str, Any]:
+    """One file row: a regression's value, or the class and its probabilities (`names`); empty without an answer."""
+    if not names:  # regression
+        return {"id": key, "prediction": None if output is None else float(output), "path": path, "reason": reason}
+    probs = [None] * len(names) if output is None else [float(p) for p in output.tolist()]
+    return {
+        "id": key,
+        "prediction": None if output is None else names[int(output.argmax())],
+        **{f"prob_{name}": p for name, p in zip(names, probs, strict=True)},
+        "path": path,
+        "reason": reason,
+    }
+
+
+def write_predictions(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    """`rows` (of `prediction_row`) to `path`: `.csv` (the `csv` module) or `.parquet` (pyarrow); its folder made."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"{path}: the predictions file must end in one of {list(FORMATS)} (the file's format)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = list(rows[0]) if rows else ["id", "prediction", "path", "reason"]
+    if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({k: [r[k] for r in rows] for k in header}), path)
+        return
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=header)
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 class PredictionWriter(BasePredictionWriter):
@@ -96,23 +136,9 @@ class PredictionWriter(BasePredictionWriter):
                 task.num_classes if task is not None else len(next(a for a, _, _ in answers.values() if a is not None))
             )
             names = list(getattr(datamodule, "label_names", []) or [str(c) for c in range(width)])
-        self.rows = [self._row(key, *answers[key], names) for key in order]
+        self.rows = [prediction_row(key, *answers[key], names) for key in order]
         if trainer.is_global_zero:
             self._write()
-
-    @staticmethod
-    def _row(key: str, output: torch.Tensor | None, path: str, reason: str, names: list[str]) -> dict[str, Any]:
-        """One file row: a regression's value, or the class and its probabilities (`names`); empty without answer."""
-        if not names:  # regression
-            return {"id": key, "prediction": None if output is None else float(output), "path": path, "reason": reason}
-        probs = [None] * len(names) if output is None else [float(p) for p in output.tolist()]
-        return {
-            "id": key,
-            "prediction": None if output is None else names[int(output.argmax())],
-            **{f"prob_{name}": p for name, p in zip(names, probs, strict=True)},
-            "path": path,
-            "reason": reason,
-        }
 
     def _answer(self, pl_module: pl.LightningModule, batches: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         available = list(batches[0])
@@ -130,15 +156,4 @@ class PredictionWriter(BasePredictionWriter):
         return torch.cat([b[party] for b in batches])
 
     def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        header = list(self.rows[0])
-        if self.path.suffix.lower() == ".parquet":
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            pq.write_table(pa.table({k: [r[k] for r in self.rows] for k in header}), self.path)
-            return
-        with self.path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(self.rows)
+        write_predictions(self.path, self.rows)

@@ -21,6 +21,8 @@ SUBCOMMANDS = {
     "party": "run one party of a federation (its own process, mutual-TLS gRPC to its peers): --party, --federation",
     "launch": "run every party of a config as its own local process, with a throw-away certificate authority",
     "pki": "write a test certificate authority, party certificates and keys, and a federation file",
+    "serve": "serve one party of a fitted federation from its export folder and its table (--party, --model)",
+    "score": "score IDs or rows of new features with served parties, lvfl predict's file out (--server or --party)",
 }
 
 HELP = "\n".join(
@@ -85,6 +87,14 @@ def main(args: list[str] | None = None) -> None:
         from lvfl.commands import pki
 
         pki.main(rest)
+    elif command == "serve":
+        from lvfl.commands import serve
+
+        serve.main(rest)
+    elif command == "score":
+        from lvfl.commands import score
+
+        score.main(rest)
     else:  # fit, validate, test, predict (and LightningCLI's own options)
         from lvfl.commands import fit
 

@@ -65,7 +65,12 @@ def _export_from_checkpoint(cli: Any, ckpt_path: str, party: str | None, out: st
     about = describe_checkpoint(path, checkpoint)  # said once loaded: a refused checkpoint is one line, the refusal
     print(f"lvfl export: --ckpt_path {ckpt_path}: loaded {path}" + (f" ({about})" if about else ""))
     config = cli.config.as_dict() if hasattr(cli.config, "as_dict") else dict(cli.config)
-    return export_parties(model, datamodule, config, out, only=party)
+    identity = {  # the run (the same at every party, kept by a resume) and the checkpoint's place in it
+        "run": model.run_token,
+        "epoch": checkpoint.get("epoch"),
+        "step": checkpoint.get("global_step"),
+    }
+    return export_parties(model, datamodule, config, out, only=party, identity=identity)
 
 
 #: the keys of a run's saved config that describe the run (the rest are a subcommand's options)

@@ -22,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from lvfl.callbacks.predictions import NO_STUDENT, UNKNOWN_ID
+
 __all__ = [
     "NO_STUDENT",
     "UNKNOWN_ID",
@@ -36,13 +38,6 @@ __all__ = [
     "student_answers",
 ]
 
-#: the reason written for a row only the active party holds when the run saved no student
-NO_STUDENT = (
-    "held by the active party only, and the run saved no student to answer it (fit with "
-    "lvfl.callbacks.StudentDistillation)"
-)
-#: the reason written for an ID that is not the active party's
-UNKNOWN_ID = "not an ID of the active party"
 #: the wire tag of the rows the active party asks the passive parties to serve (`rows_to_serve`)
 PREDICT_IDS_TAG = "predict_ids"
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from sklearn.preprocessing import StandardScaler
 
-__all__ = ["PixelNormalizer", "pixel_slices", "scaled_slices"]
+__all__ = ["PixelNormalizer", "apply_scaling", "pixel_slices", "scaled_slices"]
 
 _MAX_LISTED = 10  # bad values quoted in an error message
 
@@ -80,6 +80,19 @@ def pixel_slices(
         mean, std = np.zeros(channels), np.ones(channels)
     normalizer = PixelNormalizer(torch.from_numpy(mean), torch.from_numpy(std))
     return {split: torch.from_numpy(p) for split, p in part.items()}, normalizer
+
+
+def apply_scaling(x: np.ndarray, fitted: dict[str, Any] | None) -> np.ndarray:
+    """Encoded rows standardized with a party's fitted statistics (`scaled_slices`' second output), as float32.
+
+    What new rows go through (`lvfl predict` with `new_rows`, `lvfl serve`): the training rows' own arithmetic,
+    (x - mean) / scale in float64 on the listed columns (or all), then float32.
+    """
+    x = x.astype(np.float64)
+    if fitted is not None:
+        columns = list(range(x.shape[1])) if fitted["columns"] == "all" else fitted["columns"]
+        x[:, columns] = (x[:, columns] - np.asarray(fitted["mean"])) / np.asarray(fitted["scale"])
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def scaled_slices(

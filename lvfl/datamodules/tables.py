@@ -58,6 +58,7 @@ from torch.utils.data import SequentialSampler
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
+from lvfl.datamodules.scaling import apply_scaling
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split, keyed_order
 from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
 from lvfl.datamodules.table_files import PartyTable, read_table
@@ -387,12 +388,7 @@ class PartyTables(VerticalDataModule):
 
     def _scale(self, party: str, x: np.ndarray) -> np.ndarray:
         """`x` standardized with what `party` fitted on its training rows (`scaling`), as float32."""
-        fitted = self.scaling.get(party)
-        x = x.astype(np.float64)
-        if fitted is not None:
-            columns = list(range(x.shape[1])) if fitted["columns"] == "all" else fitted["columns"]
-            x[:, columns] = (x[:, columns] - np.asarray(fitted["mean"])) / np.asarray(fitted["scale"])
-        return np.ascontiguousarray(x, dtype=np.float32)
+        return apply_scaling(x, self.scaling.get(party))
 
     def predict_dataloader(self) -> Any:
         """The new rows every party holds (with `new_rows`), else the base class's (test split or `predict_ids`)."""

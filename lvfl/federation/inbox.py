@@ -41,9 +41,9 @@ import grpc
 from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
+from lvfl.federation.channels import PinnedCaller
 from lvfl.federation.codec import Header, RecordRegistry, conform, decode_payload, parse_envelope, printable
 from lvfl.federation.federation_file import Federation
-from lvfl.federation.pki import certificate_fingerprint
 from lvfl.wire import payload_nbytes
 
 __all__ = ["ABORT_GRACE", "ABORT_TAG", "HELLO_TAG", "Inbox"]
@@ -86,6 +86,7 @@ class Inbox:
     _cond: threading.Condition  # guards the mailbox, the ledger and the failures of both sides
     _closed: bool
     _pins: dict[str, str]  # each party's pinned certificate fingerprint, once started
+    _caller: PinnedCaller  # who called, by the pins
     _check_peer: Callable[[str], None]
     _raise_failure: Callable[[], None]
 
@@ -95,7 +96,6 @@ class Inbox:
         self._next_in: Counter[tuple[str, str]] = Counter()
         self._refusals: dict[str, str] = {}
         self._aborted: str | None = None  # a peer's abort: every receive fails with it
-        self._senders: dict[bytes, str] = {}  # a pinned peer's certificate (PEM) -> its name, once identified
         # the peers this party talks to: those it greeted (`Transport.hello`) and those it expects without a greeting
         # (`Transport.expect`); they may send it more than a greeting
         self._expected: set[str] = set()
@@ -345,24 +345,10 @@ class Inbox:
 
     def _identify(self, context: grpc.ServicerContext) -> str:
         """The party whose pinned certificate the client presented; the call is refused if there is none."""
-        certificates = context.auth_context().get("x509_pem_cert") or [b""]
-        known = self._senders.get(certificates[0])  # a pinned peer's certificate, parsed once
-        if known is not None:
-            return known
-        try:
-            fingerprint = certificate_fingerprint(certificates[0])
-        except ValueError:
-            fingerprint = ""
-        for name, pin in self._pins.items():
-            if pin == fingerprint and name != self.me:
-                self._senders[certificates[0]] = name
-                return name
-        names = b",".join(context.auth_context().get("x509_common_name") or [b"?"])
-        claimed = printable(names.decode(errors="replace"))
-        message = (
-            f"a peer presenting a certificate for CN={claimed} (sha256 {fingerprint[:16] or '?'}...) is not a party "
-            f"of this federation: its certificate is not the one pinned for any party in {self.federation.path}"
-        )
+        name, fingerprint = self._caller(context)
+        if name is not None:
+            return name
+        message = PinnedCaller.refusal(context, fingerprint, self.federation)
         log.warning("%s refused a connection: %s", self.me, message)
         context.abort(grpc.StatusCode.PERMISSION_DENIED, message)
         raise AssertionError("unreachable: context.abort raises")  # pragma: no cover

@@ -26,6 +26,7 @@ import grpc
 from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import connected, port_answers
+from lvfl.federation.channels import pinned_channel
 from lvfl.federation.codec import Header, RecordRegistry, encode_envelope, printable
 from lvfl.federation.federation_file import Federation
 from lvfl.wire import payload_nbytes
@@ -35,12 +36,6 @@ __all__ = ["DELIVER", "STREAM", "Outbox"]
 #: the RPCs' full method names (see the service in envelope.proto): one envelope per call, and a stream per peer
 DELIVER = "/lvfl.federation.Federation/Deliver"
 STREAM = "/lvfl.federation.Federation/Stream"
-#: reconnect quickly while a peer is starting (gRPC's default backoff starts at 1 s and grows to 2 min)
-_BACKOFF_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 class Outbox:
@@ -85,12 +80,7 @@ class Outbox:
         party presents its own certificate (`key_pem`, `certificate_pem`), which the peer checks against its pin.
         """
         for peer in self.peers:
-            pinned = self.federation.party(peer).certificate.read_bytes()
-            channel = grpc.secure_channel(
-                self.federation.party(peer).address,
-                grpc.ssl_channel_credentials(pinned, key_pem, certificate_pem),
-                options=[("grpc.ssl_target_name_override", peer), *_BACKOFF_OPTIONS],
-            )
+            channel = pinned_channel(self.federation, peer, key_pem, certificate_pem)
             self._channels[peer] = channel
             self._calls[peer] = channel.unary_unary(DELIVER)
             self._streams[peer] = channel.stream_unary(STREAM)

@@ -47,12 +47,13 @@ import grpc
 
 from lvfl.federation import FederationError
 from lvfl.federation.addresses import check_port_free
+from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
 from lvfl.federation.codec import MAX_NODES, RECORDS, Header, RecordRegistry, encode_envelope
 from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.identity import TLSIdentities
 from lvfl.federation.inbox import ABORT_TAG, HELLO_TAG, MAX_CALLS, Inbox
 from lvfl.federation.outbox import DELIVER, Outbox
-from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
+from lvfl.federation.pki import check_key
 
 __all__ = [
     "ABORT_TAG",
@@ -153,13 +154,8 @@ class Transport(Inbox, Outbox):
         """Check every certificate and this party's key, listen at this party's address, open a channel per peer."""
         if self._server is not None:
             raise RuntimeError(f"the transport of {self.me} is already started")
-        check_ca(self.federation.ca)
-        for party in self.federation.parties.values():
-            self._pins[party.name] = certificate_fingerprint(
-                check_certificate(party.certificate, self.federation.ca, party.name)
-            )
-        if len(set(self._pins.values())) != len(self._pins):
-            raise FederationError(f"federation file {self.federation.path}: two parties have the same certificate")
+        self._pins = pinned_fingerprints(self.federation)
+        self._caller = PinnedCaller(self._pins, self.me)
         self.identities = TLSIdentities(self.me, self.federation, self.key_path, run_id=self.run_id)
         ca_pem = self.federation.ca.read_bytes()
         cert_pem = self.federation.party(self.me).certificate.read_bytes()

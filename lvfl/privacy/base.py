@@ -71,6 +71,21 @@ class AggregationBackend(ABC):
     def combine(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> torch.Tensor:
         """`active_tensor` plus the sum of the tensors behind `shares` (one share per passive party)."""
 
+    def combine_in_clear(
+        self, active_tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor], order: Sequence[str]
+    ) -> torch.Tensor:
+        """What `combine` returns for these tensors, from the tensors themselves (no share, key or message).
+
+        For a prediction whose passive contributions reach the active party in the clear (`lvfl export`'s
+        completion, `lvfl serve`, the oblivious router), so that it equals the run's own `lvfl predict` bit for bit:
+        the same rounding where the backend rounds. Default: `active_tensor + sum`, in `order` (Plain's arithmetic;
+        an approximate backend such as CKKS is then within its `error_bound` of its own `combine`).
+        """
+        out = active_tensor
+        for name in order:
+            out = out + tensors[name].to(active_tensor)
+        return out
+
     @abstractmethod
     def error_bound(self, num_parties: int | None = None) -> float:
         """Largest |combine - exact sum| per value for float64 inputs and `num_parties` passive parties.

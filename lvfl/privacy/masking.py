@@ -327,6 +327,26 @@ class DHMasking(AggregationBackend):
         total = fixedpoint.ring_sum(shares[name].to("cpu") for name in self._passive)
         return fixedpoint.add_decoded(active_tensor, total, self.frac_bits)
 
+    def combine_in_clear(
+        self, active_tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor], order: Sequence[str]
+    ) -> torch.Tensor:
+        """`combine`'s arithmetic on tensors in the clear (see `AggregationBackend.combine_in_clear`).
+
+        Each tensor is rounded as `protect` encodes it, and the integer sum decoded and added as
+        `fixedpoint.add_decoded` adds it (no wrap: `protect` refuses values out of range).
+        """
+        total = None
+        for name in order:
+            x = tensors[name].to(active_tensor.device)
+            work = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+            encoded = x.to(work).mul(2.0**self.frac_bits).round().to(torch.int64)
+            total = encoded if total is None else total + encoded
+        if total is None:
+            return active_tensor
+        if active_tensor.dtype not in (torch.float32, torch.float64):
+            return active_tensor + total.to(torch.float64).mul(2.0**-self.frac_bits).to(active_tensor.dtype)
+        return torch.add(active_tensor, total.to(active_tensor.dtype), alpha=2.0**-self.frac_bits)
+
     # -- checkpoints and pickling: never any key material --------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Non-secret configuration only; keys are agreed afresh by `setup` after a restore."""

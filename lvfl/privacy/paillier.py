@@ -508,6 +508,22 @@ class Paillier(AggregationBackend):
         decoded = torch.from_numpy(total).to(torch.float64).mul_(2.0**-self.frac_bits).reshape(first.shape)
         return active_tensor + decoded.to(active_tensor)
 
+    def combine_in_clear(
+        self, active_tensor: torch.Tensor, tensors: Mapping[str, torch.Tensor], order: Sequence[str]
+    ) -> torch.Tensor:
+        """`combine`'s arithmetic on tensors in the clear (see `AggregationBackend.combine_in_clear`).
+
+        Each tensor is rounded in float64 as `_encode` rounds it; the sum (exact: integers below 2**53) is scaled in
+        float64 and added in the active tensor's dtype.
+        """
+        total = None
+        for name in order:
+            encoded = tensors[name].to(active_tensor.device, torch.float64).mul(2.0**self.frac_bits).round()
+            total = encoded if total is None else total + encoded
+        if total is None:
+            return active_tensor
+        return active_tensor + total.mul(2.0**-self.frac_bits).to(active_tensor)
+
     def _check_shares(self, active_tensor: torch.Tensor, shares: Mapping[str, Any]) -> tuple[int, int]:
         width, slots = self.layout()
         expected_ciphertexts = -(-active_tensor.numel() // slots)

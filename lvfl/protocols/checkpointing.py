@@ -23,6 +23,23 @@ class CheckpointState:
     `_party_generators`, and Lightning's `_trainer`. It keeps its own `_checkpoint_writer`.
     """
 
+    @property
+    def run_token(self) -> str:
+        """What tells this run from another of the same config: the same at every party, kept across resumes.
+
+        In a party's own process the federation's run ID (the same at every party of the run); in simulation the
+        name of the first checkpoint writer (a random name drawn once per run, kept by a resume). `lvfl export`
+        writes it into each party's identity (`lvfl.export`), by which serving parties check they serve one run.
+        """
+        if getattr(self, "_run_token", None) is None:
+            link = getattr(self.wire, "transport", None)  # a party's process: the link over its Transport
+            run_id = getattr(getattr(link, "transport", None), "run_id", None) or getattr(link, "run_id", None)
+            if run_id:
+                self._run_token = str(run_id)
+            else:
+                self._run_token = getattr(self, "_checkpoint_writer", None) or uuid.uuid4().hex
+        return self._run_token
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Save the mask step, the ledger, the backend's non-secret state (never keys), label release, run fingerprint.
 
@@ -49,6 +66,7 @@ class CheckpointState:
             "writer": self._checkpoint_writer,
             "best_epoch": dict(self._best_epoch),
             "dropout_seed": self._dropout_seed,
+            "run_token": self.run_token,
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -92,6 +110,8 @@ class CheckpointState:
             self._best_epoch = dict(state["best_epoch"])
         if state.get("dropout_seed") is not None and not self._party_generators:  # the run's own dropout streams
             self._dropout_seed = int(state["dropout_seed"])
+        if state.get("run_token"):
+            self._run_token = str(state["run_token"])
         label_state = state.get("label_privacy")
         if label_state is not None:
             self.label_release.load_state_dict(label_state)

@@ -19,8 +19,8 @@ import torch
 class SplitInference:
     """Split-inference hooks a `VFLModule` inherits; a protocol that supports split inference overrides both.
 
-    A plain mixin: it relies on these of `VFLModule` (`lvfl.protocols.base`): `party_models` (each with an
-    `encoder`) and `private_head`.
+    A plain mixin: it relies on these of `VFLModule` (`lvfl.protocols.base`): `aggregation` (its
+    `combine_in_clear`), `party_models` (each with an `encoder`) and `private_head`.
     """
 
     def passive_contribution(self, party: str, features: torch.Tensor) -> torch.Tensor:
@@ -68,12 +68,12 @@ class SplitInference:
             return shared
         return f"private_head (trained on the true labels; {shared}, trained on the label release, is not used)"
 
-    @staticmethod
     def plain_sum(
-        active: torch.Tensor, contributions: Mapping[str, torch.Tensor], order: Sequence[str]
+        self, active: torch.Tensor, contributions: Mapping[str, torch.Tensor], order: Sequence[str]
     ) -> torch.Tensor:
-        """`active + sum_k contributions[k]` in `order`, exactly as `Plain.combine` adds the shares."""
-        out = active
-        for k in order:
-            out = out + contributions[k].to(active)
-        return out
+        """`active + sum_k contributions[k]` in `order`, as the run's backend combines the shares.
+
+        Plain's float sum, DHMasking's and Paillier's fixed-point rounding (`AggregationBackend.combine_in_clear`),
+        so a completion from contributions in the clear equals the run's own prediction bit for bit.
+        """
+        return self.aggregation.combine_in_clear(active, contributions, order)

@@ -1,0 +1,18 @@
+"""Serving a fitted federation: each party's process answers from its own export folder and its own table.
+
+- `export_folder`: a party's `lvfl export` folder as a serving process loads it (`ExportedParty`);
+- `feature_source`: its table, encoded once, by ID, read again when its files change (`FeatureSource`);
+- `contributions`: a passive party's service, its contributions for the active party's requests
+  (`ContributionServer`);
+- `scorer`: the active party's side, one prediction per requested ID from the passive parties' answers (`Scorer`);
+- `api`: the active party's scoring API for its own applications, gRPC and HTTP/JSON on this machine.
+
+`lvfl serve` and `lvfl score` (`lvfl.commands`) run them; docs/serving.md says what each party learns.
+"""
+
+from lvfl.serving.contributions import ContributionServer
+from lvfl.serving.export_folder import ExportedParty
+from lvfl.serving.feature_source import FeatureSource
+from lvfl.serving.scorer import ExportMismatch, Scored, Scorer
+
+__all__ = ["ContributionServer", "ExportMismatch", "ExportedParty", "FeatureSource", "Scored", "Scorer"]

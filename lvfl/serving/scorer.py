@@ -1,0 +1,392 @@
+"""`Scorer`: the active party's side of serving: a prediction for every requested ID, from the passive parties' answers.
+
+For one request (IDs, and optionally rows of new features for the active party's own columns):
+
+1. the active party's own features of each ID: the request's row for it, else its table's (`FeatureSource`); an ID
+   in neither is answered with a reason (`UNKNOWN_ID`, as `lvfl predict` writes it);
+2. every passive party is asked at once (over mutual TLS, pinned certificates), which of the IDs it holds, by their
+   blinded points (`Members`; `lvfl.serving.membership`: it does not see the IDs it does not hold), then for its
+   contributions to the IDs every passive party holds, in the clear (`Contribute`); both rounds within the
+   request's deadline;
+3. an ID every passive party holds is answered by the VFL model: `completion.pt` on the active party's features and
+   the contributions, in the export's `contribution_order`, decoded as party.json's `serving.output` says (path
+   `vfl`); any other ID by `student.pt` when the export has one (path `student`), else with a reason.
+
+A passive party that is down, misses the deadline, or serves another export does not hold a request up: its IDs are
+answered by the student (or get a reason), and the `reason` column names the party and what happened. Nothing is
+remembered of a failure: the next request asks that party again, so it is used as soon as it is back (gRPC
+reconnects within a second of a restart). Every answer has `lvfl predict`'s columns (`lvfl.callbacks.predictions`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import torch
+
+from lvfl.callbacks.predictions import NO_STUDENT, UNKNOWN_ID, prediction_row
+from lvfl.federation import FederationError
+from lvfl.federation.channels import pinned_channel, pinned_fingerprints
+from lvfl.federation.codec import printable
+from lvfl.federation.federation_file import Federation
+from lvfl.federation.pki import check_key
+from lvfl.serving import serving_pb2 as pb
+from lvfl.serving.contributions import CONTRIBUTE, GREET, MAX_MESSAGE_BYTES, MEMBERS, TABLE
+from lvfl.serving.export_folder import ExportedParty
+from lvfl.serving.feature_source import FeatureSource
+from lvfl.serving.membership import Memberships
+
+__all__ = ["DEFAULT_DEADLINE", "ExportMismatch", "Scored", "Scorer"]
+
+log = logging.getLogger("lvfl.serve")
+
+DEFAULT_DEADLINE = 1.0  #: seconds a request may wait for the passive parties
+
+
+class ExportMismatch(FederationError):
+    """A passive party serves another export than the active party's (named in the message)."""
+
+
+@dataclass
+class Scored:
+    """A request's answers: one row per requested ID, in the order asked, with `lvfl predict`'s columns."""
+
+    request_id: str
+    rows: list[dict[str, Any]]
+    classes: list[str]  # the probabilities' label names; empty for a regression
+    paths: dict[str, int] = field(default_factory=dict)  # rows per path ("" for unanswered)
+    failures: dict[str, str] = field(default_factory=dict)  # per passive party that did not answer: why
+    seconds: float = 0.0
+
+
+def _failure(peer: str, err: grpc.RpcError, deadline: float) -> str:
+    """Why `peer`'s call failed, in words, for a row's reason and the log."""
+    code = err.code() if hasattr(err, "code") else None
+    details = printable((err.details() if hasattr(err, "details") else "") or "")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"{peer} did not answer within the deadline ({deadline:g} s)"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"{peer} is unreachable ({details.split(':')[0] if details else 'no connection'})"
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return details  # the passive party's own words: another export
+    return f"{peer} refused the request ({code.name if code else '?'}: {details})"
+
+
+class Scorer:
+    """The active party's scoring (see the module docstring).
+
+    Args:
+        federation: the federation (the passive parties' addresses and pinned certificates).
+        party: the active party's export.
+        source: the active party's table.
+        key_path: its private key (it presents its certificate to the passive parties).
+        deadline: the default seconds a request waits for the passive parties.
+        rows_per_call: the most rows one TorchScript call takes (the export's own limit wins when smaller).
+    """
+
+    def __init__(
+        self,
+        federation: Federation,
+        party: ExportedParty,
+        source: FeatureSource,
+        key_path: str | Path,
+        deadline: float = DEFAULT_DEADLINE,
+        rows_per_call: int = 4096,
+    ) -> None:
+        if party.role != "active":
+            raise ValueError(f"{party.party} is a passive party: lvfl serve answers the active party's requests there")
+        if not deadline > 0:
+            raise ValueError(f"--deadline must be a positive number of seconds, got {deadline}")
+        self.federation, self.party, self.source, self.deadline = federation, party, source, float(deadline)
+        self.me = federation.party(party.party).name
+        self.order: list[str] = list(party.serving["contribution_order"])
+        for peer in self.order:
+            federation.party(peer)  # one line naming the party the federation file lacks
+        pinned_fingerprints(federation)
+        certificate = federation.party(self.me).certificate
+        key_pem = check_key(key_path, certificate)
+        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
+        self._channels = {
+            peer: pinned_channel(federation, peer, key_pem, certificate.read_bytes(), options) for peer in self.order
+        }
+        self._greet = {
+            peer: channel.unary_unary(GREET, pb.Greeting.SerializeToString, pb.Greeting.FromString)
+            for peer, channel in self._channels.items()
+        }
+        self._contribute = {
+            peer: channel.unary_unary(
+                CONTRIBUTE, pb.ContributionRequest.SerializeToString, pb.ContributionReply.FromString
+            )
+            for peer, channel in self._channels.items()
+        }
+        self._members_call = {
+            peer: channel.unary_unary(MEMBERS, pb.MembershipRequest.SerializeToString, pb.MembershipReply.FromString)
+            for peer, channel in self._channels.items()
+        }
+        self._table_call = {
+            peer: channel.unary_unary(TABLE, pb.TableRequest.SerializeToString, pb.TableReply.FromString)
+            for peer, channel in self._channels.items()
+        }
+        self.memberships = Memberships()
+        # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
+        threading.Thread(target=self.memberships.blind, args=(source.ids,), daemon=True, name="lvfl-blind").start()
+        self.shapes = {k: tuple(party.serving["contributions"][k]["output_shape"]) for k in self.order}
+        output = party.serving["output"]
+        self.regression = output["kind"] == "regression"
+        self.classes: list[str] = [] if self.regression else list(output["label_names"])
+        self._output = output
+        limit = party.serving.get("max_rows_per_call")
+        self.rows_per_call = min(rows_per_call, limit) if limit else rows_per_call
+        party.warm_up()
+
+    def close(self) -> None:
+        """Close the channels to the passive parties."""
+        for channel in self._channels.values():
+            channel.close()
+
+    # -- the greeting ----------------------------------------------------------------------------------------------
+    def greet(self, timeout: float = 5.0) -> dict[str, str]:
+        """Greet every passive party: {party: "" if it serves this export, else why it could not be greeted}.
+
+        Each greeting waits up to `timeout` seconds for its party to come up (a party started at the same time).
+
+        Raises:
+            ExportMismatch: a passive party serves another export (named, with both exports).
+        """
+        mine = pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode="plain")
+        calls = {peer: self._greet[peer].future(mine, timeout=timeout, wait_for_ready=True) for peer in self.order}
+        status = {}
+        for peer, call in calls.items():
+            try:
+                reply = call.result()
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise ExportMismatch(printable(err.details() or "")) from None
+                status[peer] = _failure(peer, err, timeout)
+                continue
+            try:
+                theirs = json.loads(reply.export)
+            except json.JSONDecodeError:
+                theirs = {}
+            if reply.party != peer or not isinstance(theirs, dict) or theirs.get("id") != self.party.export_id:
+                raise ExportMismatch(
+                    f"{peer} serves {self.party.describe(theirs if isinstance(theirs, dict) else {})}, {self.me} "
+                    f"serves {self.party.describe()}: export the same run for every party and serve those folders"
+                )
+            status[peer] = ""
+            try:
+                self._learn_table(peer, timeout)
+            except (grpc.RpcError, ValueError) as err:
+                status[peer] = _failure(peer, err, timeout) if isinstance(err, grpc.RpcError) else str(err)
+        return status
+
+    def _learn_table(self, peer: str, timeout: float) -> None:
+        """Fetch `peer`'s blinded table and keep it re-blinded (`Memberships.learn_table`)."""
+        reply = self._table_call[peer](pb.TableRequest(export_id=self.party.export_id), timeout=timeout)
+        self._same_export(peer, reply.export_id)
+        self.memberships.learn_table(peer, reply.table, reply.points)
+
+    def _same_export(self, peer: str, export_id: str) -> None:
+        """Refuse a reply for another export (a `ValueError` naming both)."""
+        if export_id != self.party.export_id:
+            raise ValueError(f"{peer} answered for export {printable(export_id[:32])}, not {self.party.export_id}")
+
+    # -- a request -------------------------------------------------------------------------------------------------
+    def score(
+        self,
+        ids: Sequence[str],
+        rows: Mapping[str, Sequence[str]] | None = None,
+        columns: Sequence[str] | None = None,
+        deadline: float | None = None,
+        request_id: str | None = None,
+    ) -> Scored:
+        """The answers for `ids` and the IDs of `rows` (see the module docstring).
+
+        Args:
+            ids: the IDs to answer from the active party's table.
+            rows: {ID: its raw values of `columns`}: new features of the active party's own columns, answered for
+                those IDs in place of its table's (after `ids`, in their order).
+            columns: the names of `rows`' values; default the export's columns in order. Every column the export
+                reads must be among them (others are ignored).
+            deadline: seconds to wait for the passive parties; default the scorer's.
+            request_id: the request's name in every party's log; default a fresh one.
+
+        Raises:
+            ValueError: `columns` lacks a column the active party's model reads, or a row has another count of
+                values (named).
+        """
+        start = time.perf_counter()
+        deadline = self.deadline if deadline is None or deadline <= 0 else float(deadline)
+        request_id = request_id or uuid.uuid4().hex[:12]
+        order = [*ids, *(k for k in (rows or {}) if k not in set(ids))]
+        unique = list(dict.fromkeys(order))
+        own, reasons = self._own_features(unique, rows or {}, columns)
+        known = [k for k in unique if k in own]
+        answers: dict[str, tuple[torch.Tensor | None, str, str]] = {k: (None, "", reasons[k]) for k in reasons}
+        failures: dict[str, str] = {}
+        held_by_all = np.ones(len(known), dtype=bool)
+        contributions: dict[str, torch.Tensor] = {}
+        if known and self.order:
+            held_by_all, contributions, failures = self._ask(known, request_id, deadline)
+        features = torch.stack([own[k] for k in known]) if known else None
+        vfl = np.flatnonzero(held_by_all)
+        if len(vfl):
+            logits = self._run(self.party.completion, [features[vfl], *(contributions[k] for k in self.order)])
+            answers |= {known[i]: (out, "vfl", "") for i, out in zip(vfl, self._decode(logits), strict=True)}
+        rest = np.flatnonzero(~held_by_all)
+        if len(rest):
+            why = "; ".join(failures.values())
+            if self.party.student is not None:
+                logits = self._run(self.party.student, [features[rest]])
+                reason = f"{why}: answered by the student" if why else ""
+                answers |= {
+                    known[i]: (out, "student", reason) for i, out in zip(rest, self._decode(logits), strict=True)
+                }
+            else:
+                reason = f"{why}; the export has no student to answer in the VFL model's place" if why else NO_STUDENT
+                answers |= {known[i]: (None, "", reason) for i in rest}
+        table = [prediction_row(k, *answers[k], self.classes) for k in order]
+        paths: dict[str, int] = {}
+        for row in table:
+            paths[row["path"]] = paths.get(row["path"], 0) + 1
+        seconds = time.perf_counter() - start
+        log.info(
+            "%s: request %s: %d rows, %s, %.1f ms%s",
+            self.me,
+            request_id,
+            len(order),
+            ", ".join(f"{n} {p or 'unanswered'}" for p, n in sorted(paths.items())),
+            seconds * 1e3,
+            "".join(f"; {why}" for why in failures.values()),
+        )
+        return Scored(request_id, table, self.classes, paths, failures, seconds)
+
+    def _own_features(
+        self, keys: Sequence[str], rows: Mapping[str, Sequence[str]], columns: Sequence[str] | None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The active party's encoded features per ID it can answer, and a reason for every other."""
+        own: dict[str, torch.Tensor] = {}
+        reasons: dict[str, str] = {}
+        from_table = [k for k in keys if k not in rows]
+        found = self.source.lookup(from_table)
+        for k, x in zip([k for k, held in zip(from_table, found.held, strict=True) if held], found.features,
+                        strict=True):  # fmt: skip
+            own[k] = x
+        reasons |= {k: UNKNOWN_ID for k, held in zip(from_table, found.held, strict=True) if not held}
+        if rows:
+            names = list(columns) if columns is not None else self.party.columns
+            missing = [c for c in self.party.columns if c not in names]
+            if missing:
+                raise ValueError(f"the rows of new features lack the column {missing[0]!r} (the active party's model "
+                                 f"reads {self.party.columns})")  # fmt: skip
+            at = [names.index(c) for c in self.party.columns]
+            for key in keys:
+                if key not in rows:
+                    continue
+                values = rows[key]
+                if len(values) != len(names):
+                    raise ValueError(f"the row of ID {key!r} has {len(values)} values for {len(names)} columns")
+                try:
+                    own[key] = self.party.encode([[str(values[j]).strip() for j in at]], [f"the row of ID {key!r}"])[0]
+                except ValueError as err:
+                    reasons[key] = f"its features cannot be encoded: {err}"
+        return own, reasons
+
+    def _ask(
+        self, keys: list[str], request_id: str, deadline: float
+    ) -> tuple[np.ndarray, dict[str, torch.Tensor], dict[str, str]]:
+        """Ask every passive party at once: which IDs all of them hold, their contributions for those, and failures."""
+        end = time.monotonic() + deadline
+
+        def left() -> float:
+            return max(end - time.monotonic(), 1e-3)
+
+        # 1. which IDs each holds, by their blinded points
+        request = pb.MembershipRequest(
+            request_id=request_id, export_id=self.party.export_id, points=self.memberships.blind(keys)
+        )
+        calls = {peer: self._members_call[peer].future(request, timeout=left()) for peer in self.order}
+        held_by_all = np.ones(len(keys), dtype=bool)
+        failures: dict[str, str] = {}
+        for peer, call in calls.items():
+            try:
+                reply = call.result()
+                self._same_export(peer, reply.export_id)
+                if reply.table != self.memberships.version(peer):  # its table changed, or was never fetched
+                    self._learn_table(peer, left())
+                held_by_all &= np.asarray(self.memberships.held(peer, reply.points, len(keys)), dtype=bool)
+            except grpc.RpcError as err:
+                failures[peer] = _failure(peer, err, deadline)
+            except ValueError as err:
+                failures[peer] = f"{peer} sent a malformed reply ({err})"
+        if failures:
+            return np.zeros(len(keys), dtype=bool), {}, failures
+        # 2. the contributions to the IDs every passive party holds, those IDs in the clear
+        chosen = [keys[i] for i in np.flatnonzero(held_by_all)]
+        request = pb.ContributionRequest(request_id=request_id, export_id=self.party.export_id, ids=chosen)
+        calls = {peer: self._contribute[peer].future(request, timeout=left()) for peer in self.order}
+        answered = np.ones(len(chosen), dtype=bool)
+        received: dict[str, tuple[np.ndarray, torch.Tensor]] = {}
+        for peer, call in calls.items():
+            try:
+                reply = call.result()
+            except grpc.RpcError as err:
+                failures[peer] = _failure(peer, err, deadline)
+                continue
+            problem = self._check_reply(peer, reply, len(chosen))
+            if problem:
+                failures[peer] = problem
+                continue
+            held = np.frombuffer(reply.held, dtype=np.uint8).astype(bool)
+            values = torch.from_numpy(np.frombuffer(reply.values, dtype="<f4").copy()).reshape(*reply.shape)
+            received[peer] = (held, values)
+            answered &= held  # a row its table lost since the first round (read again in between)
+        if failures:
+            return np.zeros(len(keys), dtype=bool), {}, failures
+        contributions = {}
+        for peer, (held, values) in received.items():
+            position = np.cumsum(held) - 1  # each held ID's row among the peer's values
+            contributions[peer] = values[torch.from_numpy(position[answered])]
+        result = np.zeros(len(keys), dtype=bool)
+        result[np.flatnonzero(held_by_all)[answered]] = True
+        return result, contributions, failures
+
+    def _check_reply(self, peer: str, reply: pb.ContributionReply, count: int) -> str:
+        """Why a passive party's reply cannot be used ("" if it can): another export, or counts that disagree."""
+        if reply.export_id != self.party.export_id:
+            return f"{peer} answered for export {printable(reply.export_id[:32])}, not {self.party.export_id}"
+        held = sum(reply.held)
+        shape = tuple(reply.shape)
+        if len(reply.held) != count or set(reply.held) - {0, 1} or shape != (held, *self.shapes[peer]):
+            return f"{peer} sent a malformed reply (shape {shape} for {held} of {count} IDs held)"
+        if len(reply.values) != 4 * math.prod(shape):
+            return f"{peer} sent a malformed reply ({len(reply.values)} bytes for shape {shape})"
+        return ""
+
+    def _run(self, model: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.cat(
+                [
+                    model(*(x[start : start + self.rows_per_call] for x in inputs))
+                    for start in range(0, len(inputs[0]), self.rows_per_call)
+                ]
+            )
+
+    def _decode(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """Per row what `lvfl predict` writes: the class probabilities, or the value in the target's units."""
+        if self.regression:
+            values = logits.reshape(-1) * self._output["target_scale"] + self._output["target_mean"]
+            return list(values)
+        return list(logits.softmax(-1))

@@ -1,0 +1,515 @@
+"""`lvfl serve` and `lvfl score`: served answers are `lvfl predict`'s, a passive party's faults never hang a request,
+and parties serving different exports are refused at the greeting.
+
+The reference is lvfl itself: `lvfl predict`'s file for the same run and rows. The passive parties are real
+`lvfl serve` processes (mutual TLS on localhost); so is the active party where its API is tested.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from helpers import REPO
+
+from lvfl.commands import score as score_command
+from lvfl.commands.entry import main as lvfl
+from lvfl.commands.fit import main as fit_main
+from lvfl.export import export_id
+from lvfl.federation.channels import pinned_channel
+from lvfl.federation.federation_file import load_federation, write_federation
+from lvfl.federation.pki import write_test_pki
+from lvfl.serving import ExportedParty, FeatureSource
+from lvfl.serving import serving_pb2 as pb
+from lvfl.serving.api import HttpEndpoint, check_loopback, score_remote
+from lvfl.serving.contributions import CONTRIBUTE, ContributionServer
+
+CONFIG = "examples/bank_retailer/config.yaml"
+TABLES = {"party0": REPO / "examples/bank_retailer/bank.csv", "party1": REPO / "examples/bank_retailer/retailer.csv"}
+STUDENT = '[{"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 3}}]'
+DH = "{class_path: lvfl.privacy.DHMasking}"
+RR = "{class_path: lvfl.privacy.RandomizedResponse, init_args: {epsilon: 1.0, seed: 0}}"
+PARTIES = (
+    "[{model: {class_path: lvfl.models.MLP, init_args: {hidden: [32]}}, "
+    "optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.01}}}]"
+)
+#: the protocols served, each with a backend and label mechanism (a model section replacing the example's)
+CASES = {
+    "EASTER-DHMasking-RandomizedResponse": f"class_path: lvfl.protocols.EASTER\ninit_args: {{embedding_dim: 16, "
+    f"aggregation: {DH}, label_mechanism: {RR}, parties: {PARTIES}}}",
+    "SplitNN": "class_path: lvfl.protocols.SplitNN\ninit_args: {embedding_dim: 16, top_model: {class_path: "
+    f"lvfl.models.MLP, init_args: {{hidden: [16]}}}}, parties: {PARTIES}}}",
+    "AggVFL-DHMasking": f"class_path: lvfl.protocols.AggVFL\ninit_args: {{embedding_dim: 16, aggregate: mean, "
+    f"aggregation: {DH}, parties: {PARTIES}}}",
+    "PraVFed": f"class_path: lvfl.protocols.PraVFed\ninit_args: {{embedding_dim: 16, local_epochs: 1, label_mechanism: "
+    f"{{class_path: lvfl.privacy.LaplaceLabels, init_args: {{epsilon: 1.0, seed: 0}}}}, parties: {PARTIES}}}",
+}
+
+
+#: DHMasking needs two passive parties: the retailer's table split in two, a third organisation holding its channel
+THREE_PARTIES = ("EASTER-DHMasking-RandomizedResponse", "AggVFL-DHMasking")
+
+
+@dataclass
+class Served:
+    """A fitted, exported and predicted run, with a federation for its serving parties and their tables."""
+
+    folder: Path
+    export: Path
+    predicted: Path
+    federation: Path
+    tables: dict[str, Path]
+
+
+def three_tables(folder: Path) -> dict[str, Path]:
+    """The bank's table, the retailer's spend and visits, and (a third party's) its channel column."""
+    header, *rows = [line.split(",") for line in TABLES["party1"].read_text().splitlines()]
+    tables = {"party0": TABLES["party0"], "party1": folder / "spend.csv", "party2": folder / "channel.csv"}
+    for party, keep in (("party1", [0, 1, 2]), ("party2", [0, 3])):
+        tables[party].write_text("\n".join(",".join(r[j] for j in keep) for r in [header, *rows]) + "\n")
+    return tables
+
+
+def fit_export_predict(name: str, root: Path) -> Served:
+    """The bank/retailer example with `CASES[name]`'s model, fitted 1 epoch with a student, exported, predicted."""
+    folder = root / name
+    folder.mkdir()
+    text = "model:\n  " + CASES[name].replace("\n", "\n  ") + "\n"
+    tables = dict(TABLES)
+    if name in THREE_PARTIES:
+        tables = three_tables(folder)
+        text += (
+            "data:\n  init_args:\n    parties:\n"
+            f"      - {{path: {tables['party0']}, id_column: customer_id, label_column: status, missing: mean}}\n"
+            f"      - {{path: {tables['party1']}, id_column: client}}\n"
+            f"      - {{path: {tables['party2']}, id_column: client}}\n"
+        )
+    (folder / "model.yaml").write_text(text)
+    logs = f"--trainer.logger.init_args.save_dir={folder / 'runs'}"
+    common = ["--config", CONFIG, "--config", str(folder / "model.yaml"), logs, "--trainer.enable_progress_bar=false"]
+    cwd = Path.cwd()
+    os.chdir(REPO)
+    try:
+        fit_main(["fit", *common, "--trainer.max_epochs=1", f"--trainer.callbacks={STUDENT}"])
+        lvfl(["export", *common, "--ckpt_path", "last", "--out", str(folder / "export")])
+        fit_main(["predict", *common, "--ckpt_path", "last", f"--output={folder / 'predicted.csv'}"])
+    finally:
+        os.chdir(cwd)
+    write_test_pki(folder / "pki", list(tables), ca_key=None)
+    federation = write_federation(folder / "pki" / "federation.yaml", list(tables))
+    return Served(folder, folder / "export", folder / "predicted.csv", federation.path, tables)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Served]:
+    root = tmp_path_factory.mktemp("served")
+    return {name: fit_export_predict(name, root) for name in CASES}
+
+
+class Process:
+    """An `lvfl serve` process, its output read on a thread (so a test can wait for a line)."""
+
+    def __init__(self, *args: str) -> None:
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(  # noqa: S603 - our own command
+            [sys.executable, "-m", "lvfl", "serve", *args, "--stop_after", "120"],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text: str, timeout: float = 60) -> str:
+        """The first output line holding `text`; fails with the output if none comes within `timeout` s."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = [line for line in self.lines if text in line]
+            if found:
+                return found[0]
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {text!r}; output:\n" + "\n".join(self.lines[-30:]))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+def passive(run: Served, export: Path | None = None, party: str = "party1") -> Process:
+    """A passive party's `lvfl serve` for `run` (its own export folder and its own table)."""
+    return Process("--party", party, "--federation", str(run.federation), "--model",
+                   str(export or run.export / party), "--table", str(run.tables[party]))  # fmt: skip
+
+
+def read(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_same_answers(served: list[dict[str, str]], predicted: list[dict[str, str]]) -> None:
+    """ID by ID: the same path, prediction and reason, probabilities within 1e-6."""
+    assert [r["id"] for r in served] == [r["id"] for r in predicted]
+    assert list(served[0]) == list(predicted[0])  # lvfl predict's columns
+    probs = [c for c in predicted[0] if c.startswith("prob_")]
+    for mine, theirs in zip(served, predicted, strict=True):
+        assert (mine["path"], mine["prediction"], mine["reason"]) == (
+            theirs["path"], theirs["prediction"], theirs["reason"]), mine["id"]  # fmt: skip
+        for c in probs:
+            assert float(mine[c]) == pytest.approx(float(theirs[c]), abs=1e-6), (mine["id"], c)
+
+
+def test_served_answers_are_lvfl_predicts_for_every_protocol(served, tmp_path) -> None:
+    """EASTER with DH masking and randomized response, SplitNN, Agg_VFL with DH masking and PraVFed (label DP): a
+    real passive `lvfl serve` process per run, `lvfl score` as the active party; its file is `lvfl predict`'s (both
+    paths: the VFL model for the shared customers, the student for the bank's own), ID by ID."""
+    processes = {
+        (name, party): passive(run, party=party)
+        for name, run in served.items()
+        for party in run.tables
+        if party != "party0"
+    }
+    try:
+        for name, run in served.items():
+            for party in run.tables:
+                if party != "party0":
+                    processes[name, party].wait_for("answers party0's contribution requests")
+            predicted = read(run.predicted)
+            assert {r["path"] for r in predicted} == {"vfl", "student"}, name
+            ids = tmp_path / f"{name}.txt"
+            ids.write_text("\n".join(r["id"] for r in predicted) + "\n")
+            out = tmp_path / f"{name}.csv"
+            score_command.main(["--party", "party0", "--federation", str(run.federation), "--model",
+                                str(run.export / "party0"), "--table", str(TABLES["party0"]), "--ids", str(ids),
+                                "--output", str(out)])  # fmt: skip
+            assert_same_answers(read(out), predicted)
+            # each passive party's log: one line for the request, saying it saw the IDs
+            for party in run.tables:
+                if party != "party0":
+                    line = processes[name, party].wait_for(f"{party}: request")
+                    assert f"{len(predicted)} IDs asked (blinded)" in line, line
+                    assert "plain (ids seen:" in line, line
+    finally:
+        for process in processes.values():
+            process.stop()
+
+
+def test_a_passive_party_down_or_late_never_hangs_a_request_and_is_used_again_when_back(served, tmp_path) -> None:
+    """The active party's real `lvfl serve` with its gRPC API: a passive party stopped (SIGSTOP) misses the deadline,
+    one killed mid-stream is unreachable; either way every request is answered within the deadline, by the student
+    with a reason naming the party, and once the party is back the VFL model answers again."""
+    run = served["PraVFed"]
+    predicted = read(run.predicted)
+    shared = [r["id"] for r in predicted if r["path"] == "vfl"][:20]
+    api = f"127.0.0.1:{_free_port()}"
+    first = passive(run)
+    active = Process("--party", "party0", "--federation", str(run.federation), "--model", str(run.export / "party0"),
+                     "--table", str(TABLES["party0"]), "--api", api, "--deadline", "0.5")  # fmt: skip
+    second = None
+    try:
+        first.wait_for("answers party0's contribution requests")
+        active.wait_for("party0 scores at grpc")
+
+        def ask() -> tuple[list[dict], float]:
+            start = time.perf_counter()
+            rows = score_remote(api, shared, deadline=0.5, timeout=10)
+            return rows, time.perf_counter() - start
+
+        rows, _ = ask()
+        assert {r["path"] for r in rows} == {"vfl"}
+        first.process.send_signal(signal.SIGSTOP)  # alive, silent: it misses the deadline
+        rows, seconds = ask()
+        assert seconds < 0.5 + 1.0, seconds
+        assert {r["path"] for r in rows} == {"student"}
+        assert {r["reason"] for r in rows} == {"party1 did not answer within the deadline (0.5 s): answered by "
+                                               "the student"}  # fmt: skip
+        first.process.send_signal(signal.SIGCONT)
+        rows, _ = ask()
+        assert {r["path"] for r in rows} == {"vfl"}
+        # killed while requests stream in: each is answered within the deadline, by the VFL model or the student
+        answered: list[tuple[set[str], float]] = []
+
+        def stream() -> None:
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                rows, seconds = ask()
+                answered.append(({r["path"] for r in rows}, seconds))
+
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        time.sleep(0.5)
+        first.process.kill()
+        streaming.join(30)
+        assert answered
+        assert max(s for _, s in answered) < 0.5 + 1.0, answered
+        assert {"student"} in [paths for paths, _ in answered], answered
+        assert all(paths in ({"vfl"}, {"student"}) for paths, _ in answered), answered
+        rows, seconds = ask()
+        assert seconds < 0.5 + 1.0
+        assert {r["path"] for r in rows} == {"student"}
+        assert rows[0]["reason"].startswith("party1 is unreachable"), rows[0]["reason"]
+        second = passive(run)  # back: used again with no restart of the active party
+        second.wait_for("answers party0's contribution requests")
+        end = time.monotonic() + 10
+        while {r["path"] for r in rows} != {"vfl"} and time.monotonic() < end:
+            time.sleep(0.2)
+            rows, _ = ask()
+        assert {r["path"] for r in rows} == {"vfl"}
+        # one log line per request at the active party, with its paths and latency
+        assert any("party0: request" in line and "20 student" in line and "ms; party1" in line
+                   for line in active.lines), active.lines[-10:]  # fmt: skip
+    finally:
+        first.process.send_signal(signal.SIGCONT) if first.process.poll() is None else None
+        for process in (first, active, second):
+            if process is not None:
+                process.stop()
+
+
+def test_a_party_serving_another_export_is_refused_at_the_greeting_in_one_line(served, tmp_path, capsys) -> None:
+    """party1 serving the same run at another step (another model version): the active party's greeting is
+    refused, naming both exports, and `lvfl score` stops with one line."""
+    run = served["SplitNN"]
+    other = tmp_path / "party1"
+    shutil.copytree(run.export / "party1", other)
+    info = json.loads((other / "party.json").read_text())
+    info["export"]["step"] += 1000
+    info["export"]["id"] = export_id(info["export"])
+    (other / "party.json").write_text(json.dumps(info))
+    process = passive(run, other)
+    try:
+        process.wait_for("answers party0's contribution requests")
+        ids = tmp_path / "ids.txt"
+        ids.write_text(read(run.predicted)[0]["id"] + "\n")
+        with pytest.raises(SystemExit) as stopped:
+            score_command.main(["--party", "party0", "--federation", str(run.federation), "--model",
+                                str(run.export / "party0"), "--table", str(TABLES["party0"]), "--ids", str(ids),
+                                "--output", str(tmp_path / "out.csv")])  # fmt: skip
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        mine = info["export"]
+        assert err[0].startswith(f"lvfl: error: party1 serves export {mine['id']} (run {mine['run'][:16]}, step "
+                                 f"{mine['step']}), party0 serves export "), err  # fmt: skip
+        assert not (tmp_path / "out.csv").exists()
+    finally:
+        process.stop()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- in one process: the pieces, each against what it must refuse --------------------------------------------------
+def test_a_changed_table_is_read_again_and_a_broken_one_leaves_the_old_serving(served, tmp_path, caplog) -> None:
+    """The passive party's table rewritten with another value and a new customer: served from the next lookup (no
+    restart); caught half-written (a line cut short): the rows read before keep serving, with a warning."""
+    run = served["SplitNN"]
+    party = ExportedParty(run.export / "party1", "party1")
+    table = tmp_path / "retailer.csv"
+    lines = TABLES["party1"].read_text().splitlines()
+    table.write_text("\n".join(lines[:6]) + "\n")
+    source = FeatureSource(table, party, check_every=0)
+    first = lines[1].split(",")[0]
+    before = source.lookup([first, "NEW"])
+    assert before.held == [True, False]
+    changed = lines[1].split(",")
+    changed[1] = str(float(changed[1]) + 5)
+    table.write_text("\n".join([lines[0], ",".join(changed), *lines[2:6], "NEW,1.0,2,store"]) + "\n")
+    os.utime(table, ns=(time.time_ns(), time.time_ns() + 10**9))  # a later modification time, whatever the clock
+    after = source.lookup([first, "NEW"])
+    assert after.held == [True, True]
+    assert source.reloads == 1
+    assert not torch.equal(after.features[0], before.features[0])
+    expected = party.encode([changed[1:], ["1.0", "2", "store"]], ["a", "b"])
+    torch.testing.assert_close(after.features, expected, rtol=0, atol=0)
+    table.write_text("\n".join([lines[0], lines[1][:12]]))  # caught half-written: a line cut short
+    os.utime(table, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    with caplog.at_level("WARNING", logger="lvfl.serve"):
+        again = source.lookup([first, "NEW"])
+    assert again.held == [True, True]
+    assert torch.equal(again.features, after.features)
+    assert "cannot be read; still serving the rows read before" in caplog.text
+
+
+def test_only_the_active_party_its_export_answers_may_ask_for_contributions(served, tmp_path) -> None:
+    """A third party of the federation, with a certificate the CA signed and the federation pins, is refused:
+    party1's export answers party0 only."""
+    run = served["SplitNN"]
+    names = ["party0", "party1", "party2"]
+    write_test_pki(tmp_path / "pki", names, ca_key=None)
+    federation = write_federation(tmp_path / "pki" / "federation.yaml", names)
+    party = ExportedParty(run.export / "party1", "party1")
+    server = ContributionServer(federation, party, FeatureSource(TABLES["party1"], party),
+                                federation.key_path("party1")).start()  # fmt: skip
+    try:
+        for caller, code in (("party2", grpc.StatusCode.PERMISSION_DENIED), ("party0", None)):
+            key = federation.key_path(caller).read_bytes()
+            certificate = federation.party(caller).certificate.read_bytes()
+            with pinned_channel(federation, "party1", key, certificate) as channel:
+                call = channel.unary_unary(CONTRIBUTE, pb.ContributionRequest.SerializeToString,
+                                           pb.ContributionReply.FromString)  # fmt: skip
+                request = pb.ContributionRequest(request_id="r", export_id=party.export_id, ids=["x"])
+                if code is None:
+                    assert call(request, timeout=10).held == b"\x00"
+                    continue
+                with pytest.raises(grpc.RpcError) as refused:
+                    call(request, timeout=10)
+                assert refused.value.code() == code
+                assert (
+                    "party2 asked party1 for contributions; its export answers party0 only" in refused.value.details()
+                )
+    finally:
+        server.stop()
+
+
+def test_the_scoring_api_listens_on_this_machine_only_and_names_a_bad_field(served) -> None:
+    """--api/--http on another host are refused by option; a JSON request with an unknown or mistyped field is
+    answered 400 naming it."""
+    for address in ("0.0.0.0:8500", "10.1.2.3:8500", "example.org:8500"):
+        with pytest.raises(ValueError, match=r"^--api .*this machine only"):
+            check_loopback(address, "--api")
+    assert check_loopback("[::1]:8500", "--api") == ("::1", 8500)
+    from urllib.error import HTTPError
+    from urllib.request import Request, urlopen
+
+    class NoScorer:  # the endpoint refuses before it scores
+        party = ExportedParty(served["SplitNN"].export / "party0", "party0")
+        order = ["party1"]
+
+        def score(self, *args):
+            raise AssertionError("not reached")
+
+    endpoint = HttpEndpoint(NoScorer(), f"127.0.0.1:{_free_port()}").start()
+    try:
+        for body, message in (
+            ({"ids": ["a"], "deadline": 1}, "unknown field 'deadline'"),
+            ({"ids": "a"}, "'ids' must be a list"),
+            ({"rows": [{"income": 1}]}, "a row of 'rows' has no 'customer_id'"),
+            ({}, "give 'ids' or 'rows'"),
+        ):
+            request = Request(f"http://127.0.0.1:{endpoint.port}/score", json.dumps(body).encode(), method="POST")
+            with pytest.raises(HTTPError) as refused:
+                urlopen(request, timeout=10)  # noqa: S310 - localhost
+            assert refused.value.code == 400
+            assert message in json.loads(refused.value.read())["error"]
+    finally:
+        endpoint.stop()
+
+
+def test_lvfl_serve_refuses_another_partys_folder_and_a_missing_role_option_in_one_line(served, capsys) -> None:
+    run = served["SplitNN"]
+    from lvfl.commands import serve
+
+    for args, message in (
+        (["--party", "party1", "--model", str(run.export / "party0")], "is party 'party0''s folder, not --party"),
+        (["--party", "party0", "--model", str(run.export / "party0")], "give --api HOST:PORT (gRPC) and/or --http"),
+        (
+            ["--party", "party1", "--model", str(run.export / "party1"), "--api", "127.0.0.1:1"],
+            "--api and --http are the active party's; party1 is passive",
+        ),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            serve.main([*args, "--federation", str(run.federation), "--table", str(TABLES["party1"])])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, err
+        assert message in err[0], err
+    assert load_federation(run.federation)  # untouched
+
+
+def table_ids(path: Path) -> list[str]:
+    return [line.split(",")[0] for line in path.read_text().splitlines()[1:]]
+
+
+def test_a_passive_partys_view_holds_none_of_the_active_partys_other_customers(served, tmp_path) -> None:
+    """Counterfactual: the bank scores two shared customers and one of its own the retailer does not know; then the
+    same with another such customer in that place. Everything the retailer receives (greeting, blinded table
+    request, blinded points, the IDs in the clear) is the same but for that customer's 32-byte point, which matches
+    nothing the retailer can compute from any candidate ID without the bank's key. The IDs it sees in the clear are
+    its own customers', the ones scored."""
+    from lvfl.crypto.hash_to_curve import hash_to_u
+    from lvfl.crypto.psi import DST, split_points
+    from lvfl.serving import Scorer
+
+    run = served["SplitNN"]
+    federation = load_federation(run.federation)
+    bank, retailer = table_ids(TABLES["party0"]), set(table_ids(TABLES["party1"]))
+    shared = [k for k in bank if k in retailer][:2]
+    own = [k for k in bank if k not in retailer][:2]
+
+    class Recording(ContributionServer):
+        """party1's server, keeping every message it receives: its whole view of the serving."""
+
+        view: list[tuple[str, bytes]] = []
+
+        def _greet(self, request, context):
+            self.view.append(("greet", request.SerializeToString()))
+            return super()._greet(request, context)
+
+        def _table(self, request, context):
+            self.view.append(("table", request.SerializeToString()))
+            return super()._table(request, context)
+
+        def _members(self, request, context):
+            self.view.append(("members", request.SerializeToString()))
+            return super()._members(request, context)
+
+        def _contribute(self, request, context):
+            self.view.append(("contribute", request.SerializeToString()))
+            return super()._contribute(request, context)
+
+    party1 = ExportedParty(run.export / "party1", "party1")
+    server = Recording(federation, party1, FeatureSource(TABLES["party1"], party1),
+                       federation.key_path("party1")).start()  # fmt: skip
+    party0 = ExportedParty(run.export / "party0", "party0")
+    scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"))
+    try:
+        assert scorer.greet(timeout=10) == {"party1": ""}
+        views = []
+        for secret in own:
+            Recording.view = []
+            scored = scorer.score([shared[0], secret, shared[1]], request_id="same")
+            assert [r["path"] for r in scored.rows] == ["vfl", "student", "vfl"]
+            views.append(list(Recording.view))
+    finally:
+        scorer.close()
+        server.stop()
+    (kinds_a, kinds_b) = ([kind for kind, _ in v] for v in views)
+    assert kinds_a == kinds_b == ["members", "contribute"]
+    contribute = [pb.ContributionRequest.FromString(v[1][1]) for v in views]
+    assert [list(c.ids) for c in contribute] == [shared, shared]  # in the clear: its own customers, scored
+    assert views[0][1] == views[1][1]  # the whole message, byte for byte
+    members = [pb.MembershipRequest.FromString(v[0][1]) for v in views]
+    points = [split_points(m.points) for m in members]
+    assert points[0][1] != points[1][1]  # the one difference: the secret customer's point
+    members[1].points = points[1][0] + points[0][1] + points[1][2]
+    assert members[0] == members[1]  # and nothing else differs
+    candidates = own + shared + [k for k in bank if k not in retailer][2:50]
+    computable = {hash_to_u(k.encode(), DST) for k in candidates}  # H(x): what anyone can compute
+    computable |= set(split_points(server.blinded_table().points))  # b·H(y) of its own customers
+    table = server.blinded_table()
+    computable |= set(split_points(table.reblind(b"".join(hash_to_u(k.encode(), DST) for k in candidates))))  # b·H(x)
+    assert not computable & {points[0][1], points[1][1]}
