@@ -278,10 +278,10 @@ def script(path):
 
 def pki(args):
     def run():
-        with tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as root:  # the CA key goes beside --out: inside this folder too
             rest = list(args)
             if "--out" in rest:
-                rest[rest.index("--out") + 1] = folder
+                rest[rest.index("--out") + 1] = root + "/pki"
             main(["pki", *rest])
     return run
 

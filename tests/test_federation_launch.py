@@ -5,6 +5,7 @@ uninterrupted run's end; a peer of another run is refused."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -350,30 +351,38 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     asked = tmp_path / "ids.csv"
     picks = [*sorted(shared)[:5], *sorted(set(bank_ids) - shared)[:3], "NOT-A-CUSTOMER"]
     asked.write_text("id\n" + "\n".join(picks) + "\n")
-    ask = ["--ckpt_path", "best", "--ids", str(asked)]
-    predicted = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "lvfl", "predict", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}",
-         *ask, "--output", str(tmp_path / "fit.csv")],
-        cwd=everything, capture_output=True, text=True, timeout=300, check=False, env=env,
-    )  # fmt: skip
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
-    processes = {}
-    for name in sites:
-        cmd = party_cmd(name, tmp_path / "pki" / "federation.yaml", "bank-retailer-predict", tmp_path / "launch",
-                        *at(tmp_path / name), *ask, "--output", str(tmp_path / f"{name}.csv"))  # fmt: skip
-        cmd.insert(cmd.index("party") + 1, "predict")
-        processes[name] = subprocess.Popen(  # noqa: S603
-            cmd, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-    for name, process in processes.items():
-        _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, (name, err[-3000:])
-    written = (tmp_path / "fit.csv").read_text()
-    assert written.count("\n") == len(picks) + 1, written
-    assert ",vfl," in written, written
-    assert ",student," in written, written
-    assert (tmp_path / "party0.csv").read_text() == written  # the bank writes what lvfl predict writes
-    assert not (tmp_path / "party1.csv").exists()  # the retailer served its rows and wrote nothing
+    # in the clear, then by oblivious lookups (the retailer learns no ID): the bank's file is lvfl predict's each time
+    for oblivious in ("false", "true"):
+        ask = ["--ckpt_path", "best", "--ids", str(asked), f"--oblivious={oblivious}"]
+        predicted = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "lvfl", "predict", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}",
+             *ask, "--output", str(tmp_path / f"fit_{oblivious}.csv")],
+            cwd=everything, capture_output=True, text=True, timeout=300, check=False, env=env,
+        )  # fmt: skip
+        assert predicted.returncode == 0, predicted.stderr[-3000:]
+        processes = {}
+        for name in sites:
+            cmd = party_cmd(name, tmp_path / "pki" / "federation.yaml", f"bank-retailer-predict-{oblivious}",
+                            tmp_path / "launch", *at(tmp_path / name), *ask, "--output",
+                            str(tmp_path / f"{name}_{oblivious}.csv"))  # fmt: skip
+            cmd.insert(cmd.index("party") + 1, "predict")
+            processes[name] = subprocess.Popen(  # noqa: S603
+                cmd, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        said = {}
+        for name, process in processes.items():
+            said[name], err = process.communicate(timeout=300)
+            assert process.returncode == 0, (name, err[-3000:])
+        written = (tmp_path / f"fit_{oblivious}.csv").read_text()
+        assert written.count("\n") == len(picks) + 1, written
+        assert ",vfl," in written, written
+        assert ",student," in written, written
+        assert (tmp_path / f"party0_{oblivious}.csv").read_text() == written  # the bank writes lvfl predict's file
+        assert not (tmp_path / f"party1_{oblivious}.csv").exists()  # the retailer served its part, wrote nothing
+        if oblivious == "true":
+            assert "through oblivious lookups" in said["party0"], said["party0"]
+    plain, routed = (list(csv.reader((tmp_path / f"fit_{o}.csv").open(newline=""))) for o in ("false", "true"))
+    assert [(r[0], r[1], r[-2], r[-1]) for r in routed] == [(r[0], r[1], r[-2], r[-1]) for r in plain]
 
     # new customers, in each organisation's own file of them: `lvfl launch predict` with the datamodule's new_rows
     # aligns them by a PSI of their own and writes the file `lvfl predict` writes for the same config
@@ -589,7 +598,6 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
             "does not run the NoisySample callback yet",
         ),  # fmt: skip
         (["--config", "configs/easter/digits.yaml", "--party", "party9"], "--party party9: the config's parties are"),
-        (["predict", "--config", "configs/easter/digits.yaml", "--oblivious=true"], "--oblivious runs in one process"),
         (["export", "--config", "configs/easter/digits.yaml"], "predict; a party exports its own folder"),
         (
             ["--config", "configs/easter/digits.yaml", STUDENT.replace('"epochs": 3', '"epochs": 3, "cross_fit": 2')],

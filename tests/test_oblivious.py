@@ -174,10 +174,11 @@ def test_a_miss_costs_exactly_the_messages_of_a_hit(precompute: bool) -> None:
         views[x] = list(inbox)
     hit = views[9]
     assert [(src, dst, tag) for src, dst, tag, _ in hit] == [
+        ("active", "passive", "ot_plan"),  # one byte: no preparation first (the same for every ID here)
         ("active", "passive", "ot_query"),
         ("passive", "active", "ot_answer"),
     ]
-    assert [size for *_, size in hit] == [REQUEST_BYTES, lookup.table.layout.answer_bytes]
+    assert [size for *_, size in hit] == [1, REQUEST_BYTES, lookup.table.layout.answer_bytes]
     for x in (16, 10**9, -1, 10):
         assert views[x] == hit, f"ID {x}"
     with pytest.raises(ValueError, match="outside"):
@@ -227,6 +228,7 @@ def test_online_wire_bytes_and_rounds(n: int) -> None:
     assert lookup.lookup(n + 3) == b"0123456789"
     l = table.layout.entry_bytes  # noqa: E741
     assert l == 5 + 10 + 16 * nbits
-    assert wire.total_bytes() == n * l + REQUEST_BYTES
-    assert wire.bytes_by_link() == {"active->passive": REQUEST_BYTES, "passive->active": n * l}
-    assert wire.total_messages() == 2  # one round trip
+    plan = 1  # the byte that tells the passive party no preparation comes first
+    assert wire.total_bytes() == n * l + REQUEST_BYTES + plan
+    assert wire.bytes_by_link() == {"active->passive": REQUEST_BYTES + plan, "passive->active": n * l}
+    assert wire.total_messages() == 3  # one round trip, after the plan byte (sent with the query, one direction)

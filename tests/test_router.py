@@ -165,6 +165,10 @@ def test_router_meters_one_round_per_party_and_query(fitted):
     queries = {k: router.wire.messages[(model.active, k, "ot_query")] for k in model.passive}
     answers = {k: router.wire.messages[(k, model.active, "ot_answer")] for k in model.passive}
     assert queries == answers == dict.fromkeys(model.passive, 1)  # every passive party is asked, hit or miss
+    for k in model.passive:  # the table's layout once (5 numbers), the count once, a plan byte per query
+        assert router.wire.bytes[(k, model.active, "ot_layout")] == 8 * (4 + 1)
+        assert router.wire.bytes[(model.active, k, "ot_count")] == 8
+        assert router.wire.bytes[(model.active, k, "ot_plan")] == 1
     for k in model.passive:
         layout = router.lookups[k].table.layout
         assert router.wire.bytes[(k, model.active, "ot_answer")] == layout.answer_bytes  # N * l
@@ -202,7 +206,7 @@ def test_every_id_costs_each_passive_party_the_same_messages(fitted, monkeypatch
         views[sample_id] = {k: [m for m in seen if k in m[:2]] for k in model.passive}
     assert paths == {held: ("vfl",), inside: ("student",), beyond: ("student",)}
     for k in model.passive:
-        assert [tag for *_, tag, _ in views[held][k]] == ["ot_query", "ot_answer"]
+        assert [tag for *_, tag, _ in views[held][k]] == ["ot_count", "ot_plan", "ot_query", "ot_answer"]
         assert views[inside][k] == views[held][k]
         assert views[beyond][k] == views[held][k], f"party {k}: an ID beyond its table is visible"
 

@@ -513,3 +513,58 @@ def test_a_passive_partys_view_holds_none_of_the_active_partys_other_customers(s
     table = server.blinded_table()
     computable |= set(split_points(table.reblind(b"".join(hash_to_u(k.encode(), DST) for k in candidates))))  # b·H(x)
     assert not computable & {points[0][1], points[1][1]}
+
+
+def test_each_party_counts_its_requests_rows_latency_and_failures_for_a_scraper(served) -> None:
+    """`--metrics`: the counts a Prometheus scraper reads (parsed by prometheus_client's own parser) are the
+    requests made, the rows by path each party answered, and, once party1 is stopped, its failure by kind."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lvfl.serving import Scorer
+    from lvfl.serving.metrics import ServingMetrics
+
+    run = served["SplitNN"]
+    federation = load_federation(run.federation)
+    bank, retailer = table_ids(TABLES["party0"]), set(table_ids(TABLES["party1"]))
+    shared = [k for k in bank if k in retailer][:3]
+    own = [k for k in bank if k not in retailer][:2]
+    counted = {name: ServingMetrics(name) for name in ("party0", "party1")}
+    party1 = ExportedParty(run.export / "party1", "party1")
+    server = ContributionServer(federation, party1, FeatureSource(TABLES["party1"], party1),
+                                federation.key_path("party1"), metrics=counted["party1"]).start()  # fmt: skip
+    party0 = ExportedParty(run.export / "party0", "party0")
+    scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"),
+                    deadline=2, metrics=counted["party0"])  # fmt: skip
+    ports = {name: metrics.start(f"127.0.0.1:{_free_port()}") for name, metrics in counted.items()}
+    try:
+        scorer.score([*shared, *own, "NOT-A-CUSTOMER"])
+        scorer.score(shared[:1])
+        server.stop()
+        scorer.score(shared[:1])  # party1 is gone: the student answers
+        scraped = {}
+        for name, port in ports.items():
+            text = urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310 - localhost
+            scraped[name] = {
+                (s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text)
+                for s in family.samples
+            }
+    finally:
+        scorer.close()
+        server.stop()
+        for metrics in counted.values():
+            metrics.stop()
+
+    def value(name, metric, **labels):
+        return scraped[name].get((metric, tuple(sorted({"party": name, **labels}.items()))), 0.0)
+
+    assert value("party0", "lvfl_serve_requests_total") == 3
+    assert value("party0", "lvfl_serve_rows_total", path="vfl") == 3 + 1
+    assert value("party0", "lvfl_serve_rows_total", path="student") == 2 + 1
+    assert value("party0", "lvfl_serve_rows_total", path="unanswered") == 1
+    assert value("party0", "lvfl_serve_peer_failures_total", peer="party1", kind="unreachable") == 1
+    assert value("party0", "lvfl_serve_request_seconds_count") == 3
+    assert value("party1", "lvfl_serve_requests_total") == 2
+    assert value("party1", "lvfl_serve_rows_total", path="contributed") == 3 + 1

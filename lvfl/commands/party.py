@@ -152,10 +152,6 @@ class PartySession:
         check_deployable(cli.model, cli.datamodule, cli.trainer)
         if subcommand == "fit":  # where the noise is drawn
             check_public_seeds(cli.model, self.allow_public_seeds, "lvfl party")
-        if subcommand == "predict" and config.get("oblivious"):
-            raise ValueError(
-                "lvfl party predict answers in the clear; --oblivious runs in one process only (lvfl predict)"
-            )
         known = _federation_names(self.federation)  # read once: it loads and checks the file
         missing = [n for n in names if n not in known]
         if missing:
@@ -230,9 +226,9 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     Run by every party in its own process. What runs: every protocol with the Plain, DHMasking and Paillier
     backends (Paillier's coordinator a process of its own, with the embedded and paper datasets) and any label
     mechanism (the release is drawn at the active party), the embedded and paper datasets and `PartyTables` (its
-    set-up exchanged live, `exchange_on`), and the student with its plain channel. Not yet: CKKS's coordinator as a
-    process, Paillier with the parties' own tables, the student's Paillier channel and `cross_fit`, and the
-    leakage audit (it reads every party's messages and the labels in one process).
+    set-up exchanged live, `exchange_on`), the student with its plain channel, and `predict --oblivious`. Not yet:
+    CKKS's coordinator as a process, Paillier with the parties' own tables, the student's Paillier channel and
+    `cross_fit`, and the leakage audit (it reads every party's messages and the labels in one process).
     """
     backend = type(model.aggregation).__name__
     if not isinstance(model.aggregation, Plain | DHMasking | Paillier):

@@ -52,9 +52,13 @@ def before_predict(cli: Any) -> None:
     datamodule = cli.datamodule
     cli.model.prepare_datamodule(datamodule)  # set up here, before the trainer attaches it
     datamodule.setup("predict")
+    cli._routed = None
     if not cli.model.wire.holds(datamodule.active_party_name):  # a passive party's own process (`lvfl party`)
         cli.prediction_writer = None  # the active party decides the rows and writes the file
-        if getattr(datamodule, "new_row_ids", lambda: None)() is None:  # else: the new rows all hold, PSI's order
+        if config.get("oblivious"):  # it answers the active party's oblivious queries after the (empty) loop
+            cli._routed = ((), None)
+            datamodule.predict_ids = []
+        elif getattr(datamodule, "new_row_ids", lambda: None)() is None:  # else: the new rows all hold, PSI's order
             datamodule.predict_ids = rows_to_serve(cli.model, datamodule, None)
         return
     path = config.get("output") or str(Path(cli.trainer.log_dir or ".") / "predictions.csv")
@@ -64,7 +68,7 @@ def before_predict(cli: Any) -> None:
     new = new_rows() if new_rows is not None else None
     if new is not None and config.get("ids") is not None:
         raise ValueError("--ids and the datamodule's new_rows both say what to predict: give one")
-    cli._routed = None  # (IDs, samples, student) that `after_predict` answers through the Router (`--oblivious`)
+    # (IDs, student) that `after_predict` answers through the Router (`--oblivious`)
     if config.get("oblivious"):
         if new is not None:
             raise ValueError(
@@ -138,15 +142,22 @@ def after_predict(cli: Any) -> None:
     """Answer the `--oblivious` rows through the Router, write what is pending, say how many rows each path answered."""
     writer = cli.prediction_writer
     if writer is None:  # a passive party's own process: it served its features; the active party writes
+        if cli._routed is not None:  # --oblivious: it answers the active party's queries, learning no ID
+            from lvfl.inference.router import Router
+
+            Router(cli.model, cli.datamodule, None, wire=cli.model.wire).predict(None)
         return
     if cli._routed is not None:
         from lvfl.wire import Wire
 
         keys, student = cli._routed
-        wire = Wire()
+        # a party's own process: the lookups go to the passive parties' processes; in simulation, a wire of their own
+        wire = cli.model.wire if cli.model.wire.here is not None else Wire()
+        before = wire.bytes_by_tag()
         writer.request(keys, routed_answers(cli.model, cli.datamodule, keys, student, wire))
         if cli.trainer.is_global_zero:
-            tags = ", ".join(f"{tag} {n:,} B" for tag, n in sorted(wire.bytes_by_tag().items()))
+            moved = {t: n - before.get(t, 0) for t, n in wire.bytes_by_tag().items() if t.startswith("ot_")}
+            tags = ", ".join(f"{tag} {n:,} B" for tag, n in sorted(moved.items()))
             print(f"lvfl predict --oblivious: {len(keys)} IDs through oblivious lookups, {tags}")
     if not writer.rows and writer.pending_answers:  # every ID was answered outside the loop: no batch ran
         writer.write_on_epoch_end(cli.trainer, cli.model, [], [])

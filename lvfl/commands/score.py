@@ -37,7 +37,7 @@ def score_parser() -> argparse.ArgumentParser:
                         "--server the file's first column)")  # fmt: skip
     parser.add_argument("--output", type=Path, required=True, help="the file to write (.csv or .parquet)")
     parser.add_argument("--deadline", type=float, default=0.0, help="seconds to wait for the passive parties "
-                        "(default: the server's, or 1 here)")  # fmt: skip
+                        "(default: the server's --deadline; scoring here, 60: a batch)")  # fmt: skip
     parser.add_argument("--server", default=None, metavar="HOST:PORT", help="a running lvfl serve's --api")
     parser.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the server (or, without "
                         "--server, the passive parties) to come up (default 30)")  # fmt: skip
@@ -107,7 +107,7 @@ def _score_here(own: argparse.Namespace, ids: list[str]) -> list[dict[str, Any]]
     key = own.key if own.key is not None else federation.key_path(own.party)
     source = FeatureSource(own.table, party)
     rows, columns = _read_rows(own.rows, own.id_column or party.id_column) if own.rows is not None else ({}, None)
-    scorer = Scorer(federation, party, source, key, deadline=own.deadline or 1.0)
+    scorer = Scorer(federation, party, source, key, deadline=own.deadline or 60.0, blind_ahead=False)
     try:
         status = scorer.greet(timeout=max(own.wait, 1.0))
         for why in status.values():

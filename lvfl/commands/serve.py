@@ -53,6 +53,8 @@ def serve_parser() -> argparse.ArgumentParser:
                         "the passive parties before the student answers (default 1)")  # fmt: skip
     parser.add_argument("--wait", type=float, default=10.0, help="the active party: seconds to wait at start for "
                         "each passive party to come up (default 10); one still down is asked per request")  # fmt: skip
+    parser.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics there "
+                        "(requests, rows by path, latency, passive parties' failures; counts only)")  # fmt: skip
     parser.add_argument("--check_every", type=float, default=1.0, help="seconds between checks whether the table's "
                         "files changed (default 1)")  # fmt: skip
     parser.add_argument("--stop_after", type=float, default=None, help="stop after this many seconds (default: run "
@@ -115,28 +117,43 @@ def main(argv: list[str]) -> None:
                              "HOST:PORT (JSON), on this machine")  # fmt: skip
         _log_to_stderr()
         source = FeatureSource(own.table, party, encoding=own.encoding, check_every=own.check_every)
+        metrics = None
+        if own.metrics is not None:
+            from lvfl.serving.metrics import ServingMetrics
+
+            metrics = ServingMetrics(own.party)
+            print(f"lvfl serve: {own.party}'s metrics at http://{own.metrics}/metrics", flush=True)
         about = f"{party.describe()}, {source.rows} rows of {own.table}"
         if party.role != "active":
-            server = ContributionServer(federation, party, source, key, own.listen).start()
+            server = ContributionServer(federation, party, source, key, own.listen, metrics=metrics).start()
+            if metrics is not None:
+                metrics.start(own.metrics)
             print(f"lvfl serve: {own.party} answers {party.active_party}'s contribution requests at {server.listen} "
                   f"({about}); plain: the IDs of every request are seen here", flush=True)  # fmt: skip
             try:
                 why = _until_stopped(own.stop_after)
             finally:
                 server.stop()
+                if metrics is not None:
+                    metrics.stop()
             print(f"lvfl serve: {own.party} stopped ({why}) after {server.requests} requests", flush=True)
             return
-        _serve_active(own, federation, party, source, key, about)
+        _serve_active(own, federation, party, source, key, about, metrics)
 
 
-def _serve_active(own: argparse.Namespace, federation: Any, party: Any, source: Any, key: Path, about: str) -> None:
+def _serve_active(
+    own: argparse.Namespace, federation: Any, party: Any, source: Any, key: Path, about: str, metrics: Any
+) -> None:
     """The active party: greet the passive parties, then answer on --api and --http until stopped."""
     from lvfl.serving import Scorer
     from lvfl.serving.api import HttpEndpoint, ScoringService
 
-    scorer = Scorer(federation, party, source, key, deadline=own.deadline)
+    scorer = Scorer(federation, party, source, key, deadline=own.deadline, metrics=metrics)
     services: list[Any] = []
     try:
+        if metrics is not None:
+            metrics.start(own.metrics)
+            services.append(metrics)
         status = scorer.greet(timeout=max(own.wait, 1.0))
         for why in status.values():
             if why:

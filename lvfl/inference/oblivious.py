@@ -60,7 +60,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from lvfl.crypto.layered import ENTRY_KEY_BYTES, LAYER_TAG_BYTES, decrypt_entry, encrypt_entry, entry_nonce
 from lvfl.crypto.ot import OTReceiver, OTSender, bits_of, log2_exact
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire
 
 #: (bucket: 8 bytes, t: 4 bytes), big-endian: the active party's online request
 REQUEST_BYTES = 12
@@ -397,31 +397,40 @@ class ObliviousClient:
         return flat.reshape(self.layout.row_shape)
 
 
-# -- both parties in one process, every message on the wire ----------------------------------------------------------
+# -- both parties on a wire: in one process, or each in its own (a party's view holds one side) ---------------------
 def _send(wire: Wire | None, src: str, dst: str, payload, tag: str):
     return payload if wire is None else wire.send(src, dst, payload, tag=tag)
 
 
 def prepare(
-    table: ObliviousTable,
-    client: ObliviousClient,
+    table: ObliviousTable | None,
+    client: ObliviousClient | None,
     *,
     wire: Wire | None = None,
     active: str = "active",
     passive: str = "passive",
 ) -> None:
-    """The offline phase (steps 1-4): N * B OTs in one batch, 3 messages tagged "ot_prepare", then encryption."""
-    if client.layout != table.layout:
+    """The offline phase (steps 1-4): N * B OTs in one batch, 3 messages tagged "ot_prepare", then encryption.
+
+    `table` is None in the active party's own process, `client` None in the passive party's: each runs its side and
+    the wire carries the messages between them.
+    """
+    if table is not None and client is not None and client.layout != table.layout:
         raise ValueError("the client's layout differs from the table's")
-    sender_point = _send(wire, passive, active, table.prepare_start(), "ot_prepare")
-    points = _send(wire, active, passive, client.prepare_choose(sender_point), "ot_prepare")
-    client.prepare_finish(_send(wire, passive, active, table.prepare_respond(points), "ot_prepare"))
+    start = table.prepare_start() if table is not None else Absent("the OT sender's point")
+    sender_point = _send(wire, passive, active, start, "ot_prepare")
+    choose = client.prepare_choose(sender_point) if client is not None else Absent("the OT receiver's points")
+    points = _send(wire, active, passive, choose, "ot_prepare")
+    respond = table.prepare_respond(points) if table is not None else Absent("the OT ciphertexts")
+    reply = _send(wire, passive, active, respond, "ot_prepare")
+    if client is not None:
+        client.prepare_finish(reply)
 
 
 def query(
-    table: ObliviousTable,
-    client: ObliviousClient,
-    sample_id: int,
+    table: ObliviousTable | None,
+    client: ObliviousClient | None,
+    sample_id: int | None,
     *,
     wire: Wire | None = None,
     active: str = "active",
@@ -429,23 +438,32 @@ def query(
 ) -> bytes | torch.Tensor | None:
     """The online phase (steps 5-7), one round trip: the value for `sample_id`, or None if absent (FAIL/outside).
 
-    An ID outside the table costs the same round trip as any other (a dummy query; see the module docstring).
+    An ID outside the table costs the same round trip as any other (a dummy query; see the module docstring). In
+    the passive party's own process (`client` None) `sample_id` is None: it answers the request it receives.
 
     Raises:
         KeySetSpentError: if this ID's key set is already used; `ObliviousInference.lookup` re-prepares instead.
     """
-    request = _send(wire, active, passive, client.request(sample_id), "ot_query")
-    return client.decrypt(_send(wire, passive, active, table.answer(request), "ot_answer"))
+    ask = client.request(sample_id) if client is not None else Absent("the oblivious query")
+    request = _send(wire, active, passive, ask, "ot_query")
+    answer = table.answer(request) if table is not None else Absent("the encrypted bucket copy")
+    answered = _send(wire, passive, active, answer, "ot_answer")
+    return client.decrypt(answered) if client is not None else None
 
 
 class ObliviousInference:
     """Both parties of the oblivious lookup with a wire: `lookup` prepares again when a key set is spent.
 
+    Before each query the active party tells the passive party whether a preparation comes first (one byte, tag
+    "ot_plan"): the passive party's process runs its side in step without the ID (`lookup(None)`). The byte says
+    what the re-preparation itself shows it (that an offset repeated, see the module docstring), nothing more.
+
     Args:
-        table: the passive party's table.
+        table: the passive party's table; None in the active party's own process (give `layout` instead).
         wire: where the messages go (a fresh `Wire` by default), for metering.
         active: the active party's name on the wire.
         passive: the passive party's name on the wire.
+        layout: the table's public layout, where the table is not held.
 
     Example:
         >>> lookup = ObliviousInference(ObliviousTable({5: b"five", 9: b"nine"}, bucket_size=4))
@@ -454,12 +472,20 @@ class ObliviousInference:
     """
 
     def __init__(
-        self, table: ObliviousTable, wire: Wire | None = None, active: str = "active", passive: str = "passive"
+        self,
+        table: ObliviousTable | None,
+        wire: Wire | None = None,
+        active: str = "active",
+        passive: str = "passive",
+        layout: TableLayout | None = None,
     ) -> None:
-        self.table = table
-        self.client = ObliviousClient(table.layout)
         self.wire = wire if wire is not None else Wire()
         self.active, self.passive = active, passive
+        self.table = table if self.wire.holds(passive) else None
+        layout = table.layout if table is not None else layout
+        if layout is None:
+            raise ValueError("ObliviousInference needs the table or its layout")
+        self.client = ObliviousClient(layout) if self.wire.holds(active) else None
         self.preparations = 0
 
     def prepare(self) -> None:
@@ -467,12 +493,18 @@ class ObliviousInference:
         prepare(self.table, self.client, wire=self.wire, active=self.active, passive=self.passive)
         self.preparations += 1
 
-    def lookup(self, sample_id: int) -> bytes | torch.Tensor | None:
+    def lookup(self, sample_id: int | None) -> bytes | torch.Tensor | None:
         """The value for `sample_id`, or None if absent; prepares first if this ID's key set is spent.
 
-        Preparing on demand shows the passive party when an offset repeats (see the module doc).
+        Preparing on demand shows the passive party when an offset repeats (see the module doc). In the passive
+        party's own process `sample_id` is None: it prepares when told to and answers the query.
         """
-        if not self.client.can_query(sample_id):
+        mine = bytes([not self.client.can_query(sample_id)]) if self.client is not None else Absent("the plan")
+        received = _send(self.wire, self.active, self.passive, mine, "ot_plan")
+        plan = mine if self.client is not None else received  # the sender keeps its own (the wire hands it a shadow)
+        if not isinstance(plan, bytes) or len(plan) != 1 or plan[0] > 1:
+            raise ValueError(f"{self.active} sent an 'ot_plan' that is not one byte 0 or 1")
+        if plan[0]:
             self.prepare()
         return query(self.table, self.client, sample_id, wire=self.wire, active=self.active, passive=self.passive)
 

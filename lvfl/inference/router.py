@@ -21,6 +21,12 @@ and nothing else; the student path costs them the same query. That holds for eve
 including IDs beyond a passive party's last bucket (larger than any ID it holds): those are sent as a dummy query
 for a random address of its table (`lvfl.inference.oblivious`), the same messages, tags and sizes as a hit.
 
+Besides the lookups, each passive party sends its table's public layout once (`ot_layout`: N, the number of buckets,
+the entry width, the row's shape), and the active party tells it how many lookups follow (`ot_count`) and, before
+each, whether a preparation comes first (`ot_plan`, one byte): so in a deployment each passive party's own process
+runs its side without any ID (`predict(None)`, `lvfl party predict --oblivious`), and the messages are the same as
+in one process.
+
 IDs are the datamodule's sample IDs; an ID the active party does not hold is an error (no party can answer it).
 """
 
@@ -29,15 +35,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from lvfl.datamodules.base import VerticalDataModule
-from lvfl.inference.oblivious import ObliviousInference, ObliviousTable
+from lvfl.inference.oblivious import ObliviousInference, ObliviousTable, TableLayout
 from lvfl.protocols.base import VFLModule
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire
 
 SPLITS = ("train", "val", "test")
+
+
+def _layout_bytes(layout: TableLayout) -> bytes:
+    """A table's public layout as 8-byte integers: N, M, the value width, the row's number of dimensions, its shape."""
+    shape = layout.row_shape or ()
+    return np.asarray([layout.bucket_size, layout.num_buckets, layout.value_bytes, len(shape), *shape], ">i8").tobytes()
+
+
+def _layout_of(payload: object, party: str) -> TableLayout:
+    """The layout `party` sent (`_layout_bytes`), checked: float32 rows of the shape it states."""
+    if not isinstance(payload, bytes) or len(payload) % 8 or len(payload) < 32:
+        raise ValueError(f"{party} sent an 'ot_layout' that is not a table layout")
+    n, m, width, ndim, *shape = np.frombuffer(payload, ">i8").tolist()
+    if len(shape) != ndim or width != 4 * int(np.prod(shape)) or min(n, m, *shape, 1) < 1:
+        raise ValueError(f"{party} sent an 'ot_layout' that does not describe float32 rows: {payload.hex()[:64]}")
+    return TableLayout(n, m, width, torch.float32, tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -83,11 +106,15 @@ class Router:
         self.model, self.datamodule, self.student = model, datamodule, student
         self.wire = wire if wire is not None else Wire()
         self.active = model.active
-        self._active_rows = self._active_features()
-        self.lookups = {
-            k: ObliviousInference(self._table(k, bucket_size), wire=self.wire, active=self.active, passive=k)
-            for k in model.passive
-        }
+        self._active_rows = self._active_features() if self.wire.holds(self.active) else {}
+        self.lookups = {}
+        for k in model.passive:
+            table = self._table(k, bucket_size) if self.wire.holds(k) else None
+            # the table's public shape, which the active party's client needs (`TableLayout`): its own message
+            sent = _layout_bytes(table.layout) if table is not None else Absent(f"{k}'s table layout")
+            received = self.wire.send(k, self.active, sent, tag="ot_layout")
+            layout = table.layout if table is not None else _layout_of(received, k)
+            self.lookups[k] = ObliviousInference(table, wire=self.wire, active=self.active, passive=k, layout=layout)
 
     # ------------------------------------------------------------------------------------------------ offline
     def _active_features(self) -> dict[int, torch.Tensor]:
@@ -117,12 +144,32 @@ class Router:
 
     # ------------------------------------------------------------------------------------------------ online
     @torch.no_grad()
-    def predict(self, ids: Iterable[int]) -> RoutedPredictions:
-        """Logits and the answering path for every ID in `ids` (one oblivious query per passive party and ID)."""
-        ids = [int(i) for i in ids]
+    def predict(self, ids: Iterable[int] | None) -> RoutedPredictions | None:
+        """Logits and the answering path for every ID in `ids` (one oblivious query per passive party and ID).
+
+        The active party first tells each passive party how many queries follow (8 bytes, tag "ot_count"), so that
+        in a passive party's own process (`ids` None there: it holds none of them) its side answers that many and
+        returns None.
+        """
+        holds_active = self.wire.holds(self.active)
+        ids = [int(i) for i in ids] if holds_active else []
         unknown = [i for i in ids if i not in self._active_rows]
         if unknown:
             raise ValueError(f"sample IDs {unknown[:10]} are held by no party (not even the active party)")
+        counts = {}
+        for k in self.lookups:
+            mine = len(ids).to_bytes(8, "big") if holds_active else Absent("the number of queries")
+            received = self.wire.send(self.active, k, mine, tag="ot_count")
+            counts[k] = mine if holds_active else received
+        if not holds_active:  # a passive party's own process: answer the active party's queries, in order
+            for k, lookup in self.lookups.items():
+                if self.wire.holds(k):
+                    count = counts[k]
+                    if not isinstance(count, bytes) or len(count) != 8:
+                        raise ValueError(f"{self.active} sent an 'ot_count' that is not 8 bytes")
+                    for _ in range(int.from_bytes(count, "big")):
+                        lookup.lookup(None)
+            return None
         was_training = self.model.training
         self.model.eval()
         if self.student is not None:

@@ -2,6 +2,9 @@
 
 - `export_folder`: a party's `lvfl export` folder as a serving process loads it (`ExportedParty`);
 - `feature_source`: its table, encoded once, by ID, read again when its files change (`FeatureSource`);
+- `membership`: which requested IDs a passive party holds, by ECDH-PSI on blinded points (`BlindedTable`,
+  `Memberships`), so it never sees the active party's other customers;
+- `metrics`: what a serving party counts for a Prometheus scraper (`ServingMetrics`);
 - `contributions`: a passive party's service, its contributions for the active party's requests
   (`ContributionServer`);
 - `scorer`: the active party's side, one prediction per requested ID from the passive parties' answers (`Scorer`);

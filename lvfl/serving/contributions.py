@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -66,6 +67,7 @@ class ContributionServer:
         key_path: its private key.
         listen: the address to listen at; default its address in the federation file.
         workers: threads answering requests.
+        metrics: a `lvfl.serving.metrics.ServingMetrics` to count requests, rows and latency in.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class ContributionServer:
         key_path: str | Path,
         listen: str | None = None,
         workers: int = 4,
+        metrics: Any = None,
     ) -> None:
         if party.role == "active":
             raise ValueError(f"{party.party} is the active party: it scores (lvfl serve answers its API), it is not "
@@ -91,6 +94,7 @@ class ContributionServer:
         self.listen = listen or federation.party(self.me).address
         self._credentials = server_credentials(federation, self.me, key_path)
         self._workers = workers
+        self.metrics = metrics
         self._blinded: BlindedTable | None = None
         self._blinded_generation = -1
         self._blinding = threading.Lock()
@@ -247,6 +251,8 @@ class ContributionServer:
         )
         self.requests += 1
         asked = self._asked.pop(request_id, None)
+        if self.metrics is not None:
+            self.metrics.request(time.perf_counter() - start, {"contributed": len(values)})
         log.info(
             "%s: request %s from %s: %s IDs asked (blinded), %d of its own scored, %.1f ms, plain (ids seen: %d)",
             self.me,

@@ -93,6 +93,9 @@ class Scorer:
         key_path: its private key (it presents its certificate to the passive parties).
         deadline: the default seconds a request waits for the passive parties.
         rows_per_call: the most rows one TorchScript call takes (the export's own limit wins when smaller).
+        metrics: a `lvfl.serving.metrics.ServingMetrics` to count requests, rows, latency and failures in.
+        blind_ahead: blind every ID of the active party's table at start, on a thread of its own, so a request
+            finds its IDs blinded (a server); False: each ID when first requested (one batch).
     """
 
     def __init__(
@@ -103,12 +106,15 @@ class Scorer:
         key_path: str | Path,
         deadline: float = DEFAULT_DEADLINE,
         rows_per_call: int = 4096,
+        metrics: Any = None,
+        blind_ahead: bool = True,
     ) -> None:
         if party.role != "active":
             raise ValueError(f"{party.party} is a passive party: lvfl serve answers the active party's requests there")
         if not deadline > 0:
             raise ValueError(f"--deadline must be a positive number of seconds, got {deadline}")
         self.federation, self.party, self.source, self.deadline = federation, party, source, float(deadline)
+        self.metrics = metrics
         self.me = federation.party(party.party).name
         self.order: list[str] = list(party.serving["contribution_order"])
         for peer in self.order:
@@ -140,8 +146,8 @@ class Scorer:
             for peer, channel in self._channels.items()
         }
         self.memberships = Memberships()
-        # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
-        threading.Thread(target=self.memberships.blind, args=(source.ids,), daemon=True, name="lvfl-blind").start()
+        if blind_ahead:  # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
+            threading.Thread(target=self.memberships.blind, args=(source.ids,), daemon=True, name="lvfl-blind").start()
         self.shapes = {k: tuple(party.serving["contributions"][k]["output_shape"]) for k in self.order}
         output = party.serving["output"]
         self.regression = output["kind"] == "regression"
@@ -271,6 +277,10 @@ class Scorer:
             seconds * 1e3,
             "".join(f"; {why}" for why in failures.values()),
         )
+        if self.metrics is not None:
+            self.metrics.request(seconds, paths)
+            for peer, why in failures.items():
+                self.metrics.failure(peer, why)
         return Scored(request_id, table, self.classes, paths, failures, seconds)
 
     def _own_features(
@@ -308,15 +318,14 @@ class Scorer:
         self, keys: list[str], request_id: str, deadline: float
     ) -> tuple[np.ndarray, dict[str, torch.Tensor], dict[str, str]]:
         """Ask every passive party at once: which IDs all of them hold, their contributions for those, and failures."""
+        points = self.memberships.blind(keys)  # this party's own work: not counted against the deadline
         end = time.monotonic() + deadline
 
         def left() -> float:
             return max(end - time.monotonic(), 1e-3)
 
         # 1. which IDs each holds, by their blinded points
-        request = pb.MembershipRequest(
-            request_id=request_id, export_id=self.party.export_id, points=self.memberships.blind(keys)
-        )
+        request = pb.MembershipRequest(request_id=request_id, export_id=self.party.export_id, points=points)
         calls = {peer: self._members_call[peer].future(request, timeout=left()) for peer in self.order}
         held_by_all = np.ones(len(keys), dtype=bool)
         failures: dict[str, str] = {}
