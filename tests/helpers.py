@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import csv
+import os
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,19 @@ from lvfl.models import MLP
 from lvfl.protocols import EASTER, PartyConfig
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m lvfl ARGS` from the repository root, output captured."""
+    return subprocess.run(  # noqa: S603 - our own command
+        [sys.executable, "-m", "lvfl", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def checkpoints_of(experiment: Path) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from helpers import REPO
+from helpers import REPO, lvfl
 
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import Federation, write_federation
@@ -34,19 +34,6 @@ NAMES = ["party0", "party1", "party2"]
 FINGERPRINT = "model=1,data=2,seed=3,trainer=4"  # the victim's (tests/federation_victim.py's default)
 SHORT = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1"]
 DIGITS = ["--config", "configs/easter/digits.yaml", *SHORT]
-
-
-def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m lvfl ARGS` from the repository root, output captured."""
-    return subprocess.run(  # noqa: S603 - our own command
-        [sys.executable, "-m", "lvfl", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def errors(done: subprocess.CompletedProcess | tuple[str, str]) -> list[str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, checkpoints_of
+from helpers import REPO, checkpoints_of, lvfl
 
 from lvfl.checkpoints import load_checkpoint
 from lvfl.federation.federation_file import write_federation
@@ -42,19 +42,6 @@ CONFIGS = {
         "--model.init_args.label_mechanism.init_args.seed=5",
     ],
 }  # fmt: skip
-
-
-def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m lvfl ARGS` from the repository root, output captured."""
-    return subprocess.run(  # noqa: S603 - our own command
-        [sys.executable, "-m", "lvfl", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def party_cmd(name: str, federation: Path, run_id: str, save_dir: Path, *fit: str, timeout: float = 20) -> list[str]:

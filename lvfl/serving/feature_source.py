@@ -69,6 +69,7 @@ class FeatureSource:
         self._lock = threading.Lock()
         self._checked = 0.0
         self.reloads = 0
+        self.generation = -1  # which reading of the table is served (`_load` counts them)
         self._load()
 
     def _load(self) -> None:
@@ -89,7 +90,7 @@ class FeatureSource:
         self._table = (index, features[rows])  # replaced whole: a lookup reads one table, old or new
         self._signature = signature
         self.rows = len(keys)
-        self.generation = getattr(self, "generation", -1) + 1  # which reading of the table this is
+        self.generation += 1
 
     def _encode_rows(self, values: list[list[str]], origins: list[str], skipped: list[int]) -> torch.Tensor:
         """Every row encoded; rows the encoders refuse are left out, their positions put in `skipped`."""
