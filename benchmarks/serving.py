@@ -5,6 +5,9 @@
 What it measures, on the bank/retailer example (2 parties) and the same data with the retailer's columns split over
 three organisations (4 parties), each fitted for 2 epochs with a student and exported:
 
+- each twice: every party serving in plain mode, then in oblivious mode (`--oblivious`, buckets of 64 rows: the
+  passive parties' contributions fetched by oblivious lookups, their key sets prepared ahead on a thread of the
+  active party's);
 - one customer per request, online: a client (`lvfl.serving.api.ScoringClient`, one channel kept open, as a business
   application keeps it) sends one ID to the active party's `lvfl serve --api` (gRPC on this machine), which asks
   every passive party's `lvfl serve` (its own process, mutual TLS: which IDs it holds by their blinded points, then
@@ -138,10 +141,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure(parties: int, root: Path, requests: int, batch: int) -> dict:
     """Fit, export, serve and time one federation of `parties` parties."""
-    from lvfl.federation.federation_file import load_federation, write_federation
+    from lvfl.federation.federation_file import write_federation
     from lvfl.federation.pki import write_test_pki
-    from lvfl.serving import ExportedParty, FeatureSource, Scorer
-    from lvfl.serving.api import ScoringClient
 
     root.mkdir(parents=True)
     tables = write_tables(root, parties)
@@ -154,15 +155,51 @@ def measure(parties: int, root: Path, requests: int, batch: int) -> dict:
     write_test_pki(root / "pki", names, ca_key=None)
     federation = write_federation(root / "pki" / "federation.yaml", names)
     new = new_customers(root, tables, batch)
+    modes = {mode: serve_and_time(root, names, federation.path, new, requests, batch, mode == "oblivious")
+             for mode in ("plain", "oblivious")}  # fmt: skip
+    # lvfl predict with the same new rows, every party in one process
+    (root / "new.yaml").write_text(data_yaml(tables, new))
+    start = time.perf_counter()
+    _lvfl("predict", *run, "--config", str(root / "new.yaml"), "--ckpt_path", "last", "--output",
+          str(root / "predicted.csv"))  # fmt: skip
+    predict_seconds = time.perf_counter() - start
+    with (root / "predicted.csv").open(newline="") as f:
+        predicted = {r["id"]: r for r in csv.DictReader(f)}
+    out = {"parties": parties, "batch_rows": batch, "lvfl_predict_seconds": predict_seconds,
+           "lvfl_predict_rows_per_s": batch / predict_seconds}  # fmt: skip
+    for mode, timed in modes.items():
+        out[mode] = {
+            "online_p50_ms": 1e3 * statistics.median(timed["online"]),
+            "online_p99_ms": 1e3 * percentile(timed["online"], 0.99),
+            "in_process_p50_ms": 1e3 * statistics.median(timed["in_process"]),
+            "in_process_p99_ms": 1e3 * percentile(timed["in_process"], 0.99),
+            "batch_rows_per_s": batch / timed["batch_seconds"],
+            "served_equals_lvfl_predict": all(
+                predicted[r["id"]]["prediction"] == r["prediction"] for r in timed["rows"]
+            ),
+        }
+    out["oblivious_over_plain_p50"] = out["oblivious"]["online_p50_ms"] / out["plain"]["online_p50_ms"]
+    return out
+
+
+def serve_and_time(
+    root: Path, names: list[str], federation: Path, new: dict[str, Path], requests: int, batch: int, oblivious: bool
+) -> dict:
+    """Start every party's `lvfl serve` in one mode; time one-customer requests (API and in process) and the batch."""
+    from lvfl.federation.federation_file import load_federation
+    from lvfl.serving import ExportedParty, FeatureSource, Scorer
+    from lvfl.serving.api import ScoringClient
+
+    mode = ["--oblivious"] if oblivious else []
     api = f"127.0.0.1:{_free_port()}"
     servers = [
-        Serve("--party", p, "--federation", str(federation.path), "--model", str(root / "export" / p), "--table",
-              str(new[p]))
+        Serve("--party", p, "--federation", str(federation), "--model", str(root / "export" / p), "--table",
+              str(new[p]), *mode)
         for p in names[1:]
     ]  # fmt: skip
-    active = Serve("--party", "party0", "--federation", str(federation.path), "--model",
+    active = Serve("--party", "party0", "--federation", str(federation), "--model",
                    str(root / "export" / "party0"), "--table", str(new["party0"]), "--api", api,
-                   "--deadline", "5")  # fmt: skip
+                   "--deadline", "5", *mode)  # fmt: skip
     try:
         for server in servers:
             server.wait_for("answers party0's contribution requests")
@@ -178,10 +215,11 @@ def measure(parties: int, root: Path, requests: int, batch: int) -> dict:
             if i >= WARMUP:
                 online.append(time.perf_counter() - start)
             assert rows[0]["path"] == "vfl", rows
-        # the same in this process: the Scorer without the API hop
+        # the same in this process: the Scorer without the API hop (it greets the passive parties: a new session)
         party = ExportedParty(root / "export" / "party0", "party0")
-        scorer = Scorer(load_federation(federation.path), party, FeatureSource(new["party0"], party),
-                        federation.key_path("party0"), deadline=5)  # fmt: skip
+        scorer = Scorer(load_federation(federation), party, FeatureSource(new["party0"], party),
+                        load_federation(federation).key_path("party0"), deadline=5, oblivious=oblivious)  # fmt: skip
+        assert set(scorer.greet(timeout=10).values()) == {""}
         in_process = []
         for i in range(WARMUP + requests):
             key = rng.choice(ids)
@@ -192,34 +230,14 @@ def measure(parties: int, root: Path, requests: int, batch: int) -> dict:
             assert scored.rows[0]["path"] == "vfl"
         scorer.close()
         start = time.perf_counter()
-        rows = client.score(ids, timeout=600)
+        rows = client.score(ids, deadline=300, timeout=600)  # one request: a batch job gives it time
         batch_seconds = time.perf_counter() - start
         client.close()
-        assert sum(r["path"] == "vfl" for r in rows) == batch
+        assert sum(r["path"] == "vfl" for r in rows) == batch, {r["reason"] for r in rows}
     finally:
         for server in [*servers, active]:
             server.stop()
-    # lvfl predict with the same new rows, every party in one process
-    (root / "new.yaml").write_text(data_yaml(tables, new))
-    start = time.perf_counter()
-    _lvfl("predict", *run, "--config", str(root / "new.yaml"), "--ckpt_path", "last", "--output",
-          str(root / "predicted.csv"))  # fmt: skip
-    predict_seconds = time.perf_counter() - start
-    with (root / "predicted.csv").open(newline="") as f:
-        predicted = {r["id"]: r for r in csv.DictReader(f)}
-    same = all(predicted[r["id"]]["prediction"] == r["prediction"] for r in rows)
-    return {
-        "parties": parties,
-        "online_p50_ms": 1e3 * statistics.median(online),
-        "online_p99_ms": 1e3 * percentile(online, 0.99),
-        "in_process_p50_ms": 1e3 * statistics.median(in_process),
-        "in_process_p99_ms": 1e3 * percentile(in_process, 0.99),
-        "batch_rows": batch,
-        "batch_rows_per_s": batch / batch_seconds,
-        "lvfl_predict_seconds": predict_seconds,
-        "lvfl_predict_rows_per_s": batch / predict_seconds,
-        "served_equals_lvfl_predict": same,
-    }
+    return {"online": online, "in_process": in_process, "batch_seconds": batch_seconds, "rows": rows}
 
 
 def main() -> None:
@@ -232,16 +250,20 @@ def main() -> None:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     with tempfile.TemporaryDirectory() as tmp:
         results = [measure(p, Path(tmp) / f"parties{p}", args.requests, args.batch) for p in args.parties]
-    print(f"serving, plain, localhost mutual TLS, {os.cpu_count()} cores; {args.requests} one-customer requests, "
-          f"batch of {args.batch} new customers")  # fmt: skip
-    head = (f"{'parties':>7}  {'online p50':>10}  {'online p99':>10}  {'in-proc p50':>11}  {'in-proc p99':>11}  "
-            f"{'batch rows/s':>12}  {'lvfl predict rows/s (s)':>24}  same")  # fmt: skip
+    print(f"serving, localhost mutual TLS, {os.cpu_count()} cores; {args.requests} one-customer requests, batch of "
+          f"{args.batch} new customers; oblivious: buckets of 64 rows")  # fmt: skip
+    head = (f"{'parties':>7}  {'mode':>9}  {'online p50':>10}  {'online p99':>10}  {'in-proc p50':>11}  "
+            f"{'in-proc p99':>11}  {'batch rows/s':>12}  same")  # fmt: skip
     print(head)
     for r in results:
-        print(f"{r['parties']:>7}  {r['online_p50_ms']:>8.2f}ms  {r['online_p99_ms']:>8.2f}ms  "
-              f"{r['in_process_p50_ms']:>9.2f}ms  {r['in_process_p99_ms']:>9.2f}ms  {r['batch_rows_per_s']:>12,.0f}  "
-              f"{r['lvfl_predict_rows_per_s']:>14,.0f} ({r['lvfl_predict_seconds']:.1f} s)  "
-              f"{r['served_equals_lvfl_predict']}")  # fmt: skip
+        for mode in ("plain", "oblivious"):
+            m = r[mode]
+            print(f"{r['parties']:>7}  {mode:>9}  {m['online_p50_ms']:>8.2f}ms  {m['online_p99_ms']:>8.2f}ms  "
+                  f"{m['in_process_p50_ms']:>9.2f}ms  {m['in_process_p99_ms']:>9.2f}ms  "
+                  f"{m['batch_rows_per_s']:>12,.0f}  {m['served_equals_lvfl_predict']}")  # fmt: skip
+        ratio, predict = r["oblivious_over_plain_p50"], r["lvfl_predict_rows_per_s"]
+        print(f"{r['parties']:>7}  oblivious / plain, online p50: {ratio:.2f}x; lvfl predict in one process: "
+              f"{predict:,.0f} rows/s ({r['lvfl_predict_seconds']:.1f} s)")  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -6,6 +6,7 @@ import logging
 import warnings
 
 import pytest
+from served_runs import served  # noqa: F401 - the fitted runs the serving tests share
 
 
 @pytest.fixture(autouse=True)

@@ -43,7 +43,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"api"},
         {"scorer"},
         {"contributions"},
-        {"feature_source", "membership", "metrics"},
+        {"feature_source", "membership", "metrics", "oblivious"},
         {"export_folder"},
         {"serving_pb2"},
     ],

@@ -7,26 +7,18 @@ The reference is lvfl itself: `lvfl predict`'s file for the same run and rows. T
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 import pytest
 import torch
-from helpers import REPO
+from served_runs import TABLES, Process, assert_same_answers, free_port, passive, read, score_here, table_ids
 
-from lvfl.commands import score as score_command
-from lvfl.commands.entry import main as lvfl
-from lvfl.commands.fit import main as fit_main
 from lvfl.export import export_id
 from lvfl.federation.channels import pinned_channel
 from lvfl.federation.federation_file import load_federation, write_federation
@@ -35,147 +27,6 @@ from lvfl.serving import ExportedParty, FeatureSource
 from lvfl.serving import serving_pb2 as pb
 from lvfl.serving.api import HttpEndpoint, check_loopback, score_remote
 from lvfl.serving.contributions import CONTRIBUTE, ContributionServer
-
-CONFIG = "examples/bank_retailer/config.yaml"
-TABLES = {"party0": REPO / "examples/bank_retailer/bank.csv", "party1": REPO / "examples/bank_retailer/retailer.csv"}
-STUDENT = '[{"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 3}}]'
-DH = "{class_path: lvfl.privacy.DHMasking}"
-RR = "{class_path: lvfl.privacy.RandomizedResponse, init_args: {epsilon: 1.0, seed: 0}}"
-PARTIES = (
-    "[{model: {class_path: lvfl.models.MLP, init_args: {hidden: [32]}}, "
-    "optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.01}}}]"
-)
-#: the protocols served, each with a backend and label mechanism (a model section replacing the example's)
-CASES = {
-    "EASTER-DHMasking-RandomizedResponse": f"class_path: lvfl.protocols.EASTER\ninit_args: {{embedding_dim: 16, "
-    f"aggregation: {DH}, label_mechanism: {RR}, parties: {PARTIES}}}",
-    "SplitNN": "class_path: lvfl.protocols.SplitNN\ninit_args: {embedding_dim: 16, top_model: {class_path: "
-    f"lvfl.models.MLP, init_args: {{hidden: [16]}}}}, parties: {PARTIES}}}",
-    "AggVFL-DHMasking": f"class_path: lvfl.protocols.AggVFL\ninit_args: {{embedding_dim: 16, aggregate: mean, "
-    f"aggregation: {DH}, parties: {PARTIES}}}",
-    "PraVFed": f"class_path: lvfl.protocols.PraVFed\ninit_args: {{embedding_dim: 16, local_epochs: 1, label_mechanism: "
-    f"{{class_path: lvfl.privacy.LaplaceLabels, init_args: {{epsilon: 1.0, seed: 0}}}}, parties: {PARTIES}}}",
-}
-
-
-#: DHMasking needs two passive parties: the retailer's table split in two, a third organisation holding its channel
-THREE_PARTIES = ("EASTER-DHMasking-RandomizedResponse", "AggVFL-DHMasking")
-
-
-@dataclass
-class Served:
-    """A fitted, exported and predicted run, with a federation for its serving parties and their tables."""
-
-    folder: Path
-    export: Path
-    predicted: Path
-    federation: Path
-    tables: dict[str, Path]
-
-
-def three_tables(folder: Path) -> dict[str, Path]:
-    """The bank's table, the retailer's spend and visits, and (a third party's) its channel column."""
-    header, *rows = [line.split(",") for line in TABLES["party1"].read_text().splitlines()]
-    tables = {"party0": TABLES["party0"], "party1": folder / "spend.csv", "party2": folder / "channel.csv"}
-    for party, keep in (("party1", [0, 1, 2]), ("party2", [0, 3])):
-        tables[party].write_text("\n".join(",".join(r[j] for j in keep) for r in [header, *rows]) + "\n")
-    return tables
-
-
-def fit_export_predict(name: str, root: Path) -> Served:
-    """The bank/retailer example with `CASES[name]`'s model, fitted 1 epoch with a student, exported, predicted."""
-    folder = root / name
-    folder.mkdir()
-    text = "model:\n  " + CASES[name].replace("\n", "\n  ") + "\n"
-    tables = dict(TABLES)
-    if name in THREE_PARTIES:
-        tables = three_tables(folder)
-        text += (
-            "data:\n  init_args:\n    parties:\n"
-            f"      - {{path: {tables['party0']}, id_column: customer_id, label_column: status, missing: mean}}\n"
-            f"      - {{path: {tables['party1']}, id_column: client}}\n"
-            f"      - {{path: {tables['party2']}, id_column: client}}\n"
-        )
-    (folder / "model.yaml").write_text(text)
-    logs = f"--trainer.logger.init_args.save_dir={folder / 'runs'}"
-    common = ["--config", CONFIG, "--config", str(folder / "model.yaml"), logs, "--trainer.enable_progress_bar=false"]
-    cwd = Path.cwd()
-    os.chdir(REPO)
-    try:
-        fit_main(["fit", *common, "--trainer.max_epochs=1", f"--trainer.callbacks={STUDENT}"])
-        lvfl(["export", *common, "--ckpt_path", "last", "--out", str(folder / "export")])
-        fit_main(["predict", *common, "--ckpt_path", "last", f"--output={folder / 'predicted.csv'}"])
-    finally:
-        os.chdir(cwd)
-    write_test_pki(folder / "pki", list(tables), ca_key=None)
-    federation = write_federation(folder / "pki" / "federation.yaml", list(tables))
-    return Served(folder, folder / "export", folder / "predicted.csv", federation.path, tables)
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Served]:
-    root = tmp_path_factory.mktemp("served")
-    return {name: fit_export_predict(name, root) for name in CASES}
-
-
-class Process:
-    """An `lvfl serve` process, its output read on a thread (so a test can wait for a line)."""
-
-    def __init__(self, *args: str) -> None:
-        self.lines: list[str] = []
-        self.process = subprocess.Popen(  # noqa: S603 - our own command
-            [sys.executable, "-m", "lvfl", "serve", *args, "--stop_after", "120"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.process.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def wait_for(self, text: str, timeout: float = 60) -> str:
-        """The first output line holding `text`; fails with the output if none comes within `timeout` s."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            found = [line for line in self.lines if text in line]
-            if found:
-                return found[0]
-            if self.process.poll() is not None and not self._reader.is_alive():
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no line with {text!r}; output:\n" + "\n".join(self.lines[-30:]))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-
-
-def passive(run: Served, export: Path | None = None, party: str = "party1") -> Process:
-    """A passive party's `lvfl serve` for `run` (its own export folder and its own table)."""
-    return Process("--party", party, "--federation", str(run.federation), "--model",
-                   str(export or run.export / party), "--table", str(run.tables[party]))  # fmt: skip
-
-
-def read(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def assert_same_answers(served: list[dict[str, str]], predicted: list[dict[str, str]]) -> None:
-    """ID by ID: the same path, prediction and reason, probabilities within 1e-6."""
-    assert [r["id"] for r in served] == [r["id"] for r in predicted]
-    assert list(served[0]) == list(predicted[0])  # lvfl predict's columns
-    probs = [c for c in predicted[0] if c.startswith("prob_")]
-    for mine, theirs in zip(served, predicted, strict=True):
-        assert (mine["path"], mine["prediction"], mine["reason"]) == (
-            theirs["path"], theirs["prediction"], theirs["reason"]), mine["id"]  # fmt: skip
-        for c in probs:
-            assert float(mine[c]) == pytest.approx(float(theirs[c]), abs=1e-6), (mine["id"], c)
 
 
 def test_served_answers_are_lvfl_predicts_for_every_protocol(served, tmp_path) -> None:
@@ -198,9 +49,7 @@ def test_served_answers_are_lvfl_predicts_for_every_protocol(served, tmp_path) -
             ids = tmp_path / f"{name}.txt"
             ids.write_text("\n".join(r["id"] for r in predicted) + "\n")
             out = tmp_path / f"{name}.csv"
-            score_command.main(["--party", "party0", "--federation", str(run.federation), "--model",
-                                str(run.export / "party0"), "--table", str(TABLES["party0"]), "--ids", str(ids),
-                                "--output", str(out)])  # fmt: skip
+            score_here(run, ids, out)
             assert_same_answers(read(out), predicted)
             # each passive party's log: one line for the request, saying it saw the IDs
             for party in run.tables:
@@ -220,7 +69,7 @@ def test_a_passive_party_down_or_late_never_hangs_a_request_and_is_used_again_wh
     run = served["PraVFed"]
     predicted = read(run.predicted)
     shared = [r["id"] for r in predicted if r["path"] == "vfl"][:20]
-    api = f"127.0.0.1:{_free_port()}"
+    api = f"127.0.0.1:{free_port()}"
     first = passive(run)
     active = Process("--party", "party0", "--federation", str(run.federation), "--model", str(run.export / "party0"),
                      "--table", str(TABLES["party0"]), "--api", api, "--deadline", "0.5")  # fmt: skip
@@ -300,9 +149,7 @@ def test_a_party_serving_another_export_is_refused_at_the_greeting_in_one_line(s
         ids = tmp_path / "ids.txt"
         ids.write_text(read(run.predicted)[0]["id"] + "\n")
         with pytest.raises(SystemExit) as stopped:
-            score_command.main(["--party", "party0", "--federation", str(run.federation), "--model",
-                                str(run.export / "party0"), "--table", str(TABLES["party0"]), "--ids", str(ids),
-                                "--output", str(tmp_path / "out.csv")])  # fmt: skip
+            score_here(run, ids, tmp_path / "out.csv")
         assert stopped.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, err
@@ -312,14 +159,6 @@ def test_a_party_serving_another_export_is_refused_at_the_greeting_in_one_line(s
         assert not (tmp_path / "out.csv").exists()
     finally:
         process.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- in one process: the pieces, each against what it must refuse --------------------------------------------------
@@ -402,7 +241,7 @@ def test_the_scoring_api_listens_on_this_machine_only_and_names_a_bad_field(serv
         def score(self, *args):
             raise AssertionError("not reached")
 
-    endpoint = HttpEndpoint(NoScorer(), f"127.0.0.1:{_free_port()}").start()
+    endpoint = HttpEndpoint(NoScorer(), f"127.0.0.1:{free_port()}").start()
     try:
         for body, message in (
             ({"ids": ["a"], "deadline": 1}, "unknown field 'deadline'"),
@@ -438,10 +277,6 @@ def test_lvfl_serve_refuses_another_partys_folder_and_a_missing_role_option_in_o
         assert len(err) == 1, err
         assert message in err[0], err
     assert load_federation(run.federation)  # untouched
-
-
-def table_ids(path: Path) -> list[str]:
-    return [line.split(",")[0] for line in path.read_text().splitlines()[1:]]
 
 
 def test_a_passive_partys_view_holds_none_of_the_active_partys_other_customers(served, tmp_path) -> None:
@@ -537,7 +372,7 @@ def test_each_party_counts_its_requests_rows_latency_and_failures_for_a_scraper(
     party0 = ExportedParty(run.export / "party0", "party0")
     scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"),
                     deadline=2, metrics=counted["party0"])  # fmt: skip
-    ports = {name: metrics.start(f"127.0.0.1:{_free_port()}") for name, metrics in counted.items()}
+    ports = {name: metrics.start(f"127.0.0.1:{free_port()}") for name, metrics in counted.items()}
     try:
         scorer.score([*shared, *own, "NOT-A-CUSTOMER"])
         scorer.score(shared[:1])

@@ -46,6 +46,9 @@ def score_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", type=Path, default=None, help="without --server: the active party's export folder")
     parser.add_argument("--table", type=Path, default=None, help="without --server: the active party's table")
     parser.add_argument("--key", type=Path, default=None, help="without --server: its private key")
+    parser.add_argument("--oblivious", action="store_true", help="without --server: fetch the passive parties' "
+                        "contributions by oblivious lookups (they serve with --oblivious); with --server the server's "
+                        "mode holds")  # fmt: skip
     return parser
 
 
@@ -77,6 +80,8 @@ def main(argv: list[str]) -> None:
         if own.output.suffix.lower() not in (".csv", ".parquet"):
             raise ValueError(f"--output {own.output}: end it in .csv or .parquet (the file's format)")
         local = [name for name in ("party", "federation", "model", "table", "key") if getattr(own, name) is not None]
+        if own.server is not None and own.oblivious:
+            local.insert(0, "oblivious")
         if own.server is not None and local:
             raise ValueError(f"--server asks a running lvfl serve; --{local[0]} is for scoring here without one")
         if own.server is None and len([n for n in local if n != "key"]) < 4:
@@ -107,7 +112,8 @@ def _score_here(own: argparse.Namespace, ids: list[str]) -> list[dict[str, Any]]
     key = own.key if own.key is not None else federation.key_path(own.party)
     source = FeatureSource(own.table, party)
     rows, columns = _read_rows(own.rows, own.id_column or party.id_column) if own.rows is not None else ({}, None)
-    scorer = Scorer(federation, party, source, key, deadline=own.deadline or 60.0, blind_ahead=False)
+    scorer = Scorer(federation, party, source, key, deadline=own.deadline or 60.0, blind_ahead=False,
+                    oblivious=own.oblivious, prepare_ahead=0)  # fmt: skip
     try:
         status = scorer.greet(timeout=max(own.wait, 1.0))
         for why in status.values():

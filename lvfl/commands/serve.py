@@ -55,6 +55,11 @@ def serve_parser() -> argparse.ArgumentParser:
                         "each passive party to come up (default 10); one still down is asked per request")  # fmt: skip
     parser.add_argument("--metrics", default=None, metavar="HOST:PORT", help="serve Prometheus metrics there "
                         "(requests, rows by path, latency, passive parties' failures; counts only)")  # fmt: skip
+    parser.add_argument("--oblivious", action="store_true", help="every party: the active party fetches "
+                        "contributions by oblivious lookups, so a passive party learns of each requested ID only "
+                        "a bucket of its rows, not which customer (all parties serve one mode)")  # fmt: skip
+    parser.add_argument("--bucket_size", type=int, default=None, help="a passive party with --oblivious: the rows "
+                        "of a bucket, a power of two (default 64); larger hides more, costs more")  # fmt: skip
     parser.add_argument("--check_every", type=float, default=1.0, help="seconds between checks whether the table's "
                         "files changed (default 1)")  # fmt: skip
     parser.add_argument("--stop_after", type=float, default=None, help="stop after this many seconds (default: run "
@@ -100,6 +105,8 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--wait must be a number of seconds >= 0, got {own.wait}")
         if not own.check_every >= 0:
             raise ValueError(f"--check_every must be a number of seconds >= 0, got {own.check_every}")
+        if own.bucket_size is not None and not own.oblivious:
+            raise ValueError("--bucket_size is oblivious mode's: give --oblivious too")
         from lvfl.federation.federation_file import load_federation
         from lvfl.serving import ContributionServer, ExportedParty, FeatureSource
 
@@ -112,6 +119,8 @@ def main(argv: list[str]) -> None:
         if party.role != "active" and (own.api or own.http):
             raise ValueError(f"--api and --http are the active party's; {own.party} is passive (it answers "
                              f"{party.active_party}'s requests at its federation address)")  # fmt: skip
+        if party.role == "active" and own.bucket_size is not None:
+            raise ValueError(f"--bucket_size is a passive party's (each states its own); {own.party} is active")
         if party.role == "active" and not (own.api or own.http):
             raise ValueError("the active party answers scoring requests: give --api HOST:PORT (gRPC) and/or --http "
                              "HOST:PORT (JSON), on this machine")  # fmt: skip
@@ -125,11 +134,22 @@ def main(argv: list[str]) -> None:
             print(f"lvfl serve: {own.party}'s metrics at http://{own.metrics}/metrics", flush=True)
         about = f"{party.describe()}, {source.rows} rows of {own.table}"
         if party.role != "active":
-            server = ContributionServer(federation, party, source, key, own.listen, metrics=metrics).start()
+            from lvfl.serving.oblivious import DEFAULT_BUCKET_SIZE
+
+            bucket_size = own.bucket_size if own.bucket_size is not None else DEFAULT_BUCKET_SIZE
+            try:
+                server = ContributionServer(federation, party, source, key, own.listen, metrics=metrics,
+                                            oblivious=own.oblivious, bucket_size=bucket_size).start()  # fmt: skip
+            except ValueError as err:
+                if "bucket size" in str(err):
+                    raise ValueError(f"--bucket_size {bucket_size}: {err}") from None
+                raise
             if metrics is not None:
                 metrics.start(own.metrics)
+            seen = (f"oblivious: of each request's IDs only a bucket of {bucket_size} rows is seen here"
+                    if own.oblivious else "plain: the IDs of every request are seen here")  # fmt: skip
             print(f"lvfl serve: {own.party} answers {party.active_party}'s contribution requests at {server.listen} "
-                  f"({about}); plain: the IDs of every request are seen here", flush=True)  # fmt: skip
+                  f"({about}); {seen}", flush=True)  # fmt: skip
             try:
                 why = _until_stopped(own.stop_after)
             finally:
@@ -148,7 +168,7 @@ def _serve_active(
     from lvfl.serving import Scorer
     from lvfl.serving.api import HttpEndpoint, ScoringService
 
-    scorer = Scorer(federation, party, source, key, deadline=own.deadline, metrics=metrics)
+    scorer = Scorer(federation, party, source, key, deadline=own.deadline, metrics=metrics, oblivious=own.oblivious)
     services: list[Any] = []
     try:
         if metrics is not None:
@@ -164,7 +184,7 @@ def _serve_active(
             services.append(HttpEndpoint(scorer, own.http).start())
         where = ([f"grpc {own.api}"] if own.api else []) + ([f"http://{own.http}/score"] if own.http else [])
         print(f"lvfl serve: {own.party} scores at {', '.join(where)} ({about}; asks {', '.join(scorer.order)}, "
-              f"deadline {own.deadline:g} s)", flush=True)  # fmt: skip
+              f"deadline {own.deadline:g} s, {'oblivious' if own.oblivious else 'plain'})", flush=True)  # fmt: skip
         why = _until_stopped(own.stop_after)
     finally:
         for service in services:

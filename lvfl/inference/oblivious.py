@@ -146,6 +146,29 @@ def _random_permutation(n: int) -> list[int]:
     return perm
 
 
+def pack_entry(value: bytes, layout: TableLayout) -> bytes:
+    """A real entry's plaintext: flag 1, the value's length, the value, zero padding to the layout's width."""
+    if len(value) > layout.value_bytes:
+        raise ValueError(f"a value has {len(value)} bytes, more than the layout's {layout.value_bytes}")
+    return bytes([_REAL]) + len(value).to_bytes(4, "big") + value + bytes(layout.value_bytes - len(value))
+
+
+def fail_entry(layout: TableLayout) -> bytes:
+    """An empty slot's plaintext: flag 0 (FAIL) and fresh random bytes, as wide as a real entry."""
+    return bytes([_FAIL]) + secrets.token_bytes(layout.plaintext_bytes - 1)
+
+
+def unpack_entry(plaintext: bytes, layout: TableLayout) -> bytes | torch.Tensor | None:
+    """The value an opened entry holds (bytes, or a tensor row where the layout says so); None for FAIL."""
+    if plaintext[0] != _REAL:
+        return None
+    value = plaintext[HEADER_BYTES : HEADER_BYTES + int.from_bytes(plaintext[1:HEADER_BYTES], "big")]
+    if layout.row_dtype is None:
+        return value
+    flat = torch.frombuffer(bytearray(value), dtype=layout.row_dtype) if value else torch.empty(0)
+    return flat.reshape(layout.row_shape)
+
+
 class ObliviousTable:
     """The passive party: the result table, the N * B * 2 keys and the encrypted bucket copies (the OT sender).
 
@@ -200,13 +223,10 @@ class ObliviousTable:
         self.layout = TableLayout(bucket_size, num_buckets, value_bytes, row_dtype, row_shape)
         self.precompute = precompute
         # the hash table (Fig. 7): FAIL entries are random bytes behind a FAIL flag, all padded to one width
-        width = self.layout.plaintext_bytes
-        self._plain = [
-            [bytes([_FAIL]) + secrets.token_bytes(width - 1) for _ in range(bucket_size)] for _ in range(num_buckets)
-        ]
+        self._plain = [[fail_entry(self.layout) for _ in range(bucket_size)] for _ in range(num_buckets)]
         for x, v in raw:
             bucket, offset = divmod(x, bucket_size)
-            self._plain[bucket][offset] = bytes([_REAL]) + len(v).to_bytes(4, "big") + v + bytes(value_bytes - len(v))
+            self._plain[bucket][offset] = pack_entry(v, self.layout)
         self._ciphers: list[list[list[AESGCM]]] | None = None  # [i][j][k]
         self._keys: list[list[tuple[bytes, bytes]]] | None = None
         self._copies: list[list[bytes]] | None = None  # [bucket][i]
@@ -388,13 +408,7 @@ class ObliviousClient:
         return decrypt_entry(self._keys[t], entry_nonce(bucket, u), ciphertext)
 
     def _decode(self, plaintext: bytes) -> bytes | torch.Tensor | None:
-        if plaintext[0] != _REAL:
-            return None
-        value = plaintext[HEADER_BYTES : HEADER_BYTES + int.from_bytes(plaintext[1:HEADER_BYTES], "big")]
-        if self.layout.row_dtype is None:
-            return value
-        flat = torch.frombuffer(bytearray(value), dtype=self.layout.row_dtype) if value else torch.empty(0)
-        return flat.reshape(self.layout.row_shape)
+        return unpack_entry(plaintext, self.layout)
 
 
 # -- both parties on a wire: in one process, or each in its own (a party's view holds one side) ---------------------
@@ -519,6 +533,9 @@ __all__ = [
     "decrypt_entry",
     "encrypt_entry",
     "entry_nonce",
+    "fail_entry",
+    "pack_entry",
     "prepare",
     "query",
+    "unpack_entry",
 ]

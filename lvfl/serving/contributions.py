@@ -13,10 +13,16 @@ party's. Two calls:
 - `Contribute`: for the IDs the active party then sends in the clear (those every passive party holds), which its
   table holds (one byte each) and its `contribution.pt` on those rows.
 
+In oblivious mode (`oblivious=True`, `lvfl serve --oblivious`) `Contribute` is refused: the active party fetches
+each row's contribution by an oblivious lookup instead (`Offer` and `Prepare` set up key sets ahead of requests,
+`Lookup` answers a request's queries; `lvfl.serving.oblivious`), on the contributions of its whole table computed
+once per version of the table, in the blinded table's shuffled order.
+
 What it learns (plain mode): which of its own customers are scored, and when (its log line of each request says
 so: `ids seen`), and how many IDs a request held; of the active party's other customers nothing (blinded points it
-cannot open; a repeat of one looks like a repeat). It never receives a label, a prediction or another party's
-output.
+cannot open; a repeat of one looks like a repeat). In oblivious mode: how many IDs each request holds, and per ID
+the bucket of N rows of its table the ID's row would lie in (a uniformly random one for an ID it does not hold); not
+which of its customers are scored. It never receives a label, a prediction or another party's output.
 """
 
 from __future__ import annotations
@@ -43,8 +49,29 @@ from lvfl.serving import serving_pb2 as pb
 from lvfl.serving.export_folder import ExportedParty
 from lvfl.serving.feature_source import FeatureSource
 from lvfl.serving.membership import BlindedTable
+from lvfl.serving.oblivious import (
+    DEFAULT_BUCKET_SIZE,
+    KeySets,
+    KeySetSpentError,
+    ObliviousRows,
+    parse_queries,
+    serving_layout,
+)
 
-__all__ = ["CONTRIBUTE", "GREET", "MAX_IDS", "MAX_MESSAGE_BYTES", "MEMBERS", "TABLE", "ContributionServer"]
+__all__ = [
+    "CONTRIBUTE",
+    "GREET",
+    "LOOKUP",
+    "MAX_IDS",
+    "MAX_LOOKUPS",
+    "MAX_MESSAGE_BYTES",
+    "MEMBERS",
+    "OFFER",
+    "PREPARE",
+    "TABLE",
+    "ContributionServer",
+    "mode_name",
+]
 
 log = logging.getLogger("lvfl.serve")
 
@@ -52,9 +79,19 @@ GREET = "/lvfl.serving.Contributions/Greet"
 TABLE = "/lvfl.serving.Contributions/Table"
 MEMBERS = "/lvfl.serving.Contributions/Members"
 CONTRIBUTE = "/lvfl.serving.Contributions/Contribute"
+OFFER = "/lvfl.serving.Contributions/Offer"
+PREPARE = "/lvfl.serving.Contributions/Prepare"
+LOOKUP = "/lvfl.serving.Contributions/Lookup"
 MAX_IDS = 1_000_000  #: the most IDs one contribution request may ask for
 MAX_MESSAGE_BYTES = 256 * 2**20  #: the largest message a serving party receives or sends
 MAX_ID_CHARACTERS = 256  #: the longest ID a request may hold (a table's IDs are business keys, not documents)
+MAX_LOOKUPS = 4096  #: the most oblivious queries one Lookup call may hold
+ROWS_PER_CALL = 4096  #: rows per TorchScript call when a whole table's contributions are computed
+
+
+def mode_name(oblivious: bool) -> str:
+    """The mode's name in a greeting and a log line."""
+    return "oblivious" if oblivious else "plain"
 
 
 class ContributionServer:
@@ -68,6 +105,8 @@ class ContributionServer:
         listen: the address to listen at; default its address in the federation file.
         workers: threads answering requests.
         metrics: a `lvfl.serving.metrics.ServingMetrics` to count requests, rows and latency in.
+        oblivious: answer by oblivious lookups only (`Contribute`, the IDs in the clear, is refused).
+        bucket_size: oblivious mode's N, the rows of a bucket (a power of two): what a lookup shows of its row.
     """
 
     def __init__(
@@ -79,6 +118,8 @@ class ContributionServer:
         listen: str | None = None,
         workers: int = 4,
         metrics: Any = None,
+        oblivious: bool = False,
+        bucket_size: int = DEFAULT_BUCKET_SIZE,
     ) -> None:
         if party.role == "active":
             raise ValueError(f"{party.party} is the active party: it scores (lvfl serve answers its API), it is not "
@@ -95,6 +136,10 @@ class ContributionServer:
         self._credentials = server_credentials(federation, self.me, key_path)
         self._workers = workers
         self.metrics = metrics
+        self.oblivious = oblivious
+        self.layout = serving_layout(0, bucket_size, tuple(party.output_shape))  # checks N; the rows come later
+        self._key_sets = KeySets(self.layout.num_bits)
+        self._rows: ObliviousRows | None = None  # oblivious: the contributions of the blinded table's rows
         self._blinded: BlindedTable | None = None
         self._blinded_generation = -1
         self._blinding = threading.Lock()
@@ -128,6 +173,15 @@ class ContributionServer:
             "Contribute": grpc.unary_unary_rpc_method_handler(
                 self._contribute, pb.ContributionRequest.FromString, pb.ContributionReply.SerializeToString
             ),
+            "Offer": grpc.unary_unary_rpc_method_handler(
+                self._offer, pb.PrepareRequest.FromString, pb.PrepareReply.SerializeToString
+            ),
+            "Prepare": grpc.unary_unary_rpc_method_handler(
+                self._prepare, pb.PrepareRequest.FromString, pb.PrepareReply.SerializeToString
+            ),
+            "Lookup": grpc.unary_unary_rpc_method_handler(
+                self._lookup, pb.LookupRequest.FromString, pb.LookupReply.SerializeToString
+            ),
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("lvfl.serving.Contributions", handlers),))
         cannot = f"{self.me} cannot serve on {self.listen}"
@@ -155,14 +209,31 @@ class ContributionServer:
             self._server.wait_for_termination(timeout)
 
     def blinded_table(self) -> BlindedTable:
-        """The table's IDs blinded, for the table as read now (blinded again, under a fresh key, after a change)."""
+        """The table's IDs blinded, for the table as read now (blinded again, under a fresh key, after a change).
+
+        In oblivious mode the contributions of every row, in the blinded table's order, are computed with it.
+        """
+        return self._tables()[0]
+
+    def _tables(self) -> tuple[BlindedTable, ObliviousRows | None]:
+        """The blinded table and (oblivious mode) its rows' contributions, of one reading of the table."""
         self.source.refresh()
         with self._blinding:
             generation = self.source.generation
             if self._blinded is None or self._blinded_generation != generation:
-                self._blinded = BlindedTable(self.source.ids)
-                self._blinded_generation = generation
-            return self._blinded
+                ids, features = self.source.snapshot()
+                blinded = BlindedTable(ids)
+                if self.oblivious:
+                    self._rows = ObliviousRows(self._contributions(features[blinded.order]), self.layout.bucket_size)
+                self._blinded, self._blinded_generation = blinded, generation
+            return self._blinded, self._rows
+
+    def _contributions(self, features: torch.Tensor) -> torch.Tensor:
+        """`contribution.pt` on every row, in calls of at most `ROWS_PER_CALL` rows."""
+        with torch.no_grad():
+            parts = [self.party.contribution(features[at : at + ROWS_PER_CALL])
+                     for at in range(0, len(features), ROWS_PER_CALL)]  # fmt: skip
+        return torch.cat(parts) if parts else torch.zeros(0, *self.party.output_shape)
 
     # -- the calls -----------------------------------------------------------------------------------------------
     def _check_caller(self, context: grpc.ServicerContext) -> str:
@@ -179,6 +250,12 @@ class ContributionServer:
 
     def _greet(self, request: pb.Greeting, context: grpc.ServicerContext) -> pb.Greeting:
         caller = self._check_caller(context)
+        mine, theirs_mode = mode_name(self.oblivious), request.mode or "plain"
+        if theirs_mode != mine:
+            message = (f"{self.me} serves in {mine} mode, {caller} asks in {printable(theirs_mode[:16])} mode: start "
+                       "every party with --oblivious, or none")  # fmt: skip
+            log.warning("%s refused %s's greeting: %s", self.me, caller, message)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         try:
             theirs = json.loads(request.export)
         except json.JSONDecodeError:
@@ -191,9 +268,11 @@ class ContributionServer:
             )
             log.warning("%s refused %s's greeting: %s", self.me, caller, printable(message))
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, printable(message))
-        log.info("%s: %s greeted, serving %s (plain: the IDs of each request are seen here)",
-                 self.me, caller, self.party.describe())  # fmt: skip
-        return pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode="plain")
+        seen = (f"oblivious: of each request's IDs only the bucket of {self.layout.bucket_size} rows is seen here"
+                if self.oblivious else "plain: the IDs of each request are seen here")  # fmt: skip
+        log.info("%s: %s greeted, serving %s (%s)", self.me, caller, self.party.describe(), seen)
+        return pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode=mine,
+                           bucket_size=self.layout.bucket_size if self.oblivious else 0)  # fmt: skip
 
     def _check_export(self, export_id: str, request_id: str, caller: str, context: grpc.ServicerContext) -> None:
         if export_id != self.party.export_id:
@@ -233,6 +312,10 @@ class ContributionServer:
         caller = self._check_caller(context)
         request_id = printable(request.request_id[:64])
         self._check_export(request.export_id, request_id, caller, context)
+        if self.oblivious:
+            message = f"{self.me} serves in oblivious mode: it takes no IDs in the clear (request {request_id})"
+            log.warning("%s refused a request of %s: %s", self.me, caller, message)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         ids = list(request.ids)
         if len(ids) > MAX_IDS or any(len(k) > MAX_ID_CHARACTERS for k in ids):
             limit = f"a request holds at most {MAX_IDS} IDs of at most {MAX_ID_CHARACTERS} characters"
@@ -264,3 +347,70 @@ class ContributionServer:
             len(ids),
         )
         return reply
+
+    # -- oblivious mode ------------------------------------------------------------------------------------------
+    def _check_oblivious(self, caller: str, context: grpc.ServicerContext) -> None:
+        if not self.oblivious:
+            message = f"{self.me} serves in plain mode: it answers no oblivious lookups"
+            log.warning("%s refused a request of %s: %s", self.me, caller, message)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+    def _offer(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareReply:
+        caller = self._check_caller(context)
+        self._check_export(request.export_id, "(preparation)", caller, context)
+        self._check_oblivious(caller, context)
+        try:
+            batch, point = self._key_sets.offer(request.count)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return pb.PrepareReply(export_id=self.party.export_id, batch=batch, point=point)
+
+    def _prepare(self, request: pb.PrepareRequest, context: grpc.ServicerContext) -> pb.PrepareReply:
+        caller = self._check_caller(context)
+        self._check_export(request.export_id, "(preparation)", caller, context)
+        self._check_oblivious(caller, context)
+        try:
+            first, ciphertexts = self._key_sets.prepare(request.batch, request.points)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, printable(str(err)))
+        return pb.PrepareReply(export_id=self.party.export_id, batch=request.batch, first=first,
+                               ciphertexts=ciphertexts)  # fmt: skip
+
+    def _lookup(self, request: pb.LookupRequest, context: grpc.ServicerContext) -> pb.LookupReply:
+        start = time.perf_counter()
+        caller = self._check_caller(context)
+        request_id = printable(request.request_id[:64])
+        self._check_export(request.export_id, request_id, caller, context)
+        self._check_oblivious(caller, context)
+        blinded, rows = self._tables()
+        if request.table != blinded.version:
+            message = (f"{self.me}'s table changed since request {request_id} learnt it (version "
+                       f"{printable(request.table[:16])}, now {blinded.version})")  # fmt: skip
+            context.abort(grpc.StatusCode.ABORTED, message)
+        if len(request.queries) > MAX_LOOKUPS * 20:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a lookup call holds at most {MAX_LOOKUPS} queries")
+        try:
+            queries = parse_queries(rows.layout, request.queries)
+            key_sets = [self._key_sets.take(t) for _, t, _ in queries]
+        except (ValueError, KeySetSpentError) as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, printable(str(err)))
+        answers = b"".join(
+            rows.answer(key_set, bucket, shift) for (bucket, _, shift), key_set in zip(queries, key_sets, strict=True)
+        )
+        self.requests += 1
+        asked = self._asked.get(request_id)  # a large request's lookups come in several calls
+        seconds = time.perf_counter() - start
+        if self.metrics is not None:
+            self.metrics.request(seconds, {"looked up": len(queries)})
+        log.info(
+            "%s: request %s from %s: %s IDs asked (blinded), %d oblivious lookups in buckets of %d rows, %.1f ms, "
+            "oblivious (ids seen: 0)",
+            self.me,
+            request_id,
+            caller,
+            "?" if asked is None else asked,
+            len(queries),
+            rows.layout.bucket_size,
+            seconds * 1e3,
+        )
+        return pb.LookupReply(export_id=self.party.export_id, table=blinded.version, answers=answers)

@@ -140,6 +140,12 @@ class FeatureSource:
         found = [p for p in positions if p is not None]
         return Lookup([p is not None for p in positions], features[found] if found else features[:0])
 
+    def snapshot(self) -> tuple[list[str], torch.Tensor]:
+        """The IDs served now and their encoded features, row by row, from one reading of the table."""
+        self.refresh()
+        index, features = self._table
+        return list(index), features
+
     @property
     def ids(self) -> list[str]:
         """The IDs served now, in the table's order."""

@@ -48,8 +48,10 @@ class BlindedTable:
     def __init__(self, ids: Sequence[str]) -> None:
         self._key = PSIKey()  # b, fresh for each version of the table
         self.version = uuid.uuid4().hex[:16]
-        points = split_points(self._key.blind(_id_bytes(ids)))
-        secrets.SystemRandom().shuffle(points)  # the file's order says nothing either
+        blinded = split_points(self._key.blind(_id_bytes(ids)))
+        self.order = list(range(len(blinded)))  # position -> the row of `ids` there (oblivious lookups use positions)
+        secrets.SystemRandom().shuffle(self.order)  # the file's order says nothing either
+        points = [blinded[i] for i in self.order]
         self.points = join_points(points)
         self.size = len(points)
         self._seen: dict[bytes, bytes] = {}
@@ -79,7 +81,7 @@ class Memberships:
     def __init__(self) -> None:
         self._key = PSIKey()  # a, for this process's life
         self._blinded: dict[str, bytes] = {}
-        self._tables: dict[str, tuple[str, frozenset[bytes]]] = {}  # peer -> (version, {a·b·H(y)})
+        self._tables: dict[str, tuple[str, dict[bytes, int]]] = {}  # peer -> (version, {a·b·H(y): its position})
         self._lock = threading.Lock()
 
     def blind(self, ids: Sequence[str]) -> bytes:
@@ -104,7 +106,8 @@ class Memberships:
         """
         if len(points) % POINT_BYTES:
             raise ValueError(f"{peer}'s blinded table is {len(points)} bytes, not a whole number of points")
-        reblinded = frozenset(split_points(self._key.reblind(points))) if points else frozenset()
+        reblinded = split_points(self._key.reblind(points)) if points else []
+        reblinded = {p: position for position, p in enumerate(reblinded)}
         with self._lock:
             self._tables[peer] = (version, reblinded)
 
@@ -114,7 +117,19 @@ class Memberships:
         Raises:
             ValueError: another number of points than requested.
         """
+        return [p is not None for p in self.positions(peer, answered, count)]
+
+    def positions(self, peer: str, answered: bytes, count: int) -> list[int | None]:
+        """Where each of `count` requested IDs stands in `peer`'s blinded table (None: not held), from its answer.
+
+        Raises:
+            ValueError: another number of points than requested.
+        """
         if len(answered) != count * POINT_BYTES:
             raise ValueError(f"{peer} answered {len(answered)} bytes for {count} points")
         table = self._tables[peer][1]
-        return [p in table for p in split_points(answered)]
+        return [table.get(p) for p in split_points(answered)]
+
+    def size(self, peer: str) -> int:
+        """The number of IDs in the version of `peer`'s table this side holds."""
+        return len(self._tables[peer][1])

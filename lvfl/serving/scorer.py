@@ -12,6 +12,11 @@ For one request (IDs, and optionally rows of new features for the active party's
    the contributions, in the export's `contribution_order`, decoded as party.json's `serving.output` says (path
    `vfl`); any other ID by `student.pt` when the export has one (path `student`), else with a reason.
 
+In oblivious mode (`oblivious=True`) step 2's second round is an oblivious lookup per requested ID and passive
+party instead (`lvfl.serving.oblivious`): the row at the position the membership round found, or a random one where
+the party does not hold the ID; no ID is sent in the clear. The lookups' key sets are prepared ahead, on a thread of
+their own (`prepare_ahead` per passive party), and inline, within the deadline, when a request needs more.
+
 A passive party that is down, misses the deadline, or serves another export does not hold a request up: its IDs are
 answered by the student (or get a reason), and the `reason` column names the party and what happened. Nothing is
 remembered of a failure: the next request asks that party again, so it is used as soon as it is back (gRPC
@@ -42,20 +47,41 @@ from lvfl.federation.codec import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import check_key
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.contributions import CONTRIBUTE, GREET, MAX_MESSAGE_BYTES, MEMBERS, TABLE
+from lvfl.serving.contributions import (
+    CONTRIBUTE,
+    GREET,
+    LOOKUP,
+    MAX_LOOKUPS,
+    MAX_MESSAGE_BYTES,
+    MEMBERS,
+    OFFER,
+    PREPARE,
+    TABLE,
+    mode_name,
+)
 from lvfl.serving.export_folder import ExportedParty
 from lvfl.serving.feature_source import FeatureSource
 from lvfl.serving.membership import Memberships
+from lvfl.serving.oblivious import (
+    MAX_BATCH,
+    KeySet,
+    KeySetPool,
+    open_answer,
+    query,
+    serving_layout,
+    split_answers,
+)
 
 __all__ = ["DEFAULT_DEADLINE", "ExportMismatch", "Scored", "Scorer"]
 
 log = logging.getLogger("lvfl.serve")
 
 DEFAULT_DEADLINE = 1.0  #: seconds a request may wait for the passive parties
+PREPARE_AHEAD = 1024  #: oblivious mode: key sets a server keeps ready per passive party
 
 
 class ExportMismatch(FederationError):
-    """A passive party serves another export than the active party's (named in the message)."""
+    """A passive party serves another export, or in another mode, than the active party (named in the message)."""
 
 
 @dataclass
@@ -96,6 +122,9 @@ class Scorer:
         metrics: a `lvfl.serving.metrics.ServingMetrics` to count requests, rows, latency and failures in.
         blind_ahead: blind every ID of the active party's table at start, on a thread of its own, so a request
             finds its IDs blinded (a server); False: each ID when first requested (one batch).
+        oblivious: fetch the passive parties' contributions by oblivious lookups (they must serve so too).
+        prepare_ahead: oblivious mode: key sets kept ready per passive party, prepared on a thread of their own;
+            0: prepared within each request only.
     """
 
     def __init__(
@@ -108,6 +137,8 @@ class Scorer:
         rows_per_call: int = 4096,
         metrics: Any = None,
         blind_ahead: bool = True,
+        oblivious: bool = False,
+        prepare_ahead: int = PREPARE_AHEAD,
     ) -> None:
         if party.role != "active":
             raise ValueError(f"{party.party} is a passive party: lvfl serve answers the active party's requests there")
@@ -145,6 +176,25 @@ class Scorer:
             peer: channel.unary_unary(TABLE, pb.TableRequest.SerializeToString, pb.TableReply.FromString)
             for peer, channel in self._channels.items()
         }
+        self._offer_call = {
+            peer: channel.unary_unary(OFFER, pb.PrepareRequest.SerializeToString, pb.PrepareReply.FromString)
+            for peer, channel in self._channels.items()
+        }
+        self._prepare_call = {
+            peer: channel.unary_unary(PREPARE, pb.PrepareRequest.SerializeToString, pb.PrepareReply.FromString)
+            for peer, channel in self._channels.items()
+        }
+        self._lookup_call = {
+            peer: channel.unary_unary(LOOKUP, pb.LookupRequest.SerializeToString, pb.LookupReply.FromString)
+            for peer, channel in self._channels.items()
+        }
+        if prepare_ahead < 0:
+            raise ValueError(f"prepare_ahead must be >= 0 key sets, got {prepare_ahead}")
+        self.oblivious, self.prepare_ahead = bool(oblivious), int(prepare_ahead)
+        self.pools: dict[str, KeySetPool] = {}  # oblivious mode: per passive party, from its greeting
+        self._wanted = threading.Event()  # the key sets ran low: the preparing thread tops them up
+        self._closing = threading.Event()
+        self._preparing: threading.Thread | None = None
         self.memberships = Memberships()
         if blind_ahead:  # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
             threading.Thread(target=self.memberships.blind, args=(source.ids,), daemon=True, name="lvfl-blind").start()
@@ -158,7 +208,11 @@ class Scorer:
         party.warm_up()
 
     def close(self) -> None:
-        """Close the channels to the passive parties."""
+        """Stop preparing key sets; close the channels to the passive parties."""
+        self._closing.set()
+        self._wanted.set()
+        if self._preparing is not None:
+            self._preparing.join(30)
         for channel in self._channels.values():
             channel.close()
 
@@ -171,7 +225,7 @@ class Scorer:
         Raises:
             ExportMismatch: a passive party serves another export (named, with both exports).
         """
-        mine = pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode="plain")
+        mine = pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode=mode_name(self.oblivious))
         calls = {peer: self._greet[peer].future(mine, timeout=timeout, wait_for_ready=True) for peer in self.order}
         status = {}
         for peer, call in calls.items():
@@ -191,12 +245,54 @@ class Scorer:
                     f"{peer} serves {self.party.describe(theirs if isinstance(theirs, dict) else {})}, {self.me} "
                     f"serves {self.party.describe()}: export the same run for every party and serve those folders"
                 )
+            if (reply.mode or "plain") != mine.mode:
+                raise ExportMismatch(f"{peer} serves in {printable(reply.mode[:16])} mode, {self.me} asks in "
+                                     f"{mine.mode} mode: start every party with --oblivious, or none")  # fmt: skip
             status[peer] = ""
             try:
+                if self.oblivious:
+                    serving_layout(0, reply.bucket_size, self.shapes[peer])  # N: a power of two, not too large
+                    if peer not in self.pools or self.pools[peer].bucket_size != reply.bucket_size:
+                        self.pools[peer] = KeySetPool(reply.bucket_size)
                 self._learn_table(peer, timeout)
             except (grpc.RpcError, ValueError) as err:
-                status[peer] = _failure(peer, err, timeout) if isinstance(err, grpc.RpcError) else str(err)
+                status[peer] = _failure(peer, err, timeout) if isinstance(err, grpc.RpcError) else f"{peer}: {err}"
+        if self.oblivious and self.prepare_ahead and self._preparing is None:
+            self._preparing = threading.Thread(target=self._prepare_ahead, daemon=True, name="lvfl-key-sets")
+            self._preparing.start()
+        self._wanted.set()
         return status
+
+    # -- oblivious mode's key sets -------------------------------------------------------------------------------
+    def _prepare(self, peer: str, count: int, timeout: float) -> None:
+        """Prepare `count` key sets with `peer` (two calls: its offer, then the OTs)."""
+        offer = self._offer_call[peer](pb.PrepareRequest(export_id=self.party.export_id, count=count), timeout=timeout)
+        self._same_export(peer, offer.export_id)
+        pending, points = self.pools[peer].choose(offer.batch, offer.point, count)
+        request = pb.PrepareRequest(export_id=self.party.export_id, batch=offer.batch, points=points)
+        reply = self._prepare_call[peer](request, timeout=timeout)
+        self._same_export(peer, reply.export_id)
+        self.pools[peer].finish(pending, reply.first, reply.ciphertexts)
+
+    def _prepare_ahead(self) -> None:
+        """Keep `prepare_ahead` key sets ready per passive party, topped up whenever a request took some."""
+        while not self._closing.is_set():
+            self._wanted.wait(5.0)
+            self._wanted.clear()
+            for peer, pool in list(self.pools.items()):
+                while not self._closing.is_set() and pool.available < self.prepare_ahead:
+                    try:
+                        self._prepare(peer, min(MAX_BATCH, 256, self.prepare_ahead - pool.available), 10.0)
+                    except Exception as err:  # noqa: BLE001 - a party down: a request will say so; try again later
+                        log.debug("%s: preparing key sets with %s failed: %s", self.me, peer, err)
+                        break
+
+    def _key_sets(self, peer: str, count: int, left: Any) -> list[KeySet]:
+        """`count` ready key sets for `peer`, prepared now (within the deadline) where too few are ready."""
+        pool = self.pools[peer]
+        while (taken := pool.take(count)) is None:
+            self._prepare(peer, min(MAX_BATCH, max(count - pool.available, 64)), left())
+        return taken
 
     def _learn_table(self, peer: str, timeout: float) -> None:
         """Fetch `peer`'s blinded table and keep it re-blinded (`Memberships.learn_table`)."""
@@ -329,19 +425,23 @@ class Scorer:
         calls = {peer: self._members_call[peer].future(request, timeout=left()) for peer in self.order}
         held_by_all = np.ones(len(keys), dtype=bool)
         failures: dict[str, str] = {}
+        positions: dict[str, list[int | None]] = {}
         for peer, call in calls.items():
             try:
                 reply = call.result()
                 self._same_export(peer, reply.export_id)
                 if reply.table != self.memberships.version(peer):  # its table changed, or was never fetched
                     self._learn_table(peer, left())
-                held_by_all &= np.asarray(self.memberships.held(peer, reply.points, len(keys)), dtype=bool)
+                positions[peer] = self.memberships.positions(peer, reply.points, len(keys))
+                held_by_all &= np.asarray([p is not None for p in positions[peer]], dtype=bool)
             except grpc.RpcError as err:
                 failures[peer] = _failure(peer, err, deadline)
             except ValueError as err:
                 failures[peer] = f"{peer} sent a malformed reply ({err})"
         if failures:
             return np.zeros(len(keys), dtype=bool), {}, failures
+        if self.oblivious:
+            return self._look_up(positions, held_by_all, request_id, left, deadline)
         # 2. the contributions to the IDs every passive party holds, those IDs in the clear
         chosen = [keys[i] for i in np.flatnonzero(held_by_all)]
         request = pb.ContributionRequest(request_id=request_id, export_id=self.party.export_id, ids=chosen)
@@ -371,6 +471,66 @@ class Scorer:
         result = np.zeros(len(keys), dtype=bool)
         result[np.flatnonzero(held_by_all)[answered]] = True
         return result, contributions, failures
+
+    def _look_up(
+        self,
+        positions: dict[str, list[int | None]],
+        held_by_all: np.ndarray,
+        request_id: str,
+        left: Any,
+        deadline: float,
+    ) -> tuple[np.ndarray, dict[str, torch.Tensor], dict[str, str]]:
+        """Oblivious mode's second round: one lookup per ID and passive party (a dummy where it lacks the ID)."""
+        failures: dict[str, str] = {}
+        sent: dict[str, tuple[Any, list, list]] = {}  # peer -> (layout, pending queries, calls)
+        for peer in self.order:
+            layout = serving_layout(self.memberships.size(peer), self.pools[peer].bucket_size, self.shapes[peer])
+            per_call = max(1, min(MAX_LOOKUPS, MAX_MESSAGE_BYTES // 2 // layout.answer_bytes))
+            pending, calls = [], []
+            try:
+                for at in range(0, len(positions[peer]), per_call):  # key sets taken call by call: a large request
+                    chunk = positions[peer][at : at + per_call]  # holds no more of them at the passive party
+                    taken = self._key_sets(peer, len(chunk), left)
+                    made = [query(layout, key_set, p) for key_set, p in zip(taken, chunk, strict=True)]
+                    request = pb.LookupRequest(
+                        request_id=request_id,
+                        export_id=self.party.export_id,
+                        table=self.memberships.version(peer),
+                        queries=b"".join(m for m, _ in made),
+                    )
+                    calls.append(self._lookup_call[peer].future(request, timeout=left()))
+                    pending += [p for _, p in made]
+            except grpc.RpcError as err:
+                failures[peer] = _failure(peer, err, deadline)
+                continue
+            except Exception as err:  # noqa: BLE001 - a malformed preparation: this request's reason
+                failures[peer] = f"{peer} could not prepare oblivious lookups ({err})"
+                continue
+            sent[peer] = (layout, pending, calls, per_call)
+        values: dict[str, list[torch.Tensor | None]] = {}
+        for peer, (layout, pending, calls, per_call) in sent.items():
+            try:
+                answers = []
+                for at, call in zip(range(0, len(pending), per_call), calls, strict=True):
+                    reply = call.result()
+                    self._same_export(peer, reply.export_id)
+                    answers += split_answers(layout, reply.answers, len(pending[at : at + per_call]))
+                values[peer] = [open_answer(layout, p, a) for p, a in zip(pending, answers, strict=True)]
+            except grpc.RpcError as err:
+                failures[peer] = _failure(peer, err, deadline)
+            except Exception as err:  # noqa: BLE001 - an answer that does not open: this request's reason
+                failures[peer] = f"{peer} sent answers that do not open ({type(err).__name__}: {err})"
+            if peer in failures:
+                self.pools[peer].clear()  # its key sets may be lost with it (a restart): prepare afresh
+        self._wanted.set()
+        if failures:
+            return np.zeros(len(held_by_all), dtype=bool), {}, failures
+        answered = held_by_all & np.asarray([all(values[k][i] is not None for k in self.order)
+                                             for i in range(len(held_by_all))], dtype=bool)  # fmt: skip
+        chosen = np.flatnonzero(answered)
+        contributions = {k: torch.stack([values[k][i] for i in chosen]) if len(chosen) else
+                         torch.zeros(0, *self.shapes[k]) for k in self.order}  # fmt: skip
+        return answered, contributions, failures
 
     def _check_reply(self, peer: str, reply: pb.ContributionReply, count: int) -> str:
         """Why a passive party's reply cannot be used ("" if it can): another export, or counts that disagree."""

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alvfl/serving/serving.proto\x12\x0clvfl.serving\"7\n\x08Greeting\x12\r\n\x05party\x18\x01 \x01(\t\x12\x0e\n\x06\x65xport\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\"J\n\x11MembershipRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\texport_id\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"C\n\x0fMembershipReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"!\n\x0cTableRequest\x12\x11\n\texport_id\x18\x01 \x01(\t\">\n\nTableReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"I\n\x13\x43ontributionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\texport_id\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\t\"S\n\x11\x43ontributionReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\r\x12\x0e\n\x06values\x18\x04 \x01(\x0c\"!\n\x03Row\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"u\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12\x1f\n\x04rows\x18\x04 \x03(\x0b\x32\x11.lvfl.serving.Row\x12\x12\n\ndeadline_s\x18\x05 \x01(\x01\"]\n\x06\x41nswer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nprediction\x18\x02 \x01(\t\x12\x15\n\rprobabilities\x18\x03 \x03(\x01\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"X\n\nScoreReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x02 \x03(\t\x12%\n\x07\x61nswers\x18\x03 \x03(\x0b\x32\x14.lvfl.serving.Answer2\xa4\x02\n\rContributions\x12\x37\n\x05Greet\x12\x16.lvfl.serving.Greeting\x1a\x16.lvfl.serving.Greeting\x12=\n\x05Table\x12\x1a.lvfl.serving.TableRequest\x1a\x18.lvfl.serving.TableReply\x12I\n\x07Members\x12\x1f.lvfl.serving.MembershipRequest\x1a\x1d.lvfl.serving.MembershipReply\x12P\n\nContribute\x12!.lvfl.serving.ContributionRequest\x1a\x1f.lvfl.serving.ContributionReply2H\n\x07Scoring\x12=\n\x05Score\x12\x1a.lvfl.serving.ScoreRequest\x1a\x18.lvfl.serving.ScoreReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1alvfl/serving/serving.proto\x12\x0clvfl.serving\"L\n\x08Greeting\x12\r\n\x05party\x18\x01 \x01(\t\x12\x0e\n\x06\x65xport\x18\x02 \x01(\t\x12\x0c\n\x04mode\x18\x03 \x01(\t\x12\x13\n\x0b\x62ucket_size\x18\x04 \x01(\r\"J\n\x11MembershipRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\texport_id\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"C\n\x0fMembershipReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"!\n\x0cTableRequest\x12\x11\n\texport_id\x18\x01 \x01(\t\">\n\nTableReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0e\n\x06points\x18\x03 \x01(\x0c\"I\n\x13\x43ontributionRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\texport_id\x18\x02 \x01(\t\x12\x0b\n\x03ids\x18\x03 \x03(\t\"S\n\x11\x43ontributionReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\x0c\n\x04held\x18\x02 \x01(\x0c\x12\r\n\x05shape\x18\x03 \x03(\r\x12\x0e\n\x06values\x18\x04 \x01(\x0c\"Q\n\x0ePrepareRequest\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05\x63ount\x18\x02 \x01(\r\x12\r\n\x05\x62\x61tch\x18\x03 \x01(\t\x12\x0e\n\x06points\x18\x04 \x01(\x0c\"c\n\x0cPrepareReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05\x62\x61tch\x18\x02 \x01(\t\x12\r\n\x05point\x18\x03 \x01(\x0c\x12\r\n\x05\x66irst\x18\x04 \x01(\x04\x12\x13\n\x0b\x63iphertexts\x18\x05 \x01(\x0c\"V\n\rLookupRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\texport_id\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\t\x12\x0f\n\x07queries\x18\x04 \x01(\x0c\"@\n\x0bLookupReply\x12\x11\n\texport_id\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0f\n\x07\x61nswers\x18\x03 \x01(\x0c\"!\n\x03Row\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\t\"u\n\x0cScoreRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\t\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12\x1f\n\x04rows\x18\x04 \x03(\x0b\x32\x11.lvfl.serving.Row\x12\x12\n\ndeadline_s\x18\x05 \x01(\x01\"]\n\x06\x41nswer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x12\n\nprediction\x18\x02 \x01(\t\x12\x15\n\rprobabilities\x18\x03 \x03(\x01\x12\x0c\n\x04path\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"X\n\nScoreReply\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63lasses\x18\x02 \x03(\t\x12%\n\x07\x61nswers\x18\x03 \x03(\x0b\x32\x14.lvfl.serving.Answer2\xee\x03\n\rContributions\x12\x37\n\x05Greet\x12\x16.lvfl.serving.Greeting\x1a\x16.lvfl.serving.Greeting\x12=\n\x05Table\x12\x1a.lvfl.serving.TableRequest\x1a\x18.lvfl.serving.TableReply\x12I\n\x07Members\x12\x1f.lvfl.serving.MembershipRequest\x1a\x1d.lvfl.serving.MembershipReply\x12P\n\nContribute\x12!.lvfl.serving.ContributionRequest\x1a\x1f.lvfl.serving.ContributionReply\x12\x41\n\x05Offer\x12\x1c.lvfl.serving.PrepareRequest\x1a\x1a.lvfl.serving.PrepareReply\x12\x43\n\x07Prepare\x12\x1c.lvfl.serving.PrepareRequest\x1a\x1a.lvfl.serving.PrepareReply\x12@\n\x06Lookup\x12\x1b.lvfl.serving.LookupRequest\x1a\x19.lvfl.serving.LookupReply2H\n\x07Scoring\x12=\n\x05Score\x12\x1a.lvfl.serving.ScoreRequest\x1a\x18.lvfl.serving.ScoreReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,29 +32,37 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lvfl.serving.serving_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GREETING']._serialized_start=44
-  _globals['_GREETING']._serialized_end=99
-  _globals['_MEMBERSHIPREQUEST']._serialized_start=101
-  _globals['_MEMBERSHIPREQUEST']._serialized_end=175
-  _globals['_MEMBERSHIPREPLY']._serialized_start=177
-  _globals['_MEMBERSHIPREPLY']._serialized_end=244
-  _globals['_TABLEREQUEST']._serialized_start=246
-  _globals['_TABLEREQUEST']._serialized_end=279
-  _globals['_TABLEREPLY']._serialized_start=281
-  _globals['_TABLEREPLY']._serialized_end=343
-  _globals['_CONTRIBUTIONREQUEST']._serialized_start=345
-  _globals['_CONTRIBUTIONREQUEST']._serialized_end=418
-  _globals['_CONTRIBUTIONREPLY']._serialized_start=420
-  _globals['_CONTRIBUTIONREPLY']._serialized_end=503
-  _globals['_ROW']._serialized_start=505
-  _globals['_ROW']._serialized_end=538
-  _globals['_SCOREREQUEST']._serialized_start=540
-  _globals['_SCOREREQUEST']._serialized_end=657
-  _globals['_ANSWER']._serialized_start=659
-  _globals['_ANSWER']._serialized_end=752
-  _globals['_SCOREREPLY']._serialized_start=754
-  _globals['_SCOREREPLY']._serialized_end=842
-  _globals['_CONTRIBUTIONS']._serialized_start=845
-  _globals['_CONTRIBUTIONS']._serialized_end=1137
-  _globals['_SCORING']._serialized_start=1139
-  _globals['_SCORING']._serialized_end=1211
+  _globals['_GREETING']._serialized_end=120
+  _globals['_MEMBERSHIPREQUEST']._serialized_start=122
+  _globals['_MEMBERSHIPREQUEST']._serialized_end=196
+  _globals['_MEMBERSHIPREPLY']._serialized_start=198
+  _globals['_MEMBERSHIPREPLY']._serialized_end=265
+  _globals['_TABLEREQUEST']._serialized_start=267
+  _globals['_TABLEREQUEST']._serialized_end=300
+  _globals['_TABLEREPLY']._serialized_start=302
+  _globals['_TABLEREPLY']._serialized_end=364
+  _globals['_CONTRIBUTIONREQUEST']._serialized_start=366
+  _globals['_CONTRIBUTIONREQUEST']._serialized_end=439
+  _globals['_CONTRIBUTIONREPLY']._serialized_start=441
+  _globals['_CONTRIBUTIONREPLY']._serialized_end=524
+  _globals['_PREPAREREQUEST']._serialized_start=526
+  _globals['_PREPAREREQUEST']._serialized_end=607
+  _globals['_PREPAREREPLY']._serialized_start=609
+  _globals['_PREPAREREPLY']._serialized_end=708
+  _globals['_LOOKUPREQUEST']._serialized_start=710
+  _globals['_LOOKUPREQUEST']._serialized_end=796
+  _globals['_LOOKUPREPLY']._serialized_start=798
+  _globals['_LOOKUPREPLY']._serialized_end=862
+  _globals['_ROW']._serialized_start=864
+  _globals['_ROW']._serialized_end=897
+  _globals['_SCOREREQUEST']._serialized_start=899
+  _globals['_SCOREREQUEST']._serialized_end=1016
+  _globals['_ANSWER']._serialized_start=1018
+  _globals['_ANSWER']._serialized_end=1111
+  _globals['_SCOREREPLY']._serialized_start=1113
+  _globals['_SCOREREPLY']._serialized_end=1201
+  _globals['_CONTRIBUTIONS']._serialized_start=1204
+  _globals['_CONTRIBUTIONS']._serialized_end=1698
+  _globals['_SCORING']._serialized_start=1700
+  _globals['_SCORING']._serialized_end=1772
 # @@protoc_insertion_point(module_scope)
