@@ -160,28 +160,18 @@ class ContributionServer:
             ],
         )
         self.blinded_table()
+        calls = {
+            "Greet": (self._greet, pb.Greeting, pb.Greeting),
+            "Table": (self._table, pb.TableRequest, pb.TableReply),
+            "Members": (self._members, pb.MembershipRequest, pb.MembershipReply),
+            "Contribute": (self._contribute, pb.ContributionRequest, pb.ContributionReply),
+            "Offer": (self._offer, pb.PrepareRequest, pb.PrepareReply),
+            "Prepare": (self._prepare, pb.PrepareRequest, pb.PrepareReply),
+            "Lookup": (self._lookup, pb.LookupRequest, pb.LookupReply),
+        }
         handlers = {
-            "Greet": grpc.unary_unary_rpc_method_handler(
-                self._greet, pb.Greeting.FromString, pb.Greeting.SerializeToString
-            ),
-            "Table": grpc.unary_unary_rpc_method_handler(
-                self._table, pb.TableRequest.FromString, pb.TableReply.SerializeToString
-            ),
-            "Members": grpc.unary_unary_rpc_method_handler(
-                self._members, pb.MembershipRequest.FromString, pb.MembershipReply.SerializeToString
-            ),
-            "Contribute": grpc.unary_unary_rpc_method_handler(
-                self._contribute, pb.ContributionRequest.FromString, pb.ContributionReply.SerializeToString
-            ),
-            "Offer": grpc.unary_unary_rpc_method_handler(
-                self._offer, pb.PrepareRequest.FromString, pb.PrepareReply.SerializeToString
-            ),
-            "Prepare": grpc.unary_unary_rpc_method_handler(
-                self._prepare, pb.PrepareRequest.FromString, pb.PrepareReply.SerializeToString
-            ),
-            "Lookup": grpc.unary_unary_rpc_method_handler(
-                self._lookup, pb.LookupRequest.FromString, pb.LookupReply.SerializeToString
-            ),
+            name: grpc.unary_unary_rpc_method_handler(handler, request.FromString, reply.SerializeToString)
+            for name, (handler, request, reply) in calls.items()
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("lvfl.serving.Contributions", handlers),))
         cannot = f"{self.me} cannot serve on {self.listen}"

@@ -158,36 +158,13 @@ class Scorer:
         self._channels = {
             peer: pinned_channel(federation, peer, key_pem, certificate.read_bytes(), options) for peer in self.order
         }
-        self._greet = {
-            peer: channel.unary_unary(GREET, pb.Greeting.SerializeToString, pb.Greeting.FromString)
-            for peer, channel in self._channels.items()
-        }
-        self._contribute = {
-            peer: channel.unary_unary(
-                CONTRIBUTE, pb.ContributionRequest.SerializeToString, pb.ContributionReply.FromString
-            )
-            for peer, channel in self._channels.items()
-        }
-        self._members_call = {
-            peer: channel.unary_unary(MEMBERS, pb.MembershipRequest.SerializeToString, pb.MembershipReply.FromString)
-            for peer, channel in self._channels.items()
-        }
-        self._table_call = {
-            peer: channel.unary_unary(TABLE, pb.TableRequest.SerializeToString, pb.TableReply.FromString)
-            for peer, channel in self._channels.items()
-        }
-        self._offer_call = {
-            peer: channel.unary_unary(OFFER, pb.PrepareRequest.SerializeToString, pb.PrepareReply.FromString)
-            for peer, channel in self._channels.items()
-        }
-        self._prepare_call = {
-            peer: channel.unary_unary(PREPARE, pb.PrepareRequest.SerializeToString, pb.PrepareReply.FromString)
-            for peer, channel in self._channels.items()
-        }
-        self._lookup_call = {
-            peer: channel.unary_unary(LOOKUP, pb.LookupRequest.SerializeToString, pb.LookupReply.FromString)
-            for peer, channel in self._channels.items()
-        }
+        self._greet = self._stubs(GREET, pb.Greeting, pb.Greeting)
+        self._contribute = self._stubs(CONTRIBUTE, pb.ContributionRequest, pb.ContributionReply)
+        self._members_call = self._stubs(MEMBERS, pb.MembershipRequest, pb.MembershipReply)
+        self._table_call = self._stubs(TABLE, pb.TableRequest, pb.TableReply)
+        self._offer_call = self._stubs(OFFER, pb.PrepareRequest, pb.PrepareReply)
+        self._prepare_call = self._stubs(PREPARE, pb.PrepareRequest, pb.PrepareReply)
+        self._lookup_call = self._stubs(LOOKUP, pb.LookupRequest, pb.LookupReply)
         if prepare_ahead < 0:
             raise ValueError(f"prepare_ahead must be >= 0 key sets, got {prepare_ahead}")
         self.oblivious, self.prepare_ahead = bool(oblivious), int(prepare_ahead)
@@ -206,6 +183,13 @@ class Scorer:
         limit = party.serving.get("max_rows_per_call")
         self.rows_per_call = min(rows_per_call, limit) if limit else rows_per_call
         party.warm_up()
+
+    def _stubs(self, method: str, request: Any, reply: Any) -> dict[str, Any]:
+        """One callable per passive party for `method` of the Contributions service, on its pinned channel."""
+        return {
+            peer: channel.unary_unary(method, request.SerializeToString, reply.FromString)
+            for peer, channel in self._channels.items()
+        }
 
     def close(self) -> None:
         """Stop preparing key sets; close the channels to the passive parties."""
