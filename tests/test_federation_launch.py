@@ -241,6 +241,60 @@ def test_paillier_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
     assert_tests_equal(tmp_path, config)  # the coordinator tests from its last checkpoint (it keeps no best)
 
 
+#: the bank/retailer example (each party's own table, aligned by PSI) under Paillier, encrypting in-process
+PAILLIER_TABLES = [
+    "--config", "examples/bank_retailer/config.yaml",
+    '--model.init_args.aggregation={"class_path": "lvfl.privacy.Paillier", "init_args": {"workers": 1}}',
+    "--trainer.enable_progress_bar=false",
+]  # fmt: skip
+
+
+def test_paillier_runs_on_the_parties_own_tables_its_coordinator_told_the_counts_only(tmp_path):
+    """Paillier with PartyTables: the coordinator's process holds no table and takes no part in the PSI; the bank
+    tells it the number of its samples and of the shared ones, the split, the task and the input columns, and it
+    loops with the parties. Every party ends bit-identical to the fit, the ledgers agree (the coordinator's set-up
+    messages included), and the coordinator's whole view is those set-up messages and the masked aggregates."""
+    probes, launch = fit_and_launch(tmp_path, PAILLIER_TABLES)
+    assert "3 parties (party0, party1, coordinator)" in launch.stdout
+    everyone = {name: tmp_path / "launch" / name for name in ("party0", "party1", "coordinator")}
+    assert_parity(tmp_path / "fit", everyone, holds_none={"coordinator"})
+    held = json.loads((probes / "coordinator.json").read_text())
+    assert held["tensors"] == []
+    assert held["tables"] == []
+    assert all(split["features"] == [] and not split["labels"] for split in held["splits"].values())
+    received = {(s, t) for s, d, t, _ in held["ledger"] if d == "coordinator"}
+    assert received == {("party0", tag) for tag in ("rows", "split", "task", "inputs", "he_aggregate")}
+    sizes = {t: n for s, d, t, n in held["ledger"] if d == "coordinator" and t in ("rows", "task")}
+    assert sizes == {"rows": 16, "task": 8}  # two counts; the number of classes
+    # new customers in each organisation's own file: the coordinator is told how many every party holds
+    tables = {name: REPO / "examples" / "bank_retailer" / f"{name}.csv" for name in ("bank", "retailer")}
+    read = {name: [line.split(",") for line in path.read_text().splitlines()] for name, path in tables.items()}
+    shared = sorted({r[0] for r in read["bank"][1:]} & {r[0] for r in read["retailer"][1:]})[:6]
+    for name, rows in read.items():
+        header, by_id = rows[0], {r[0]: r for r in rows[1:]}
+        keys = shared + [k for k in sorted(by_id) if k not in shared][:2]  # 6 both hold, 2 of its own
+        columns = [j for j, column in enumerate(header) if column != "status"]
+        lines = [",".join(header[j] for j in columns)]
+        lines += [",".join(f"NEW-{k}" if j == 0 else by_id[k][j] for j in columns) for k in keys]
+        (tmp_path / f"new_{name}.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "new_rows.yaml").write_text(
+        "data:\n  init_args:\n    new_rows:\n"
+        f"      - {{path: {tmp_path / 'new_bank.csv'}, id_column: customer_id, missing: mean}}\n"
+        f"      - {{path: {tmp_path / 'new_retailer.csv'}, id_column: client}}\n"
+    )
+    new = [*PAILLIER_TABLES, "--config", str(tmp_path / "new_rows.yaml"), "--ckpt_path", "last"]
+    predicted = lvfl("predict", *new, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}", "--output",
+                     str(tmp_path / "fit.csv"))  # fmt: skip
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    launched = lvfl("launch", "predict", "--pki", str(tmp_path / "pki"), "--timeout", "60", *new,
+                    f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}", "--output",
+                    str(tmp_path / "launch.csv"))  # fmt: skip
+    assert launched.returncode == 0, launched.stdout[-2000:] + launched.stderr[-3000:]
+    written = (tmp_path / "fit.csv").read_text()
+    assert written.count(",vfl,") == 6, written
+    assert (tmp_path / "launch.csv").read_text() == written
+
+
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the

@@ -224,10 +224,10 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     """Refuse, by name, what does not run across processes yet (docs/two-organisations.md), before anything moves.
 
     Run by every party in its own process. What runs: every protocol with the Plain, DHMasking and Paillier
-    backends (Paillier's coordinator a process of its own, with the embedded and paper datasets) and any label
-    mechanism (the release is drawn at the active party), the embedded and paper datasets and `PartyTables` (its
-    set-up exchanged live, `exchange_on`), the student with its plain channel, and `predict --oblivious`. Not yet:
-    CKKS's coordinator as a process, Paillier with the parties' own tables, the student's Paillier channel and
+    backends (Paillier's coordinator a process of its own; with `PartyTables` the active party tells it the row
+    counts, `add_key_holder`) and any label mechanism (the release is drawn at the active party), the embedded and
+    paper datasets and `PartyTables` (its set-up exchanged live, `exchange_on`), the student with its plain channel,
+    and `predict --oblivious`. Not yet: CKKS's coordinator as a process, the student's Paillier channel and
     `cross_fit`, and the leakage audit (it reads every party's messages and the labels in one process).
     """
     backend = type(model.aggregation).__name__
@@ -236,10 +236,11 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
             f"lvfl party runs the Plain, DHMasking and Paillier backends; {backend}'s coordinator does not run as a "
             "process of its own yet (use lvfl fit)"
         )
-    if isinstance(model.aggregation, Paillier) and not getattr(datamodule, "rows_are_public", True):
+    private_rows = not getattr(datamodule, "rows_are_public", True)
+    if isinstance(model.aggregation, Paillier) and private_rows and not hasattr(datamodule, "add_key_holder"):
         raise ValueError(
-            f"lvfl party runs Paillier's coordinator with the embedded and paper datasets; with "
-            f"{type(datamodule).__name__} (the parties' own rows) it does not run across processes yet (use lvfl fit)"
+            f"lvfl party runs Paillier's coordinator with the embedded and paper datasets and PartyTables; "
+            f"{type(datamodule).__name__} (the parties' own rows) cannot tell it the row counts (use lvfl fit)"
         )
     if not getattr(datamodule, "rows_are_public", True) and not hasattr(datamodule, "exchange_on"):
         raise ValueError(

@@ -22,6 +22,12 @@ messages the protocol then sends (`setup_messages`); one party's in its own proc
 live on its wire, reading its own table only. A passive party's process never holds a label: its split and task are
 the messages it received (`task_from_peers`).
 
+A key holder outside the parties (an HE backend's coordinator, `add_key_holder`) holds no table and takes no part in
+the PSI, but its process runs the same loop over the batches: the active party tells it the number of its samples
+and of the shared ones (`rows`, 16 bytes), the split of the shared ones, the task and every participant's input
+columns, as it tells a passive party; with `new_rows`, the number of new rows every party holds (`rows_new`). What it
+learns from them: those counts and shapes, nothing of an ID, a feature or a label.
+
 Encoding, per party and fitted on the training rows only:
 
 - a column is numeric when every training value parses as a number, categorical when none does or when it is
@@ -130,6 +136,7 @@ class PartyTables(VerticalDataModule):
         self.encoding = encoding
         self._messages: list[tuple[str, str, Any, str]] = []
         self._party_wire: Wire | None = None  # a party's own wire (`exchange_on`): the set-up runs live on it
+        self._key_holders: list[str] = []  # outside the parties, told the counts and shapes (`add_key_holder`)
         self._peer_task: TaskInfo | None = None  # in a passive party's process: the task the active party sent
         self._ids: list[str] = []
         self._held: np.ndarray | None = None
@@ -165,6 +172,21 @@ class PartyTables(VerticalDataModule):
             raise RuntimeError("PartyTables.exchange_on must come before the data is loaded")
         self._party_wire = wire
 
+    def add_key_holder(self, name: str) -> None:
+        """Tell a key holder outside the parties (an HE backend's coordinator) the set-up's counts and shapes.
+
+        The protocol calls it, before the data is loaded, in every process and in simulation alike, so that the
+        messages (and their bytes) are the same either way. See the module docstring for what the holder learns.
+        """
+        if name in self._key_holders:
+            return
+        if self._prepared is not None:
+            raise RuntimeError("PartyTables.add_key_holder must come before the data is loaded")
+        self._key_holders.append(name)
+
+    def _holders(self, names: list[str]) -> list[str]:
+        return [h for h in self._key_holders if h not in names]
+
     def load(self) -> tuple[np.ndarray, np.ndarray]:
         """Read each table, align the IDs by PSI, split, fit each party's encoders on its training rows, lay out.
 
@@ -179,24 +201,34 @@ class PartyTables(VerticalDataModule):
         wire = self._party_wire if live else Wire()
         tables = {n: read_table(source) for n, source in zip(names, self.tables, strict=True) if wire.holds(n)}
         passive = [names[k] for k in self.participants if k != self.active_party]
+        holders = self._holders(names)
+        holder_here = live and wire.here in holders  # a key holder's own process: no table, no part in the PSI
         started = time.perf_counter()
         with contextlib.nullcontext([]) if live else wire.recording() as held:
             # sent for real by the protocol, on its wire (`setup_messages`); in a party's process, live
-            alignment = private_intersection(
-                {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire
-            )
-            if not alignment.ids:
-                raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
-            shared_count, num_rows = len(alignment.ids), alignment.sizes[active]
-            shared_order = np.arange(shared_count, dtype=np.int64)
+            alignment = None
+            shared_count = num_rows = 0
+            if not holder_here:
+                alignment = private_intersection(
+                    {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire
+                )
+                if not alignment.ids:
+                    raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
+                shared_count, num_rows = len(alignment.ids), alignment.sizes[active]
             y, perm, payload, task = self._active_part(tables.get(active), alignment, shared_count)
             received: dict[str, np.ndarray] = {}
-            for name in passive:  # the split each passive party fits on, and the task its model learns
+            for name in [*passive, *holders]:  # the split each fits on (or loops over), the task its model learns
+                if name in holders:  # a key holder knows no count from the PSI: the active party tells it
+                    counts = _encode_counts([num_rows, shared_count]) if wire.holds(active) else _UNKNOWN
+                    got = wire.send(active, name, counts, ROWS_TAG)
+                    if wire.holds(name) and not wire.holds(active):
+                        num_rows, shared_count = _decode_counts(got, active, 2)
                 got = wire.send(active, name, payload, SPLIT_TAG)
                 told = wire.send(active, name, task, TASK_TAG)
                 if wire.holds(name):
-                    received = decode_split(_split_bytes(got, active), shared_order)
+                    received = decode_split(_split_bytes(got, active), np.arange(shared_count, dtype=np.int64))
                     self._peer_task = None if wire.holds(active) else _task(told, active, self.regression)
+            shared_order = np.arange(shared_count, dtype=np.int64)
         if not received and wire.holds(active):  # no passive participant (Local): the tables' split all the same
             received = decode_split(payload, shared_order)
         self._messages = [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
@@ -223,7 +255,7 @@ class PartyTables(VerticalDataModule):
             block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
             blocks[name] = block
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
-        columns = self._exchange_inputs(wire, live, active, passive, own_columns)
+        columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
         for name in names:  # another party's columns: zeros of its width (shadows after `hold_only`)
             if name not in blocks:
                 blocks[name] = np.zeros((num_rows, len(columns.get(name, [0]))), dtype=np.float32)
@@ -235,17 +267,28 @@ class PartyTables(VerticalDataModule):
         self._held = np.zeros(num_rows, dtype=bool)
         self._held[:shared_count] = True
         self._held_order = shared_order
-        self._ids = [tables[active].ids[r] for r in perm] if active in tables else list(alignment.ids)
+        if active in tables:
+            self._ids = [tables[active].ids[r] for r in perm]
+        else:  # a passive party knows the shared IDs; a key holder none
+            self._ids = list(alignment.ids) if alignment is not None else []
         if active in tables:
             self._table_digests[active]["labels"] = digest_array(y)
         self._content = None
-        self.psi_counts = {f"{n}/ids": alignment.sizes[n] for n in names if n in alignment.sizes}
-        self.psi_counts |= {"intersection": shared_count}
-        self.psi_counts |= {f"{n}/shared_with_active": alignment.pairwise[n] for n in names if n in alignment.pairwise}
+        self.psi_counts = {}
+        if alignment is not None:
+            self.psi_counts = {f"{n}/ids": alignment.sizes[n] for n in names if n in alignment.sizes}
+            self.psi_counts |= {"intersection": shared_count}
+            self.psi_counts |= {f"{n}/shared_with_active": k for n, k in alignment.pairwise.items() if n in names}
         return np.concatenate(blocks, axis=1), y
 
     def _exchange_inputs(
-        self, wire: Wire, live: bool, active: str, passive: list[str], own: dict[str, list[int]]
+        self,
+        wire: Wire,
+        live: bool,
+        active: str,
+        passive: list[str],
+        own: dict[str, list[int]],
+        holders: Sequence[str] = (),
     ) -> dict[str, list[int]]:
         """Every participant's input columns (their cardinalities, 0 numeric), as each party learns them: `inputs`.
 
@@ -253,7 +296,8 @@ class PartyTables(VerticalDataModule):
         participant's, so that every process builds every party's model with the same shapes: the models are
         initialized in party order from one seeded generator, and a shape another process got wrong would change
         the draws of every party built after it. What it reveals: each party's number of encoded columns and the
-        number of levels of each categorical one (the shapes of its model's input), nothing of any value.
+        number of levels of each categorical one (the shapes of its model's input), nothing of any value. A key
+        holder (`holders`) is told every participant's too: its process builds the same shadows.
         """
         known = dict(own)
         with contextlib.nullcontext([]) if live else wire.recording() as held:
@@ -263,11 +307,11 @@ class PartyTables(VerticalDataModule):
                     (known[name],) = _decode_inputs(got, name, 1)
             order = [active, *passive]
             every = _encode_inputs([known[n] for n in order]) if wire.holds(active) else _UNKNOWN
-            for name in passive:
+            for name in [*passive, *holders]:
                 got = wire.send(active, name, every, INPUTS_TAG)
                 if wire.holds(name) and not wire.holds(active):
                     told = dict(zip(order, _decode_inputs(got, active, len(order)), strict=True))
-                    if told[name] != own[name]:
+                    if name in own and told[name] != own[name]:
                         raise ValueError(f"{active} relayed {name}'s input columns as {told[name]}, not {own[name]}")
                     known |= told
         self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
@@ -346,11 +390,31 @@ class PartyTables(VerticalDataModule):
             if table.columns != trained:
                 raise ValueError(f"{table.path}: columns {table.columns}, but {name} was trained on {trained}")
         active = names[self.active_party]
+        holders = self._holders(names)
+        holder_here = live and wire.here in holders
         with contextlib.nullcontext([]) if live else wire.recording() as held:
-            alignment = private_intersection(
-                {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire, tag="psi_new"
-            )
+            alignment = None
+            if not holder_here:
+                alignment = private_intersection(
+                    {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire, tag="psi_new"
+                )
+            told = None
+            for name in holders:  # it loops over the new rows' batches too: the active party tells it their number
+                shared = _encode_counts([len(alignment.rows[active])]) if wire.holds(active) else _UNKNOWN
+                got = wire.send(active, name, shared, NEW_ROWS_TAG)
+                if wire.holds(name) and not wire.holds(active):
+                    (told,) = _decode_counts(got, active, 1)
         self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
+        if holder_here:  # no table, no feature: shadows of every party's width, in the shared rows' count
+            widths = {name: len(self.partitioner.columns[k]) for k, name in enumerate(names)}
+            first = len(self._ids)
+            self._new_keys = []
+            vfl = VerticalTensorDataset(
+                ids=torch.arange(first, first + told, dtype=torch.int64),
+                features={n: shadow(torch.zeros(told, widths[n])) for n in names},
+                labels=torch.zeros(told, dtype=torch.int64),
+            )
+            return vfl, [], torch.zeros(0, widths[active])
         features = {}
         for name, table in tables.items():
             rows = np.arange(len(table.ids)) if name == active else alignment.rows[name]
@@ -484,6 +548,8 @@ class PartyTables(VerticalDataModule):
 
 TASK_TAG = "task"  #: the wire tag of the task message: the number of classes (0: a regression), 8 bytes
 INPUTS_TAG = "inputs"  #: the wire tag of the input-columns messages (`PartyTables._exchange_inputs`)
+ROWS_TAG = "rows"  #: the wire tag of the counts a key holder is told: the active party's samples, the shared ones
+NEW_ROWS_TAG = "rows_new"  #: the wire tag of the number of new rows every party holds, told to a key holder
 _UNKNOWN = Absent("another party's message")
 _INT = np.dtype(">i8")
 
@@ -511,6 +577,20 @@ def _decode_inputs(payload: Any, sender: str, count: int) -> list[list[int]]:
     if at != len(values):
         raise bad
     return out
+
+
+def _encode_counts(counts: Sequence[int]) -> bytes:
+    return np.asarray(counts, dtype=_INT).tobytes()
+
+
+def _decode_counts(payload: Any, sender: str, count: int) -> list[int]:
+    """`count` non-negative counts off a `rows` message from `sender` (refused by name when malformed)."""
+    if not isinstance(payload, bytes) or len(payload) != count * _INT.itemsize:
+        raise ValueError(f"{sender}'s row counts are not {count} 8-byte integers")
+    values = np.frombuffer(payload, dtype=_INT).tolist()
+    if any(v < 0 for v in values) or (count == 2 and values[1] > values[0]):
+        raise ValueError(f"{sender} sent row counts that do not add up: {values}")
+    return values
 
 
 def _split_bytes(payload: Any, sender: str) -> bytes:

@@ -40,6 +40,9 @@ class DataSetup:
         `setup` calls it; so does code that sets a datamodule up before the trainer does (`lvfl predict`, `lvfl
         export`). A datamodule prepared earlier with a split drawn from the labels is refused by name.
         """
+        holder = getattr(getattr(self, "aggregation", None), "coordinator", None)
+        if holder is not None and hasattr(datamodule, "add_key_holder"):
+            datamodule.add_key_holder(holder)  # an HE backend's coordinator loops with the parties: told the counts
         if self.wire.here is not None and hasattr(datamodule, "exchange_on"):
             datamodule.exchange_on(self.wire)  # a party's own process: the data's set-up exchanges run live
         if self.label_mechanism is not None and hasattr(datamodule, "require_label_free_split"):
