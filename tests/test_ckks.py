@@ -603,3 +603,30 @@ def test_cuda_tensors_come_back_on_the_active_device(three) -> None:
     out = backend.combine(active, {p: backend.protect(p, x, step=0) for p, x in xs.items()})
     assert out.device == active.device
     assert (out - active - sum(xs.values())).abs().max().item() <= 1e-5
+
+
+# -- between processes: a share as the record "lvfl.CKKSShare" ------------------------------------------------------
+def test_a_share_crosses_processes_as_serialized_ciphertexts_and_sums_as_the_live_one() -> None:
+    """Through the codec a share's ciphertexts travel as their serialized bytes (no context travels with them) and
+    the receiver binds them to its own context: the sum from received shares is the exact sum within the bound, at
+    the bytes the live shares are metered at; a malformed record is refused in one line naming the sender."""
+    from lvfl.federation import FederationError
+    from lvfl.federation.codec import decode_value, encode_value
+
+    backend, _ = set_up(2)
+    x = torch.linspace(-3, 3, 10, dtype=torch.float64).reshape(2, 5)
+    live = {p: backend.protect(p, x * (i + 1), step=0) for i, p in enumerate(("p1", "p2"))}
+    received = {p: decode_value(encode_value(s), sender=p, tag="embeddings") for p, s in live.items()}
+    assert all(isinstance(v, bytes) for s in received.values() for v in s.vectors)
+    assert [s.wire_nbytes() for s in received.values()] == [s.wire_nbytes() for s in live.values()]
+    out = backend.combine(torch.zeros_like(x), received)
+    assert float((out - 3 * x).abs().max()) <= backend.error_bound(2)
+    bad = encode_value(live["p1"])
+    for entry in bad.record.fields:
+        if entry.key == "num_ciphertexts":
+            entry.value.integer = (7).to_bytes(1, "big")
+    with pytest.raises(FederationError, match="p1 sent 'embeddings'.*num_ciphertexts must be the number of vectors"):
+        decode_value(bad, sender="p1", tag="embeddings")
+    garbage = CKKSShare([b"not a ciphertext"], x.shape, live["p1"].key_id, 1)
+    with pytest.raises(ValueError, match="not a serialized CKKS ciphertext"):
+        backend.combine(torch.zeros_like(x), {"p1": garbage, "p2": live["p2"]})

@@ -295,6 +295,38 @@ def test_paillier_runs_on_the_parties_own_tables_its_coordinator_told_the_counts
     assert (tmp_path / "launch.csv").read_text() == written
 
 
+def test_ckks_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
+    """CKKS on the bank/retailer tables: the coordinator process generates the TenSEAL keys, sends each party the
+    public context, and decrypts the masked aggregates, whose ciphertexts cross between processes as serialized
+    bytes (the record "lvfl.CKKSShare"). CKKS decryptions carry fresh noise, so the launch is compared with the fit
+    within it: the same messages tag by tag (bytes within 1%: SEAL compresses random ciphertexts to slightly varying
+    sizes) and every party's parameters within 1e-4; the coordinator holds no tensor, feature or label, and
+    receives the set-up counts and the masked aggregates only."""
+    config = [*PAILLIER_TABLES[:2], '--model.init_args.aggregation={"class_path": "lvfl.privacy.CKKS"}',
+              *PAILLIER_TABLES[3:]]  # fmt: skip
+    probes, launch = fit_and_launch(tmp_path, config)
+    assert "3 parties (party0, party1, coordinator)" in launch.stdout
+    fit = checkpoint(tmp_path / "fit")
+    sent = Counter()
+    for name in ("party0", "party1", "coordinator"):
+        state = checkpoint(tmp_path / "launch" / name)
+        assert (state["epoch"], state["global_step"]) == (fit["epoch"], fit["global_step"]), name
+        held = {k: t for k, t in state["state_dict"].items() if t.device.type != "meta"}
+        assert bool(held) == (name != "coordinator"), name
+        for key, tensor in held.items():
+            assert torch.allclose(tensor, fit["state_dict"][key], rtol=0, atol=1e-4), (name, key)
+        sent += ledger(state, sent_by=name)
+    whole = ledger(fit)
+    assert sent.keys() == whole.keys()
+    for key, n in whole.items():
+        assert abs(sent[key] - n) <= 0.01 * n, (key, sent[key], n)
+    held = json.loads((probes / "coordinator.json").read_text())
+    assert held["tensors"] == []
+    assert held["tables"] == []
+    received = {(s, t) for s, d, t, _ in held["ledger"] if d == "coordinator"}
+    assert received == {("party0", tag) for tag in ("rows", "split", "task", "inputs", "he_aggregate")}
+
+
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
@@ -613,7 +645,6 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--config", "configs/easter/digits_ckks.yaml"], "runs the Plain, DHMasking and Paillier backends; CKKS's"),
         (
             [
                 "--config",

@@ -35,7 +35,7 @@ from lvfl.federation.federation_file import load_federation
 from lvfl.federation.link import SocketLink, StepClock
 from lvfl.federation.transport import Transport
 from lvfl.parties import party_name
-from lvfl.privacy import DHMasking, Paillier, Plain
+from lvfl.privacy import CKKS, DHMasking, Paillier, Plain
 from lvfl.wire import Wire
 
 __all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
@@ -223,23 +223,21 @@ def coordinator_of(model: Any) -> str | None:
 def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     """Refuse, by name, what does not run across processes yet (docs/two-organisations.md), before anything moves.
 
-    Run by every party in its own process. What runs: every protocol with the Plain, DHMasking and Paillier
-    backends (Paillier's coordinator a process of its own; with `PartyTables` the active party tells it the row
+    Run by every party in its own process. What runs: every protocol with the Plain, DHMasking, Paillier and CKKS
+    backends (an HE backend's coordinator a process of its own; with `PartyTables` the active party tells it the row
     counts, `add_key_holder`) and any label mechanism (the release is drawn at the active party), the embedded and
     paper datasets and `PartyTables` (its set-up exchanged live, `exchange_on`), the student with its plain channel,
-    and `predict --oblivious`. Not yet: CKKS's coordinator as a process, the student's Paillier channel and
-    `cross_fit`, and the leakage audit (it reads every party's messages and the labels in one process).
+    and `predict --oblivious`. Not yet: the student's Paillier channel and `cross_fit`, and the leakage audit (it
+    reads every party's messages and the labels in one process).
     """
     backend = type(model.aggregation).__name__
-    if not isinstance(model.aggregation, Plain | DHMasking | Paillier):
-        raise ValueError(
-            f"lvfl party runs the Plain, DHMasking and Paillier backends; {backend}'s coordinator does not run as a "
-            "process of its own yet (use lvfl fit)"
-        )
+    if not isinstance(model.aggregation, Plain | DHMasking | Paillier | CKKS):
+        raise ValueError(f"lvfl party runs the Plain, DHMasking, Paillier and CKKS backends; {backend} does not run "
+                         "across processes (use lvfl fit)")  # fmt: skip
     private_rows = not getattr(datamodule, "rows_are_public", True)
-    if isinstance(model.aggregation, Paillier) and private_rows and not hasattr(datamodule, "add_key_holder"):
+    if coordinator_of(model) is not None and private_rows and not hasattr(datamodule, "add_key_holder"):
         raise ValueError(
-            f"lvfl party runs Paillier's coordinator with the embedded and paper datasets and PartyTables; "
+            f"lvfl party runs {backend}'s coordinator with the embedded and paper datasets and PartyTables; "
             f"{type(datamodule).__name__} (the parties' own rows) cannot tell it the row counts (use lvfl fit)"
         )
     if not getattr(datamodule, "rows_are_public", True) and not hasattr(datamodule, "exchange_on"):

@@ -302,6 +302,18 @@ def key_id(blob: bytes) -> bytes:
     return hashlib.sha256(blob).digest()[:16]
 
 
+def load_vector(context: ts.Context, blob: bytes) -> ts.CKKSVector:
+    """A ciphertext serialized by another process (`CKKSVector.serialize`), bound to this process's `context`.
+
+    Raises:
+        ValueError: `blob` is not a serialized CKKS vector.
+    """
+    try:
+        return ts.ckks_vector_from(context, blob)
+    except (ValueError, RuntimeError, TypeError) as err:
+        raise ValueError(f"not a serialized CKKS ciphertext ({err})") from None
+
+
 def encrypt(context: ts.Context, chunk: np.ndarray) -> ts.CKKSVector:
     """The public-key encryption of one plaintext chunk (at most N/2 values for one ciphertext), fresh randomness."""
     # TenSEAL's public constructor; its private native one (ts._ts_cpp.CKKSVector) skips a PlainTensor round trip

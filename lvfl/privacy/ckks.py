@@ -84,9 +84,10 @@ import torch
 from lvfl.checks import check_int, check_positive, check_real
 from lvfl.crypto import ckks
 from lvfl.crypto.ckks import CKKSParameters
+from lvfl.federation.codec import register_record
 from lvfl.parties import PartySpec
 from lvfl.privacy.base import AggregationBackend
-from lvfl.wire import Wire
+from lvfl.wire import Absent, Wire, shadow
 
 if TYPE_CHECKING:
     import tenseal as ts
@@ -98,29 +99,65 @@ DEFAULT_MAX_ADVANTAGE = 0.01
 class CKKSShare:
     """Ciphertexts of one flattened tensor (one CKKS vector per packed chunk) and the tensor's shape.
 
-    `wire_nbytes()` is the sum of the ciphertexts' real serialized lengths (TenSEAL protobuf, SEAL-compressed),
-    computed on first use and cached.
+    `vectors` are TenSEAL vectors where the share was made, or their serialized bytes where it arrived from another
+    process (a ciphertext is bound to a context, which does not travel with it): `vectors_in(context)` gives live
+    vectors either way. `wire_nbytes()` is the sum of the ciphertexts' real serialized lengths (TenSEAL protobuf,
+    SEAL-compressed), computed on first use and cached; on the wire the share is the record "lvfl.CKKSShare".
     """
 
-    __slots__ = ("_nbytes", "key_id", "num_ciphertexts", "shape", "vectors")
+    __slots__ = ("_blobs", "key_id", "num_ciphertexts", "shape", "vectors")
 
     def __init__(
-        self, vectors: Sequence[ts.CKKSVector], shape: torch.Size, key_id: bytes, num_ciphertexts: int
+        self, vectors: Sequence[ts.CKKSVector | bytes], shape: torch.Size, key_id: bytes, num_ciphertexts: int
     ) -> None:
         self.vectors = tuple(vectors)
         self.shape = torch.Size(shape)
         self.key_id = key_id
         self.num_ciphertexts = num_ciphertexts
-        self._nbytes: int | None = None
+        self._blobs: tuple[bytes, ...] | None = None
+
+    def blobs(self) -> tuple[bytes, ...]:
+        """The ciphertexts serialized (`vec.serialize()`), as they cross between processes."""
+        if self._blobs is None:
+            self._blobs = tuple(v if isinstance(v, bytes) else v.serialize() for v in self.vectors)
+        return self._blobs
+
+    def vectors_in(self, context: ts.Context) -> list[ts.CKKSVector]:
+        """The ciphertexts as TenSEAL vectors of `context` (those that arrived as bytes deserialized).
+
+        Raises:
+            ValueError: a ciphertext that is not a serialized CKKS vector.
+        """
+        return [ckks.load_vector(context, v) if isinstance(v, bytes) else v for v in self.vectors]
 
     def wire_nbytes(self) -> int:
         """Bytes on the wire: the summed lengths of `vec.serialize()` over the vectors."""
-        if self._nbytes is None:
-            self._nbytes = sum(len(vec.serialize()) for vec in self.vectors)
-        return self._nbytes
+        return sum(len(blob) for blob in self.blobs())
 
     def __repr__(self) -> str:
         return f"CKKSShare(shape={tuple(self.shape)}, ciphertexts={self.num_ciphertexts})"
+
+
+def _share_to_wire(share: CKKSShare) -> dict[str, Any]:
+    return {"vectors": list(share.blobs()), "shape": list(share.shape), "key_id": share.key_id,
+            "num_ciphertexts": share.num_ciphertexts}  # fmt: skip
+
+
+def _share_from_wire(fields: dict[str, Any]) -> CKKSShare:
+    """A `CKKSShare` from a peer's fields, its ciphertexts still bytes (the receiver binds them to its context)."""
+    vectors, shape, key, count = fields["vectors"], fields["shape"], fields["key_id"], fields["num_ciphertexts"]
+    if not isinstance(vectors, list) or not all(isinstance(v, bytes) and v for v in vectors):
+        raise ValueError("vectors must be a list of serialized ciphertexts (bytes)")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise ValueError("shape must be non-negative integers")
+    if not isinstance(key, bytes) or len(key) != 16:
+        raise ValueError("key_id must be 16 bytes")
+    if type(count) is not int or count != len(vectors):
+        raise ValueError(f"num_ciphertexts must be the number of vectors ({len(vectors)})")
+    return CKKSShare(vectors, torch.Size(shape), key, count)
+
+
+register_record("lvfl.CKKSShare", CKKSShare, to_fields=_share_to_wire, from_fields=_share_from_wire)
 
 
 class CKKS(AggregationBackend):
@@ -337,19 +374,29 @@ class CKKS(AggregationBackend):
 
         super().setup(parties, active, wire, rank)
         self._forget_keys()
-        # at the coordinator: the secret context, and its public view without rotation or relinearization keys
-        secret = ckks.secret_context(self.parameters, self.n_threads)
-        blob = ckks.public_context_bytes(secret)
-        contexts = {}
+        # at the coordinator (only in its process): the secret context, and its public view without rotation or
+        # relinearization keys
+        secret, blob = None, Absent("the coordinator's public CKKS context")
+        if wire.holds(self.coordinator):
+            secret = ckks.secret_context(self.parameters, self.n_threads)
+            blob = ckks.public_context_bytes(secret)
+        contexts, known = {}, blob
         for party in (active, *passive):  # coordinator -> every party: the public context, one message each
             received = wire.send(self.coordinator, party, blob, tag="keys")
-            contexts[party] = ckks.load_public_context(received, self.n_threads)
+            if wire.holds(party):
+                if not isinstance(received, bytes):
+                    raise TypeError(f"CKKS setup: {party} received a {type(received).__name__} as the context")
+                try:
+                    contexts[party] = ckks.load_public_context(received, self.n_threads)
+                except (ValueError, RuntimeError, TypeError) as err:
+                    raise ValueError(f"CKKS setup: {party} received a context it cannot load ({err})") from None
+                known = received
         self._secret_context = secret
-        self._secret_key = secret.secret_key()
+        self._secret_key = secret.secret_key() if secret is not None else None
         self._contexts = contexts
         self._passive = passive
-        self._public_blob = blob
-        self._key_id = ckks.key_id(blob)
+        self._public_blob = known if isinstance(known, bytes) else b""
+        self._key_id = ckks.key_id(self._public_blob) if self._public_blob else b""
 
     # -- 2. protect: at passive party k, public key only ------------------------------------------------------------
     def protect(self, party: str, tensor: torch.Tensor, step: int, index: int = 0) -> CKKSShare:
@@ -399,6 +446,8 @@ class CKKS(AggregationBackend):
         self._require_setup()
         if not isinstance(active_tensor, torch.Tensor) or not active_tensor.is_floating_point():
             raise TypeError("combine: active_tensor must be a floating-point tensor")
+        if not self.wire.holds(self.active):  # the coordinator's own process: it decrypts, and holds no sum
+            return self._combine_at_coordinator(active_tensor)
         self.check_one_per_party(shares, self._passive, "share")
         if not self._passive:
             return active_tensor
@@ -413,6 +462,11 @@ class CKKS(AggregationBackend):
                 )
             if share.key_id != self._key_id:
                 raise ValueError(f"combine: share of party {name!r} was encrypted under another key (an earlier setup)")
+            if len(share.vectors) != self.num_ciphertexts(active_tensor.shape):
+                raise ValueError(
+                    f"combine: share of party {name!r} has {len(share.vectors)} ciphertexts, expected "
+                    f"{self.num_ciphertexts(active_tensor.shape)} for shape {tuple(active_tensor.shape)}"
+                )
         numel = active_tensor.numel()
         if numel == 0:
             return active_tensor + torch.zeros_like(active_tensor)
@@ -433,8 +487,11 @@ class CKKS(AggregationBackend):
         at_coordinator = self.wire.send(self.active, self.coordinator, payload, tag="he_aggregate")
 
         # at the coordinator: decrypt with the secret key; float64 because the mask dominates the range
-        decrypted = self._decrypt(at_coordinator)
+        decrypted = self._decrypt(at_coordinator) if self.wire.holds(self.coordinator) else Absent("the decryption")
         received = self.wire.send(self.coordinator, self.active, decrypted, tag="he_decrypted")
+        if not isinstance(received, torch.Tensor) or received.dtype != torch.float64 or received.numel() != numel:
+            raise ValueError(f"combine: the coordinator {self.coordinator!r} answered {received!r:.80}; expected "
+                             f"{numel} float64 values")  # fmt: skip
 
         # at the active party: remove the mask, check, add its own embedding
         passive_sum = received.numpy() - mask
@@ -442,12 +499,26 @@ class CKKS(AggregationBackend):
         decoded = torch.from_numpy(passive_sum).reshape(active_tensor.shape)
         return active_tensor + decoded.to(active_tensor)
 
+    def _combine_at_coordinator(self, active_tensor: torch.Tensor) -> torch.Tensor:
+        """The coordinator's part of `combine` in its own process: receive the masked aggregate, decrypt, answer."""
+        message = self.wire.send(self.active, self.coordinator, Absent("the masked aggregate"), tag="he_aggregate")
+        expected = self.num_ciphertexts(active_tensor.shape)
+        if not isinstance(message, CKKSShare) or tuple(message.shape) != tuple(active_tensor.shape):
+            raise ValueError(f"combine: the coordinator got {message!r:.80}, not the aggregate of shape "
+                             f"{tuple(active_tensor.shape)}")  # fmt: skip
+        if message.key_id != self._key_id or len(message.vectors) != expected:
+            raise ValueError(f"combine: the aggregate the coordinator got is under another key or holds "
+                             f"{len(message.vectors)} ciphertexts, not {expected}")  # fmt: skip
+        self.wire.send(self.coordinator, self.active, self._decrypt(message), tag="he_decrypted")
+        return shadow(active_tensor).requires_grad_(active_tensor.requires_grad)
+
     def _masked_sum(self, shares: Mapping[str, CKKSShare], mask: list[np.ndarray]) -> list[ts.CKKSVector]:
-        return ckks.masked_sum([shares[name].vectors for name in self._passive], mask)
+        context = self._contexts[self.active]
+        return ckks.masked_sum([shares[name].vectors_in(context) for name in self._passive], mask)
 
     def _decrypt(self, payload: CKKSShare) -> torch.Tensor:
         """At the coordinator: the decrypted values of the aggregate, float64."""
-        return torch.from_numpy(ckks.decrypt(payload.vectors, self._secret_key))
+        return torch.from_numpy(ckks.decrypt(payload.vectors_in(self._secret_context), self._secret_key))
 
     def _check_decrypted(self, passive_sum: np.ndarray) -> None:
         limit = len(self._passive) * self.max_abs + self.error_bound()
