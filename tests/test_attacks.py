@@ -28,7 +28,7 @@ from lvfl.attacks import (
 from lvfl.datamodules import BreastCancer, Digits
 from lvfl.messages import EMBEDDING_GRADIENT, KINDS, PREDICTION_GRADIENT
 from lvfl.models import MLP
-from lvfl.privacy import RandomizedResponse
+from lvfl.privacy import MID, RandomizedResponse
 from lvfl.protocols import CVFL, EASTER, AggVFL, PraVFed, SplitNN
 
 
@@ -396,6 +396,22 @@ def test_attacks_leave_the_run_bit_identical(tmp_path):
         pl.seed_everything(0)
         model = easter_two()
         fit(tmp_path / str(len(attacks)), model, Digits(num_parties=2, batch_size=128), attacks, epochs=2)
+        finals.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+
+
+def test_an_attack_leaves_a_run_that_draws_from_the_global_generator_bit_identical(tmp_path):
+    """MID draws its noise from the global generator at every step, so an attack that drew from it (a layer built
+    outside a forked random state) changes every later step: a review found PassiveModelCompletion doing so on
+    SplitNN with MID (every tensor differed)."""
+    import lightning.pytorch as pl
+
+    finals = []
+    for attacks in ([], [PassiveModelCompletion(known_labels=20)]):
+        pl.seed_everything(0)
+        model = SplitNN(parties=mlp_parties(2), top_model=MLP, embedding_dim=8, received_defense=MID())
+        fit(tmp_path / str(len(attacks)), model, BreastCancer(num_parties=2, batch_size=32), attacks, epochs=2)
         finals.append({k: v.clone() for k, v in model.state_dict().items()})
     assert finals[0].keys() == finals[1].keys()
     assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])

@@ -98,7 +98,12 @@ class Backdoor(AttackRecord):
         predicted, labels = [], []
         pl_module.eval()
         try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]), pl_module.wire.recording():
+            with (
+                torch.no_grad(),
+                torch.random.fork_rng(devices=[]),
+                pl_module.wire.recording(),
+                pl_module.aggregation.off_the_record(),  # the mask steps it uses are the run's next ones: not spent
+            ):
                 for batch in loader:
                     batch = batch.to(pl_module.device)
                     if alter is not None:

@@ -369,7 +369,8 @@ class Attack(AttackRecord, WireObserver):
             own_encoding=self._own_encoding,
             known_features=dict(self._known_features),
         )
-        scores = self.infer(view)
+        with torch.random.fork_rng(devices=[]):  # an attack's own draws (a layer it builds) leave the run's alone
+            scores = self.infer(view)
         truth, self._truth = self._truth, None
         if scores is None:
             return

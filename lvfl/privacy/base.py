@@ -34,8 +34,9 @@ no product by a real weight, and no protocol needed the weighted combine that `C
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -132,6 +133,18 @@ class AggregationBackend(ABC):
                 f"combine needs exactly one {what} per passive party {list(passive)}: missing {missing}, "
                 f"unknown {unknown}{why}"
             )
+
+    @contextlib.contextmanager
+    def off_the_record(self) -> Iterator[None]:
+        """Protect and combine inside, then forget they ran: for a harness measuring on a recording wire.
+
+        A measurement (a backdoor's, `lvfl.attacks.backdoor`) runs the protocol's inference on altered batches with
+        the wire recording, so no party receives those messages, and restores the run's step counter afterwards. A
+        backend that refuses a reused (step, index) (`refuses_reused_step`) must then forget the pairs the
+        measurement used, or the run's next step would be refused; the refusal still guards every message that
+        is sent. Default: nothing to forget.
+        """
+        yield
 
     def state_dict(self) -> dict[str, Any]:
         """Non-secret state to checkpoint. Private keys are never included."""

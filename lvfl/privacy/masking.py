@@ -37,8 +37,9 @@ party (the flaw of a static blinding factor), so `protect` refuses a (step, inde
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -279,6 +280,15 @@ class DHMasking(AggregationBackend):
             return f"pass {smaller}, or normalize the embedding"
         wide = fixedpoint.max_abs_value(self.frac_bits, self._num_parties, 64)
         return f"pass ring_bits=64 (|x| < {wide:.6g} at this frac_bits, 8 bytes per element), or {smaller}"
+
+    @contextlib.contextmanager
+    def off_the_record(self) -> Iterator[None]:
+        """Forget the (step, index) pairs claimed inside (see `AggregationBackend.off_the_record`)."""
+        saved = {party: (latest, set(indices)) for party, (latest, indices) in self._used.items()}
+        try:
+            yield
+        finally:
+            self._used = saved
 
     def _claim_stream(self, party: str, step: int, index: int) -> None:
         latest, indices = self._used.get(party, (-1, set()))
