@@ -73,8 +73,14 @@ SETTINGS = [
 #: baseline column)
 METRICS = ("accuracy", "auc", "mse", "random_mse", "success_rate", "accuracy_drop")
 CLASSES = {"digits": 10, "breast_cancer": 2}
-#: attacks an epsilon on the label release does not bound (side knowledge beyond it, features, backdoors)
-UNBOUNDED = (PMC, PMC_RAW, INVERSION, REPLACEMENT, NOISY, GRN, GRN_EMBEDDING)
+
+
+def bounded_by_release(attack: dict) -> bool:
+    """Whether an epsilon on the label release bounds `attack`: the library's own word (`bounded_by_release`)."""
+    import importlib
+
+    module, name = attack["class_path"].rsplit(".", 1)
+    return bool(getattr(getattr(importlib.import_module(module), name), "bounded_by_release", False))
 
 
 def expand(extra: tuple, data: str) -> tuple:
@@ -190,15 +196,7 @@ def main() -> None:
                             se = float(series[-1][prefix + "accuracy_se"])
                             versus = f"{(last - bound) / se:+.1f} se" if se > 0 else "-"
                         shown = f"{bound:.4f}" if bound is not None and metric == "accuracy" else ""
-                        if bound is not None and attack in (
-                            PMC,
-                            PMC_RAW,
-                            INVERSION,
-                            REPLACEMENT,
-                            NOISY,
-                            GRN,
-                            GRN_EMBEDDING,
-                        ):
+                        if bound is not None and not bounded_by_release(attack):
                             shown, versus = "n/a", "n/a"
                         shown_data = f"{data} ({k}{', 2 parties' if 'two_parties' in extra else ''})"
                         print(f"| {protocol.split('/')[0]} | {shown_data} | {defense} | {metric_name} | {metric} | "
@@ -263,19 +261,16 @@ def embedding_noise_grid(epochs: int, tmp: str, points: dict) -> None:
         points.setdefault("easter digits (2 parties): embedding_inversion mse", []).append((label, ap, mp))
 
 
-def dcs(ap: float, mp: float, ideal_ap: float, ideal_mp: float, beta: float = 0.5) -> float:
-    """VFLAIR's Defense Capability Score: 1 / (1 + the beta-weighted distance of (AP, MP) from the ideal defense)."""
-    return 1 / (1 + math.sqrt((1 - beta) * (ap - ideal_ap) ** 2 + beta * (mp - ideal_mp) ** 2))
-
-
 def defense_grid(epochs: int, plot: Path | None) -> None:
     """Attack performance (AP) and main-task performance (MP) per defense and strength, with DCS and epsilon."""
+    from lvfl.commands.bench.report import attack_performance, dcs
     from lvfl.privacy import GaussianNoise, LaplaceNoise
 
     print(f"# defenses of the active party (`model.gradient_defense`; SplitNN's `model.received_defense`), {epochs} "
-          "epochs; MP: the active party's validation accuracy at the last epoch; DCS: VFLAIR's, beta = 0.5, ideal = "
-          "(AP 0, the undefended MP); epsilon: label DP of a sample's gradient row, released once an epoch, "
-          "delta = 1e-5")  # fmt: skip
+          "epochs; AP: the attack's metric at the last epoch (an AUC as max(AUC, 1 - AUC): a backwards ranking leaks "
+          "as much); MP: the active party's validation accuracy at the last epoch; DCS: VFLAIR's, beta = 0.5, ideal = "
+          "(AP 0, the undefended MP), one-sided (a higher MP earns nothing); epsilon: label DP of a sample's gradient "
+          "row, released once an epoch, delta = 1e-5")  # fmt: skip
     print()
     print("| protocol | data | attack (AP) | defense | AP | MP | DCS | epsilon |")
     print("|---|---|---|---|---|---|---|---|")
@@ -299,15 +294,17 @@ def defense_grid(epochs: int, plot: Path | None) -> None:
                     print(f"| {protocol.split('/')[0]} | {data} | {_metric_name(name)} {metric} | {label} | "
                           f"stopped: {str(stop).removeprefix('lvfl: error: ')[:160]} | | | |")  # fmt: skip
                     continue
-                ap = [float(r[key]) for r in rows if r.get(key)][-1]
+                measured = [float(r[key]) for r in rows if r.get(key)][-1]
+                ap = attack_performance(metric, measured)  # an AUC as max(AUC, 1 - AUC)
                 mp = [float(r["val/acc/party0"]) for r in rows if r.get("val/acc/party0")][-1]
                 undefended_mp = mp if defense is None else undefended_mp
                 epsilon = ""
                 if defense is not None and defense["class_path"].endswith(("GaussianNoise", "LaplaceNoise")):
                     cls = GaussianNoise if defense["class_path"].endswith("GaussianNoise") else LaplaceNoise
                     epsilon = f"{cls(**defense['init_args']).epsilon(epochs, 1e-5):.1f}"
-                score = dcs(ap, mp, 0.0, undefended_mp)
-                print(f"| {protocol.split('/')[0]} | {data} | {_metric_name(name)} {metric} | {label} | {ap:.4f} | "
+                score = dcs(ap, mp, undefended_mp)  # one-sided, as `lvfl bench` scores it
+                shown = f"{ap:.4f}" if ap == measured else f"{ap:.4f} ({metric} {measured:.4f})"
+                print(f"| {protocol.split('/')[0]} | {data} | {_metric_name(name)} {metric} | {label} | {shown} | "
                       f"{mp:.4f} | {score:.4f} | {epsilon} |")  # fmt: skip
                 points.setdefault(f"{protocol.split('/')[0]} {data}: {_metric_name(name)} {metric}", []).append(
                     (label, ap, mp)

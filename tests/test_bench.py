@@ -549,3 +549,17 @@ def test_an_attack_grid_crosses_defenses_and_reports_ap_mp_and_dcs(tmp_path, mon
     assert logged == pytest.approx(sorted(float(r["value"]) for r in rows.values()), abs=1e-4)
     assert "| EASTER | gaussian | wine | dli | accuracy |" in outcome.table
     assert (outcome.report_dir / "t_wine_dli.png").is_file()
+
+
+def test_an_auc_below_chance_scores_as_its_mirror_and_dcs_is_one_sided():
+    """A scoring attack ranking the classes backwards (AUC 0.37) leaks what 0.63 does: AP is the same, and so is the
+    DCS; a defense that raises the main task above the undefended run's earns nothing for it."""
+    assert bench_report.attack_performance("auc", 0.37) == pytest.approx(0.63)
+    assert bench_report.attack_performance("auc", 0.63) == pytest.approx(0.63)
+    assert bench_report.attack_performance("accuracy", 0.3) == 0.3  # an accuracy below chance is not mirrored
+    assert bench_report.attack_performance("mse", 0.2) == pytest.approx(0.8)
+    chance = bench_report.dcs(bench_report.attack_performance("auc", 0.5), 0.9, 0.9)
+    backwards = bench_report.dcs(bench_report.attack_performance("auc", 0.37), 0.9, 0.9)
+    assert backwards < chance
+    assert bench_report.dcs(0.5, 0.95, 0.9) == bench_report.dcs(0.5, 0.9, 0.9)  # a higher MP earns nothing
+    assert bench_report.dcs(0.5, 0.85, 0.9) < bench_report.dcs(0.5, 0.9, 0.9)

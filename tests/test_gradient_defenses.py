@@ -50,12 +50,23 @@ def test_sparsification_keeps_each_row_largest_entries_like_numpy():
     assert GradientSparsification(keep=0.01).apply(grad).reshape(30, -1).ne(0).sum(dim=1).eq(1).all()
 
 
-def test_gaussian_epsilon_is_the_renyi_composition():
-    # one release, sensitivity 2C, sigma zC with z = 1: RDP 2 alpha; the optimum alpha is 1 + sqrt(log(1/delta) / 2)
+def test_gaussian_epsilon_agrees_with_opacus_and_the_closed_form():
+    """A release of a row clipped to C with N(0, (zC)^2) noise is a Gaussian mechanism of sensitivity 2C: Opacus's
+    RDP accountant at noise multiplier z / 2 and sample rate 1 (lvfl claims no amplification by sampling) gives its
+    epsilon; so does the closed form, the Gaussian's RDP releases * alpha * (2C)^2 / (2 (zC)^2) converted by Balle
+    et al.'s bound (Theorem 21), minimised over a fine grid of orders."""
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
     delta = 1e-5
-    alpha = 1 + math.sqrt(math.log(1 / delta) / 2)
-    best = 2 * alpha + math.log(1 / delta) / (alpha - 1)
-    assert GaussianNoise(1.0).epsilon(1, delta) == pytest.approx(best, rel=1e-3)
+    orders = [1 + x / 100 for x in range(1, 20000)]
+    for z, releases in ((0.25, 5), (1.0, 1), (1.0, 5), (4.0, 30)):
+        mine = GaussianNoise(noise_multiplier=z, clip=3.0).epsilon(releases, delta)
+        rdp = compute_rdp(q=1.0, noise_multiplier=z / 2, steps=releases, orders=orders)
+        assert mine == pytest.approx(get_privacy_spent(orders=orders, rdp=rdp, delta=delta)[0], rel=1e-2)
+        closed = min(
+            releases * a * 2 / z**2 - (math.log(delta) + math.log(a)) / (a - 1) + math.log((a - 1) / a) for a in orders
+        )
+        assert mine == pytest.approx(closed, rel=1e-2)
     assert GaussianNoise(1.0).epsilon(10, delta) > GaussianNoise(1.0).epsilon(1, delta)
     assert GaussianNoise(4.0).epsilon(10, delta) < GaussianNoise(1.0).epsilon(10, delta)
     assert LaplaceNoise(scale=2.0, clip=2.0).epsilon(3) == pytest.approx(6.0)

@@ -212,3 +212,22 @@ def test_own_tables_whole_passive_view_does_not_depend_on_true_labels(protocol, 
     assert len(first) == len(second)
     for i, (a, b) in enumerate(zip(first, second, strict=True)):
         assert a == b, f"message {i} ({a[0]} -> {a[1]}, tag {a[2]!r}) changed with the true labels"
+
+
+def test_a_gradient_defense_covers_the_gradient_rows_not_easters_global_embedding(tmp_path):
+    """The limit of a gradient defense's epsilon, as docs/privacy.md states it: it covers each sample's gradient row
+    a passive party receives, not the rest of its view. EASTER with Gaussian noise (its test-only seed, so both runs
+    draw the same noise), the same counterfactual as above: the gradients change (within what epsilon bounds), and so
+    do later global-embedding rows, which the active party's own model, trained on the true labels, shapes, and
+    which the noise never touches."""
+    from lvfl.privacy import GaussianNoise
+
+    def build() -> VFLModule:
+        return EASTER(parties=mlp_parties(PARTIES), embedding_dim=8, gradient_defense=GaussianNoise(1.0, seed=0))
+
+    first, _ = passive_inbox(build, relabel=False, release=None, tmp_path=tmp_path / "a")
+    second, _ = passive_inbox(build, relabel=True, release=None, tmp_path=tmp_path / "b")
+    assert [m[:3] for m in first] == [m[:3] for m in second]
+    changed = {m[2] for m, n in zip(first, second, strict=True) if m != n}
+    assert "gradients" in changed
+    assert "global_embedding" in changed  # not covered by the defense's epsilon: a label mechanism covers it

@@ -63,3 +63,27 @@ def test_grn_refuses_a_protocol_without_a_top_model_and_an_active_victim(tmp_pat
         fit(tmp_path, [GenerativeRegression(victim="party0")])
     with pytest.raises(ValueError, match="match must be 'prediction' or 'embedding'"):
         GenerativeRegression(match="logits")
+
+
+def test_grn_reads_the_victims_ranges_only_as_declared_side_knowledge(tmp_path):
+    """feature_range='victim' scales the generator to the victim's training ranges (declared side knowledge); with
+    public bounds the attack scales to those: its random baseline (a uniform guess in the range it writes into) is
+    the closed form for [low, high] on the victim's features, not for the victim's own ranges."""
+    public = GenerativeRegression(hidden=(16,), steps=20, feature_range=[-0.5, 0.25], name="public")
+    victim = GenerativeRegression(hidden=(16,), steps=20, name="victim")
+    fit(tmp_path, [public, victim])
+    features = Digits(num_parties=2)
+    features.prepare_data()
+    features.setup("fit")
+    x = features.train_set.decode({"party1": features.train_set.stored["party1"]})["party1"]
+    x = x.reshape(len(x), -1).float()
+
+    def uniform_guess(lo, hi):
+        return ((hi - lo).pow(2) / 12 + ((lo + hi) / 2 - x).pow(2)).mean().item()
+
+    low, high = torch.full((x.shape[1],), -0.5), torch.full((x.shape[1],), 0.25)
+    assert public.history[-1]["random_mse"] == pytest.approx(uniform_guess(low, high), rel=1e-5)
+    own = uniform_guess(x.min(dim=0).values, x.max(dim=0).values)
+    assert victim.history[-1]["random_mse"] == pytest.approx(own, rel=1e-5)
+    with pytest.raises(ValueError, match="feature_range must be 'victim'"):
+        GenerativeRegression(feature_range=[1.0, 0.0])

@@ -11,7 +11,10 @@ In SplitNN (concat fusion) the active party holds the top model and receives eac
 `match="prediction"` fits the paper's objective on the joint model's class probabilities v; `match="embedding"`
 fits h_p(G(x_a, r)) to the received E_p itself, which the active party of SplitNN holds anyway (a stronger
 attacker in the same seat). The side knowledge is the passive party's trained bottom model h_p (white-box, as the
-paper assumes); the other passive parties' embeddings enter as received.
+paper assumes) and the range the generator's output is scaled to (`feature_range`): by default each of the victim's
+features' training minimum and maximum, declared as side knowledge (the paper's generator writes into the feature
+domain it takes as known); or public bounds given as a pair, the same for every feature. The other passive parties'
+embeddings enter as received.
 
 It runs on the trained model at the end of training (every `every` epochs, and the last), on the training samples,
 with copies of the models and the random streams restored, so the run itself is untouched. Metric
@@ -75,6 +78,8 @@ class GenerativeRegression(AttackRecord):
         every: measure every this many epochs (and at the last); None: at the last epoch only.
         seed: the attacker's own draws (the generator's initialisation and noise).
         name: the metric prefix, ``attack/<name>/...``.
+        feature_range: what the generator's output is scaled to: "victim" (side knowledge: each of the victim's
+            features' training minimum and maximum) or [low, high] (public bounds, for every feature).
     """
 
     name: ClassVar[str] = "grn"
@@ -89,7 +94,16 @@ class GenerativeRegression(AttackRecord):
         every: int | None = None,
         seed: int = 0,
         name: str | None = None,
+        feature_range: Literal["victim"] | tuple[float, float] | list[float] = "victim",
     ) -> None:
+        if feature_range != "victim":
+            bounds = tuple(feature_range) if isinstance(feature_range, list | tuple) else ()
+            if len(bounds) != 2 or not all(isinstance(b, int | float) for b in bounds) or not bounds[0] < bounds[1]:
+                raise ValueError(
+                    f"GenerativeRegression: feature_range must be 'victim' (side knowledge: the victim's training "
+                    f"ranges) or [low, high] with low < high, got {feature_range!r}"
+                )
+            feature_range = (float(bounds[0]), float(bounds[1]))
         if match not in ("prediction", "embedding"):
             raise ValueError(f"GenerativeRegression: match must be 'prediction' or 'embedding', got {match!r}")
         if not (isinstance(steps, int) and steps >= 1) or not lr > 0:
@@ -101,6 +115,7 @@ class GenerativeRegression(AttackRecord):
         super().__init__()
         self.victim, self.match, self.hidden = victim, match, tuple(hidden)
         self.steps, self.lr, self.every, self.seed = steps, float(lr), every, int(seed)
+        self.feature_range = feature_range
         self._party_given = victim
         self.metric_name = name or self.name
         self.history: list[dict[str, float]] = []
@@ -145,7 +160,10 @@ class GenerativeRegression(AttackRecord):
         x_a = features[active].float().cpu()
         truth = features[victim].float().cpu()
         flat = truth.reshape(len(truth), -1)
-        lo, hi = flat.min(dim=0).values, flat.max(dim=0).values
+        if self.feature_range == "victim":  # declared side knowledge: the victim's own training ranges
+            lo, hi = flat.min(dim=0).values, flat.max(dim=0).values
+        else:  # public bounds: nothing of the victim's data
+            lo, hi = (torch.full((flat.shape[1],), bound) for bound in self.feature_range)
         encoders = {k: _frozen(pl_module.party_models[k].encoder) for k in pl_module.party_names}
         predict = _Prediction(pl_module)
         with torch.no_grad():

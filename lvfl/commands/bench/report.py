@@ -364,8 +364,15 @@ def dcs(ap: float, mp: float, ideal_mp: float, beta: float = 0.5) -> float:
 
 
 def attack_performance(metric: str, value: float) -> float:
-    """AP in [0, 1], higher meaning a stronger attack: the metric itself, 1 - MSE for a reconstruction (VFLAIR's)."""
-    return max(0.0, 1.0 - value) if metric == "mse" else value
+    """AP in [0, 1], higher meaning a stronger attack: the metric itself, 1 - MSE for a reconstruction (VFLAIR's).
+
+    An AUC counts as max(AUC, 1 - AUC): a ranking that puts the classes backwards leaks as much, the attacker reads
+    it flipped (VFLAIR orients its noisy-sample AUC so); unoriented, a defense pushing the AUC below 0.5 would score
+    better than one leaving the attacker at chance.
+    """
+    if metric == "mse":
+        return max(0.0, 1.0 - value)
+    return max(value, 1.0 - value) if metric == "auc" else value
 
 
 def attack_rows(grid: Grid, results: dict[Cell, dict[str, Any]]) -> list[dict[str, Any]]:
