@@ -15,6 +15,7 @@ from lvfl.datamodules.partition import (
     ShuffledColumns,
     check_columns,
 )
+from lvfl.datamodules.r_frames import RDataset
 from lvfl.datamodules.samplers import IndexTensorBatchSampler
 from lvfl.datamodules.scaling import PixelNormalizer
 from lvfl.datamodules.stand_ins import FileBacked
@@ -41,6 +42,7 @@ __all__ = [
     "FileBacked",
     "PartyTable",
     "PartyTables",
+    "RDataset",
     "ImageStrips",
     "IndexTensorBatchSampler",
     "Partitioner",
