@@ -322,7 +322,8 @@ def test_front_door_lists_every_subcommand_and_dispatches_bench(capsys):
 
     lvfl(["--help"])
     out = capsys.readouterr().out
-    names = ("fit", "validate", "test", "predict", "bench", "export", "party", "launch", "pki", "serve", "score")
+    names = ("fit", "validate", "test", "predict", "bench", "export", "party", "launch", "pki", "serve", "score",
+             "attack-score")  # fmt: skip
     assert all(f"  {name} " in out for name in names)
     assert set(SUBCOMMANDS) == set(names)
     with pytest.raises(SystemExit) as bare:

@@ -55,6 +55,7 @@ PARTY_FLAGS = {
     "--key": True,
     "--listen": True,
 }
+ATTACK_SCORE_FLAGS = {"--inferences": True, "--output": True}
 EXPORT_FLAGS = {
     "--ckpt_path": True,
     "--out": True,
@@ -225,6 +226,10 @@ def plan(cmd: Command) -> None:
                 cmd.jobs.append(("grid", grid))
     elif sub == "pki":
         cmd.jobs.append(("pki", rest))
+    elif sub == "attack-score":  # its own flags, then the run's config as lvfl fit reads it
+        own, rest = _split_own_flags(rest, ATTACK_SCORE_FLAGS)
+        cmd.jobs.append(("help_has", [sub, "--help"], own))
+        _lightning_parse(cmd, "fit", rest)
     elif sub in ("serve", "score"):
         cmd.jobs.append(("help_has", [sub, "--help"], [f for f in _flags(rest) if f not in ("--help", "-h")]))
     else:

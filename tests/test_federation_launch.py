@@ -327,6 +327,33 @@ def test_ckks_runs_with_its_coordinator_as_a_process_of_its_own(tmp_path):
     assert received == {("party0", tag) for tag in ("rows", "split", "task", "inputs", "he_aggregate")}
 
 
+def test_an_attack_runs_in_the_attackers_process_and_scores_as_in_simulation(tmp_path):
+    """Direct label inference by party1, launched: it runs in party1's process only (the other processes write no
+    guesses), that process holds no label and no other party's features, and it writes guesses, not scores.
+    `lvfl attack-score` with the same config then gives, epoch by epoch, exactly what the simulated attack logged
+    on the same run (the launch is bit-identical to the fit)."""
+    dli = '--trainer.callbacks+={"class_path": "lvfl.attacks.DirectLabelInference"}'
+    config = ["--config", "configs/easter/digits.yaml", dli]
+    probes, _ = fit_and_launch(tmp_path, config)
+    (metrics,) = (tmp_path / "fit").glob("*/version_*/metrics.csv")
+    with metrics.open(newline="") as f:
+        simulated = [float(r["attack/dli/accuracy"]) for r in csv.DictReader(f) if r.get("attack/dli/accuracy")]
+    (guesses,) = (tmp_path / "launch" / "party1").glob("*/version_*/attacks/dli.csv")
+    assert not [p for name in ("party0", "party2", "party3") for p in (tmp_path / "launch" / name).rglob("attacks")]
+    header = guesses.read_text().splitlines()[0].split(",")
+    assert header == ["epoch", "step", "id", *(f"score_{k}" for k in range(10))]  # guesses only: no label column
+    held = json.loads((probes / "party1.json").read_text())
+    assert all(not split["labels"] for split in held["splits"].values())  # no truth in the attacker's process
+    assert all(split["features"] == ["party1"] for split in held["splits"].values())
+    out = tmp_path / "scores.json"
+    scored = lvfl("attack-score", "--inferences", str(guesses), "--output", str(out), *config, *SHORT)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    deployed = [row["accuracy"] for row in json.loads(out.read_text())["epochs"]]
+    assert deployed == simulated
+    assert deployed[-1] >= 0.99
+    assert "lvfl attack-score: dli by party1, epoch 1: samples" in scored.stdout
+
+
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
@@ -657,9 +684,9 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
             [
                 "--config",
                 "configs/easter/digits.yaml",
-                '--trainer.callbacks+={"class_path": "lvfl.attacks.DirectLabelInference"}',
+                '--trainer.callbacks+={"class_path": "lvfl.attacks.PassiveModelCompletion"}',
             ],
-            "does not run the DirectLabelInference callback yet",
+            "runs PassiveModelCompletion in its party's process with no side knowledge yet",
         ),  # fmt: skip
         (
             [

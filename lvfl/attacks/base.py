@@ -20,16 +20,27 @@ An attack refuses, by name, a protocol whose passive parties receive none of the
 
 Assumptions: a semi-honest attacker (it follows the protocol and computes on the side); the simulation's Wire
 delivers to its observers exactly what the receiving party's process would receive (the parity tests check that).
+
+Deployed (`lvfl party`, `lvfl launch`: every party its own process), the attack runs in the attacking party's process
+only, with exactly what that process holds; in every other process it does nothing. That process holds no truth (no
+label, no other party's features), so it scores nothing: each epoch it writes its guesses to its own run folder,
+`attacks/<name>.csv` (epoch, step, sample ID, one score per class) beside `attacks/<name>.json` (the attack, its
+metrics, the task), and `lvfl attack-score` scores them afterwards against the truth, in a separate step that whoever
+holds both files runs (`lvfl.commands.attack_score`). Side knowledge (`known_labels`, `known_features`) would be truth
+from another party, so a deployed attack refuses it for now.
 """
 
 from __future__ import annotations
 
 import copy
+import csv
 import hashlib
+import json
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -41,7 +52,21 @@ from lvfl.observing import WireObserver
 from lvfl.privacy.label_dp import randomized_response_keep_probability
 from lvfl.wire import Wire
 
-__all__ = ["Attack", "AttackRecord", "PartyView", "Received", "attacking_party", "evaluate", "fit_full_batch"]
+__all__ = [
+    "Attack",
+    "AttackRecord",
+    "PartyView",
+    "Received",
+    "attacking_party",
+    "evaluate",
+    "fit_full_batch",
+    "inferences_path",
+]
+
+
+def inferences_path(log_dir: str | Path, name: str) -> Path:
+    """Where a deployed attack named `name` writes its guesses in its party's run folder `log_dir`."""
+    return Path(log_dir) / "attacks" / f"{name}.csv"
 
 
 @dataclass(frozen=True)
@@ -233,6 +258,9 @@ class Attack(AttackRecord, WireObserver):
         self._ids: torch.Tensor | None = None
         self._features: torch.Tensor | None = None
         self._tally = _Tally()
+        self._inert = False  # deployed, in a process other than the attacking party's: the attack is not here
+        self._deployed = False  # deployed, in the attacking party's own process: guesses written, nothing scored
+        self._guesses: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (epoch, step, ids, scores)
 
     # -- what a subclass implements ----------------------------------------------------------------------------------
     @abstractmethod
@@ -270,6 +298,16 @@ class Attack(AttackRecord, WireObserver):
         """Check the protocol and the party, draw the side knowledge, keep only the party's inbox from now on."""
         self.listen(pl_module)
         party = self.party = attacking_party(self, pl_module, self.party, self.reads)
+        here = getattr(getattr(pl_module, "wire", None), "here", None)
+        self._inert, self._deployed = here is not None and here != party, here == party
+        if self._inert:  # another party's process: the attack lives in the attacker's
+            return
+        if self._deployed and (self.known_labels or self.known_features):
+            raise ValueError(
+                f"{type(self).__name__} at {party}: deployed, an attack holds only what {party}'s process holds, and "
+                "its side knowledge (known_labels, known_features) would be truth from another party, which lvfl party "
+                "does not hand it yet: set them to 0, or run the attack in simulation (lvfl fit)"
+            )
         kinds = dict(getattr(type(pl_module), "passive_inbox", {}))
         for other in trainer.callbacks:
             if isinstance(other, Attack) and other is not self and other.metric_name == self.metric_name:
@@ -284,7 +322,8 @@ class Attack(AttackRecord, WireObserver):
         order = torch.argsort(train.ids.cpu())
         self._train_ids = train.ids.cpu()[order]
         self._train_features = train.decode({party: train.stored[party]})[party].cpu()[order]
-        self._known = self._draw_known(train.ids.cpu(), train.labels.cpu())
+        # the labels are read only to draw declared side knowledge (deployed there is none: they are shadows there)
+        self._known = self._draw_known(train.ids.cpu(), train.labels.cpu()) if self.known_labels else {}
         self._num_parties = len(pl_module.party_names)
         mechanism = getattr(pl_module, "label_mechanism", None)
         self._bound = None
@@ -321,6 +360,8 @@ class Attack(AttackRecord, WireObserver):
         return chosen
 
     def observe(self, src: str, dst: str, tag: str, payload: Any) -> None:  # noqa: D102
+        if self._inert:
+            return
         if self._step is not None:
             if dst == self.party:
                 self._step.append(Received(src, tag, payload))
@@ -329,12 +370,17 @@ class Attack(AttackRecord, WireObserver):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:  # noqa: D102
         self._tally = _Tally()
+        self._guesses = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         """Open the step's inbox; hold the batch's true labels for scoring only, and the party's own slice."""
+        if self._inert:
+            return
         self._step = []
         feature_attack = self.target == "active_features" and self._active is not None
-        self._truth = (batch.features[self._active] if feature_attack else batch.labels).detach()
+        # deployed, the attacker's process holds no truth: nothing is held for scoring (its labels are shadows)
+        truth = None if self._deployed else (batch.features[self._active] if feature_attack else batch.labels)
+        self._truth = None if truth is None else truth.detach()
         self._ids = batch.ids.detach()
         self._features = batch.features[self.party].detach()
         self._own_encoding = None
@@ -348,9 +394,11 @@ class Attack(AttackRecord, WireObserver):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Give the attack its view of the step; score its guesses on the samples it was not told."""
-        inbox, self._step = tuple(self._step or ()), None
-        if self._ids is None or self._features is None or self._truth is None:  # a batch end without its start
+        if self._inert:
             return
+        inbox, self._step = tuple(self._step or ()), None
+        if self._ids is None or self._features is None or (self._truth is None and not self._deployed):
+            return  # a batch end without its start
         view = PartyView(
             party=str(self.party),
             ids=self._ids.cpu(),
@@ -374,6 +422,12 @@ class Attack(AttackRecord, WireObserver):
         truth, self._truth = self._truth, None
         if scores is None:
             return
+        if self._deployed:  # kept for the file; scored later, against truth this process never holds
+            if tuple(scores.shape) != (len(view.ids), self._num_classes):
+                raise RuntimeError(f"{type(self).__name__}.infer returned a guess of shape {tuple(scores.shape)}; "
+                                   f"expected {(len(view.ids), self._num_classes)} (batch, classes)")  # fmt: skip
+            self._guesses.append((view.epoch, view.batch_idx, view.ids.clone(), scores.detach().float().cpu()))
+            return
         expected = (len(truth), self._num_classes) if self.target == "labels" else tuple(truth.shape)
         if tuple(scores.shape) != expected:
             what = "(batch, classes)" if self.target == "labels" else "(the active party's features)"
@@ -386,7 +440,10 @@ class Attack(AttackRecord, WireObserver):
         self._tally.add(scores.cpu()[unknown], truth.cpu()[unknown])
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Log the epoch's metrics and their trivial baselines (single process: attacks run in simulation)."""
+        """Log the epoch's metrics and their trivial baselines; deployed, write the epoch's guesses instead."""
+        if self._deployed:
+            self._write_guesses(trainer)
+            return
         if not len(self._tally):
             return
         prior = torch.stack(list(self._known_features.values())).mean(dim=0) if self._known_features else None
@@ -394,6 +451,26 @@ class Attack(AttackRecord, WireObserver):
         if self._bound is not None:  # the most any eps-label-DP release lets a guess keep, in expectation
             values["epsilon_bound"] = self._bound
         self.record(trainer, values)
+
+    def _write_guesses(self, trainer: Trainer) -> None:
+        """Append the epoch's guesses to `attacks/<name>.csv` in this party's run folder (the description beside it)."""
+        if trainer.log_dir is None or not trainer.is_global_zero:
+            return
+        path = inferences_path(trainer.log_dir, self.metric_name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not path.exists() or trainer.current_epoch == 0
+        if fresh:
+            about = {"attack": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.metric_name,
+                     "party": self.party, "metrics": list(self.metrics), "num_classes": self._num_classes}  # fmt: skip
+            path.with_suffix(".json").write_text(json.dumps(about, indent=1) + "\n")
+        with path.open("w" if fresh else "a", newline="") as f:
+            out = csv.writer(f)
+            if fresh:
+                out.writerow(["epoch", "step", "id", *(f"score_{k}" for k in range(self._num_classes))])
+            for epoch, step, ids, scores in self._guesses:
+                for sample, row in zip(ids.tolist(), scores.tolist(), strict=True):
+                    out.writerow([epoch, step, sample, *(repr(float(v)) for v in row)])
+        self._guesses = []
 
 
 def attacking_party(attack: object, pl_module: LightningModule, party: str | None, reads: Sequence[str]) -> str:

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "pki": "write a test certificate authority, party certificates and keys, and a federation file",
     "serve": "serve one party of a fitted federation from its export folder and its table (--party, --model)",
     "score": "score IDs or rows of new features with served parties, lvfl predict's file out (--server or --party)",
+    "attack-score": "score a deployed attack's guesses (attacks/NAME.csv) against the truth, from the run's config",
 }
 
 HELP = "\n".join(
@@ -32,7 +33,7 @@ HELP = "\n".join(
         "lvfl: vertical federated learning on PyTorch Lightning.",
         "",
         "subcommands:",
-        *(f"  {name:<9} {text}" for name, text in SUBCOMMANDS.items()),
+        *(f"  {name:<12} {text}" for name, text in SUBCOMMANDS.items()),
         "",
         "`lvfl SUBCOMMAND --help` shows a subcommand's options, e.g. `lvfl fit --help`, `lvfl bench --help`.",
         "A refused input prints one line, 'lvfl: error: ...'; add --debug (or set LVFL_DEBUG=1) for tracebacks.",
@@ -95,6 +96,10 @@ def main(args: list[str] | None = None) -> None:
         from lvfl.commands import score
 
         score.main(rest)
+    elif command == "attack-score":
+        from lvfl.commands import attack_score
+
+        attack_score.main(rest)
     else:  # fit, validate, test, predict (and LightningCLI's own options)
         from lvfl.commands import fit
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lvfl.attacks import AttackRecord
+from lvfl.attacks import Attack, AttackRecord
 from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, TABLE_LISTS, check_public_seeds
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import main as fit_main
@@ -227,8 +227,10 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     backends (an HE backend's coordinator a process of its own; with `PartyTables` the active party tells it the row
     counts, `add_key_holder`) and any label mechanism (the release is drawn at the active party), the embedded and
     paper datasets and `PartyTables` (its set-up exchanged live, `exchange_on`), the student with its plain channel,
-    and `predict --oblivious`. Not yet: the student's Paillier channel and `cross_fit`, and the leakage audit (it
-    reads every party's messages and the labels in one process).
+    and `predict --oblivious`, and a label attack (`lvfl.attacks.Attack`) in its party's own process with no side
+    knowledge (its guesses written there, scored afterwards by `lvfl attack-score`). Not yet: the student's Paillier
+    channel and `cross_fit`, the backdoors and GRN (they measure themselves in the run), attacks' side knowledge, and
+    the leakage audit (it reads every party's messages and the labels in one process).
     """
     backend = type(model.aggregation).__name__
     if not isinstance(model.aggregation, Plain | DHMasking | Paillier | CKKS):
@@ -247,9 +249,16 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
         )
     for callback in trainer.callbacks:
         name = type(callback).__name__
+        if isinstance(callback, Attack):  # runs in its party's own process; scored afterwards (lvfl attack-score)
+            if callback.known_labels or callback.known_features:
+                raise ValueError(
+                    f"lvfl party runs {name} in its party's process with no side knowledge yet: its known_labels and "
+                    "known_features would be truth from another party (set them to 0, or use lvfl fit)"
+                )
+            continue
         if name == "LabelLeakageAudit" or isinstance(callback, AttackRecord):
-            # an attack is scored against every sample's true label (a backdoor's against the validation labels),
-            # which only the active party's process holds
+            # a backdoor measures itself on the validation labels, GRN on the victim's features, inside the run:
+            # truth no single process holds (a label attack writes its guesses instead, scored afterwards)
             raise ValueError(f"lvfl party does not run the {name} callback yet (use lvfl fit)")
         if name == "StudentDistillation":
             channel = type(callback.channel).__name__
