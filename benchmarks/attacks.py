@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/attacks.py [--epochs 5] [--epsilon 1.0]
     .venv/bin/python benchmarks/attacks.py --defenses [--epochs 5] [--plot docs/results/privacy_utility.png]
     .venv/bin/python benchmarks/attacks.py --embedding-noise [--epochs 5]
+    .venv/bin/python benchmarks/attacks.py --backdoors [--epochs 10] [--seeds 3]
     .venv/bin/python benchmarks/attacks.py --only NAME[,NAME...]   # only the rows of the named attacks
     .venv/bin/python benchmarks/attacks.py --data islr_default,islr_caravan --epochs 10   # only those data pieces
 
@@ -148,6 +149,9 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=1.0)
     parser.add_argument("--defenses", action="store_true", help="the gradient-defense grid instead (AP, MP, DCS)")
     parser.add_argument("--embedding-noise", action="store_true", help="a party's embedding noise against inversion")
+    parser.add_argument("--backdoors", action="store_true", help="the backdoors over --seeds and defenses: averaged "
+                        "over every epoch (VFLAIR's) and at the last, with the spread over seeds")  # fmt: skip
+    parser.add_argument("--seeds", type=int, default=3, help="with --backdoors: seeds 0..N-1 (split, models, attack)")
     parser.add_argument("--only", default="", help="comma-separated attack names: only the rows with one of them")
     parser.add_argument("--data", default="", help="comma-separated data pieces: only the settings on one of them")
     parser.add_argument("--plot", type=Path, default=None, help="with --defenses: write the privacy-utility plot here")
@@ -164,6 +168,10 @@ def main() -> None:
         return
     if args.defenses:
         defense_grid(args.epochs, args.plot)
+        print(f"# {machine()}")
+        return
+    if args.backdoors:
+        backdoor_grid(args.epochs, args.seeds)
         print(f"# {machine()}")
         return
 
@@ -321,6 +329,63 @@ def defense_grid(epochs: int, plot: Path | None) -> None:
                 )
     if plot is not None:
         _plot(points, plot)
+
+
+#: (attack, its metric, the metric's no-attack baseline) of the backdoor grid; None: the metric has no baseline column
+BACKDOORS = [(REPLACEMENT, "success_rate", "baseline_success_rate"), (NOISY, "accuracy_drop", None)]
+#: the defenses the backdoor grid runs each backdoor under (None: undefended)
+BACKDOOR_DEFENSES = [
+    None,
+    {"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": 1.0}},
+    {"class_path": "lvfl.privacy.MID", "init_args": {"lam": 0.01}},
+]
+
+
+def backdoor_grid(epochs: int, seeds: int) -> None:
+    """Each backdoor under each defense, over `seeds` seeds: its metric averaged over every epoch (as VFLAIR reports a
+    backdoor) and at the last epoch, each as the mean and standard deviation over the seeds, with the range."""
+    import statistics
+
+    print(f"# backdoors by party1 on SplitNN, digits, 2 parties (party1 holds half of each image), {epochs} epochs, "
+          f"seeds 0..{seeds - 1} (the split, the models and the attacker's draws); mean ± sd over the seeds "
+          "[min, max]")  # fmt: skip
+    print()
+    print("| attack | metric | defense | every epoch (VFLAIR) | last epoch | last epoch per seed | baseline, last |")
+    print("|---|---|---|---|---|---|---|")
+
+    def spread(values: list[float]) -> str:
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{statistics.mean(values):.4f} ± {sd:.4f} [{min(values):.4f}, {max(values):.4f}]"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for attack, metric, baseline in BACKDOORS:
+            name = _attack_name(attack)
+            for j, defense in enumerate(BACKDOOR_DEFENSES):
+                received = defense is not None and defense["class_path"] in RECEIVED
+                option = "received_defense" if received else "gradient_defense"
+                label = "none" if defense is None else _defense_label(defense)
+                means, lasts, bases, shown = [], [], [], []
+                for seed in range(seeds):
+                    seeded = {**attack, "init_args": {**attack.get("init_args", {}), "seed": seed}}
+                    extra = (*TWO_PARTIES, f"--seed_everything={seed}", f"--data.init_args.seed={seed}")
+                    if defense is not None:
+                        extra = (*extra, f"--model.init_args.{option}={json.dumps(defense)}")
+                    out = Path(tmp, f"{name}-{j}-{seed}")
+                    try:
+                        rows = fit("splitnn/digits", "digits", [seeded], None, epochs, out, extra)
+                    except Stopped as stop:  # a run the defense made diverge: said, and left out of the statistics
+                        shown.append(f"stopped at step {str(stop).split('at training step')[-1].split(';')[0].strip()}")
+                        continue
+                    key = f"attack/{name}/{metric}"
+                    series = [float(r[key]) for r in rows if r.get(key)]
+                    means.append(statistics.mean(series))
+                    lasts.append(series[-1])
+                    shown.append(f"{series[-1]:.4f}")
+                    if baseline is not None:
+                        bases.append([float(r[f"attack/{name}/{baseline}"]) for r in rows if r.get(key)][-1])
+                base = spread(bases) if bases else "0"
+                cells = f"{spread(means)} | {spread(lasts)}" if means else "| "
+                print(f"| {name} | {metric} | {label} | {cells} | {', '.join(shown)} | {base} |")
 
 
 def _defense_label(defense: dict) -> str:

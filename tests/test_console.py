@@ -124,7 +124,7 @@ ONE_LINE = {
     "misspelt subcommand": (
         ["fitt", "--config", "configs/easter/wine.yaml"],
         "lvfl: error: no subcommand 'fitt'; did you mean 'fit'? the subcommands are fit, validate, test, predict, "
-        "bench, export, party, launch, pki, serve, score (lvfl --help)",
+        "bench, export, party, launch, pki, serve, score, attack-score (lvfl --help)",
     ),
     "missing config": (
         ["fit", "--config", "configs/easter/no_such.yaml"],

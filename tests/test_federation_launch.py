@@ -354,6 +354,26 @@ def test_an_attack_runs_in_the_attackers_process_and_scores_as_in_simulation(tmp
     assert "lvfl attack-score: dli by party1, epoch 1: samples" in scored.stdout
 
 
+def test_norm_scoring_deployed_scores_its_leak_auc_as_in_simulation(tmp_path):
+    """Li et al.'s norm scoring by party1 on the binary breast-cancer run, oriented by the class prior (no known
+    labels: nothing but what party1's process holds): the leak AUC `lvfl attack-score` computes from the launched
+    attacker's guesses equals, epoch by epoch, the simulated attack's."""
+    norm = '--trainer.callbacks+={"class_path": "lvfl.attacks.NormScoring", "init_args": {"larger_norm_class": 0}}'
+    config = ["--config", "configs/easter/breast_cancer.yaml", norm]
+    fit_and_launch(tmp_path, config)
+    (metrics,) = (tmp_path / "fit").glob("*/version_*/metrics.csv")
+    with metrics.open(newline="") as f:
+        key = "attack/norm_scoring/auc"
+        simulated = [float(r[key]) for r in csv.DictReader(f) if r.get(key)]
+    (guesses,) = (tmp_path / "launch" / "party1").glob("*/version_*/attacks/norm_scoring.csv")
+    out = tmp_path / "scores.json"
+    scored = lvfl("attack-score", "--inferences", str(guesses), "--output", str(out), *config, *SHORT)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    deployed = [row["auc"] for row in json.loads(out.read_text())["epochs"]]
+    assert len(simulated) == 2
+    assert deployed == pytest.approx(simulated, abs=1e-6)
+
+
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
