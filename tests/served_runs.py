@@ -175,6 +175,17 @@ def score_here(run: Served, ids: Path, out: Path, *extra: str) -> None:
                         "--output", str(out), *extra])  # fmt: skip
 
 
+def score_refused(run: Served, tmp_path: Path, capsys: pytest.CaptureFixture) -> list[str]:
+    """`lvfl score` of one ID as the bank, which must stop with status 2 and write nothing: its standard error lines."""
+    ids = tmp_path / "ids.txt"
+    ids.write_text(read(run.predicted)[0]["id"] + "\n")
+    with pytest.raises(SystemExit) as stopped:
+        score_here(run, ids, tmp_path / "out.csv")
+    assert stopped.value.code == 2
+    assert not (tmp_path / "out.csv").exists()
+    return capsys.readouterr().err.strip().splitlines()
+
+
 def table_ids(path: Path) -> list[str]:
     """A CSV table's IDs (its first column), in file order."""
     return [line.split(",")[0] for line in path.read_text().splitlines()[1:]]

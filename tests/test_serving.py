@@ -17,7 +17,17 @@ import time
 import grpc
 import pytest
 import torch
-from served_runs import TABLES, Process, assert_same_answers, free_port, passive, read, score_here, table_ids
+from served_runs import (
+    TABLES,
+    Process,
+    assert_same_answers,
+    free_port,
+    passive,
+    read,
+    score_here,
+    score_refused,
+    table_ids,
+)
 
 from lvfl.export import export_id
 from lvfl.federation.channels import pinned_channel
@@ -146,17 +156,11 @@ def test_a_party_serving_another_export_is_refused_at_the_greeting_in_one_line(s
     process = passive(run, other)
     try:
         process.wait_for("answers party0's contribution requests")
-        ids = tmp_path / "ids.txt"
-        ids.write_text(read(run.predicted)[0]["id"] + "\n")
-        with pytest.raises(SystemExit) as stopped:
-            score_here(run, ids, tmp_path / "out.csv")
-        assert stopped.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = score_refused(run, tmp_path, capsys)
         assert len(err) == 1, err
         mine = info["export"]
         assert err[0].startswith(f"lvfl: error: party1 serves export {mine['id']} (run {mine['run'][:16]}, step "
                                  f"{mine['step']}), party0 serves export "), err  # fmt: skip
-        assert not (tmp_path / "out.csv").exists()
     finally:
         process.stop()
 

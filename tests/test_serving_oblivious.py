@@ -13,7 +13,7 @@ import pytest
 import torch
 from cryptography.exceptions import InvalidTag
 from scipy.stats import chisquare
-from served_runs import TABLES, assert_same_answers, passive, read, score_here, table_ids
+from served_runs import TABLES, assert_same_answers, passive, read, score_here, score_refused, table_ids
 
 from lvfl.crypto.layered import decrypt_entry, entry_nonce
 from lvfl.federation.federation_file import load_federation
@@ -301,14 +301,8 @@ def test_a_party_serving_another_mode_is_refused_at_the_greeting_in_one_line(ser
     process = passive(run, extra=("--oblivious",))
     try:
         process.wait_for("answers party0's contribution requests")
-        ids = tmp_path / "ids.txt"
-        ids.write_text(read(run.predicted)[0]["id"] + "\n")
-        with pytest.raises(SystemExit) as stopped:
-            score_here(run, ids, tmp_path / "out.csv")
-        assert stopped.value.code == 2
-        err = capsys.readouterr().err.strip().splitlines()
+        err = score_refused(run, tmp_path, capsys)
         assert err == ["lvfl: error: party1 serves in oblivious mode, party0 asks in plain mode: start every party "
                        "with --oblivious, or none"], err  # fmt: skip
-        assert not (tmp_path / "out.csv").exists()
     finally:
         process.stop()

@@ -19,7 +19,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from lvfl.attacks import evaluate
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
+from lvfl.commands.fit import build_cli
 
 __all__ = ["main", "read_guesses", "score_guesses"]
 
@@ -69,10 +73,6 @@ def score_guesses(about: dict, epochs: dict, truth: dict[int, int]) -> list[dict
     Raises:
         ValueError: a guessed sample ID the truth does not hold.
     """
-    import torch
-
-    from lvfl.attacks import evaluate
-
     out = []
     for epoch, steps in sorted(epochs.items()):
         missing = [s for _, ids, _ in steps for s in ids if s not in truth]
@@ -95,8 +95,6 @@ def main(argv: list[str]) -> None:
         if not config:
             raise ValueError("give the run's config (--config FILE, and any option it ran with) after --inferences")
         about, epochs = read_guesses(own.inferences)
-        from lvfl.commands.fit import build_cli
-
         cli = build_cli(config, run=False)
         datamodule = cli.datamodule
         cli.model.prepare_datamodule(datamodule)  # the split the run drew (label-free under a label mechanism)
