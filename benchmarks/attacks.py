@@ -106,14 +106,26 @@ def expand(extra: tuple, data: str) -> tuple:
 
 
 def fit(
-    protocol: str, data: str, attacks: list[dict], mechanism: dict | None, epochs: int, out: Path, extra: tuple = ()
+    protocol: str,
+    data: str,
+    attacks: list[dict],
+    mechanism: dict | None,
+    epochs: int,
+    out: Path,
+    extra: tuple = (),
+    pieces: tuple[str, ...] = (),
 ) -> list[dict]:
-    """One `lvfl fit` with the attacks (and `extra` arguments); the rows of its metrics.csv."""
+    """One `lvfl fit` with the attacks (and `extra` arguments); the rows of its metrics.csv.
+
+    The run composes `configs/data/<data>.yaml`, the protocol piece and `configs/parties/<data>.yaml`, or `pieces`
+    (config paths, in order) where given.
+    """
     extra = expand(extra, data)
+    pieces = pieces or tuple(
+        f"configs/{kind}.yaml" for kind in (f"data/{data}", f"protocols/{protocol}", f"parties/{data}")
+    )
     command = [
-        sys.executable, "-m", "lvfl", "fit",
-        "--config", f"configs/data/{data}.yaml", "--config", f"configs/protocols/{protocol}.yaml",
-        "--config", f"configs/parties/{data}.yaml",
+        sys.executable, "-m", "lvfl", "fit", *(a for piece in pieces for a in ("--config", piece)),
         f"--trainer.max_epochs={epochs}", "--trainer.enable_progress_bar=false",
         "--trainer.enable_checkpointing=false", f"--trainer.logger.init_args.save_dir={out}",
         *[f"--trainer.callbacks+={json.dumps(a)}" for a in attacks], *extra,

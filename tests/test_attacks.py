@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import inspect
 import math
+import re
 from dataclasses import fields
 
 import pytest
@@ -25,6 +26,7 @@ from lvfl.attacks import (
     Received,
     evaluate,
 )
+from lvfl.attacks.side_knowledge import read_known_features, read_known_labels, write_known
 from lvfl.datamodules import BreastCancer, Digits
 from lvfl.messages import EMBEDDING_GRADIENT, KINDS, PREDICTION_GRADIENT
 from lvfl.models import MLP
@@ -138,6 +140,50 @@ def test_side_knowledge_is_balanced_and_its_samples_are_not_scored(tmp_path):
     labels = dict(zip(dm.train_set.ids.tolist(), dm.train_set.labels.tolist(), strict=True))
     assert all(labels[i] == y for i, y in known.items())  # the true labels of training samples
     assert attack.history[-1]["samples"] == len(dm.train_set) - 20
+
+
+def test_side_knowledge_from_a_file_is_exactly_what_it_lists_and_the_drawn_one_is_written(tmp_path):
+    """A simulated run writes the side knowledge it drew (attacks/NAME.known.csv, in the reader's format); a run handed
+    a file knows exactly its rows (not the draw), and leaves exactly those out of the score."""
+    dm = Digits(num_parties=2, batch_size=64)
+    drawn = DirectLabelInference(known_labels=20, seed=3)
+    fit(tmp_path / "drawn", easter(2), dm, [drawn])
+    (written,) = (tmp_path / "drawn").rglob("attacks/dli.known.csv")
+    assert read_known_labels(written, 10) == drawn._known
+    ids = dm.train_set.ids.tolist()[:7]
+    labels = dict(zip(dm.train_set.ids.tolist(), dm.train_set.labels.tolist(), strict=True))
+    given = tmp_path / "given.csv"
+    write_known(given, {i: (labels[i] + 1) % 10 for i in ids})  # a file may be wrong: the attacker's belief
+    attack = DirectLabelInference(known_labels=7, side_knowledge=str(given))
+    fit(tmp_path / "given", easter(2), Digits(num_parties=2, batch_size=64), [attack])
+    assert attack._known == {i: (labels[i] + 1) % 10 for i in ids}
+    assert attack.history[-1]["samples"] == len(dm.train_set) - 7
+    assert not list((tmp_path / "given").rglob("*.known.csv"))  # nothing drawn, nothing written
+
+
+def test_side_knowledge_files_refuse_what_they_cannot_be(tmp_path):
+    path = tmp_path / "known.csv"  # sample 1 is a training row of digits' default split
+    cases = [
+        ("id,label\n1,3\n", 2, "holds 1 samples, but known_labels=2: set known_labels=1"),
+        ("id,label\n1,10\n", 1, "label '10' is not a class index of this task (0 .. 9)"),
+        ("id,label\n1,3\n1,4\n", 2, "sample 1 is listed twice"),
+        ("id,class\n1,3\n", 1, "the header must be id,label"),
+        ("id,label\n", 1, "no known samples"),
+        ("id,label\n999999,3\n", 1, "names samples that are not training rows party1 holds: [999999]"),
+    ]
+    for text, count, message in cases:
+        path.write_text(text)
+        attack = DirectLabelInference(known_labels=count, side_knowledge=str(path))
+        with pytest.raises((ValueError, FileNotFoundError), match=re.escape(message)):
+            fit(tmp_path, easter(2), Digits(num_parties=2, batch_size=64), [attack])
+    path.write_text("id,x0,x1\n1,0.5\n")
+    with pytest.raises(ValueError, match="line 2: 2 fields, expected id and 2 values"):
+        read_known_features(path)
+    path.write_text("id,x0\n1,nan\n")
+    with pytest.raises(ValueError, match="line 2: a feature value is not finite"):
+        read_known_features(path)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_known_features(tmp_path / "absent.csv")
 
 
 # ----------------------------------------------------------------------------------------------- direct label inference

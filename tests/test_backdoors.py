@@ -8,7 +8,7 @@ import torch
 from helpers import easter, make_trainer, mlp_parties
 
 from lvfl.attacks import GradientReplacement, NoisySample
-from lvfl.datamodules import Digits
+from lvfl.datamodules import Digits, FashionMNIST
 from lvfl.models import MLP
 from lvfl.protocols import CVFL, SplitNN
 from lvfl.wire import Wire
@@ -128,3 +128,16 @@ def test_backdoors_refuse_what_they_do_not_fit(tmp_path):
         GradientReplacement(poison_fraction=1.5)
     with pytest.raises(ValueError, match="noise must be positive"):
         NoisySample(noise=0)
+
+
+def test_a_backdoor_measures_an_image_set_on_the_pixels_the_run_decodes(tmp_path):
+    """Image sets serve stored uint8 pixels that the run decodes per batch: the measurement decodes them the same way,
+    so a backdoor's clean accuracy with no noise is the run's own validation accuracy."""
+    FashionMNIST.write_stand_in(tmp_path / "data", 200)
+    dm = FashionMNIST(root=str(tmp_path / "data"), num_parties=2, batch_size=64)
+    model = SplitNN(parties=mlp_parties(2), top_model=MLP, embedding_dim=8)
+    faint = NoisySample(noise=1e-9)
+    trainer = make_trainer(tmp_path, max_epochs=1, callbacks=[faint])
+    trainer.fit(model, datamodule=dm)
+    accuracy = float(trainer.callback_metrics["val/acc/party0"])
+    assert faint.history[-1]["clean_accuracy"] == pytest.approx(accuracy, abs=1e-6)

@@ -374,6 +374,62 @@ def test_norm_scoring_deployed_scores_its_leak_auc_as_in_simulation(tmp_path):
     assert deployed == pytest.approx(simulated, abs=1e-6)
 
 
+def _metric(save_dir: Path, key: str) -> list[float]:
+    """`key` per epoch from the one metrics.csv under `save_dir`."""
+    (metrics,) = save_dir.glob("*/version_*/metrics.csv")
+    with metrics.open(newline="") as f:
+        return [float(r[key]) for r in csv.DictReader(f) if r.get(key)]
+
+
+def test_side_knowledge_reaches_a_deployed_attacker_as_its_own_file_and_scores_as_in_simulation(tmp_path):
+    """EASTER on digits with 2 parties (C * E - E_1 is the active party's embedding): party1 inverts the active
+    party's features with 100 known samples of them, and completes its model with 40 known labels.
+
+    A simulated run draws that side knowledge and writes it (attacks/NAME.known.csv); a simulated run handed those
+    files (`side_knowledge`) logs exactly what the drawing run logged, so the file is the draw. Launched with the same
+    files, the attacks run in party1's process, which holds no label and none of party0's features, and
+    `lvfl attack-score` on their guesses gives the simulated inversion error and completion accuracy."""
+    import yaml
+
+    parties = yaml.safe_load((REPO / "configs/parties/digits.yaml").read_text())["model"]["init_args"]["parties"][:2]
+    two = ["--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=2",
+           f"--model.init_args.parties={json.dumps(parties)}",
+           '--model.init_args.aggregation={"class_path": "lvfl.privacy.Plain"}']  # fmt: skip
+    attacks = {"embedding_inversion": ("EmbeddingInversion", "known_features", 100, "mse"),
+               "pmc": ("PassiveModelCompletion", "known_labels", 40, "accuracy")}  # fmt: skip
+
+    def callbacks(files: dict[str, Path] | None) -> list[str]:
+        return [
+            "--trainer.callbacks+=" + json.dumps({"class_path": f"lvfl.attacks.{cls}", "init_args": {
+                option: n, **({"side_knowledge": str(files[name])} if files else {})}})
+            for name, (cls, option, n, _) in attacks.items()
+        ]  # fmt: skip
+
+    drawn = lvfl("fit", *two, *callbacks(None), *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'drawn'}")
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    files = {name: next((tmp_path / "drawn").glob(f"*/version_*/attacks/{name}.known.csv")) for name in attacks}
+    assert files["pmc"].read_text().splitlines()[0] == "id,label"
+    assert len(files["embedding_inversion"].read_text().splitlines()) == 101
+    config = [*two, *callbacks(files)]
+    probes, _ = fit_and_launch(tmp_path, config)
+    held = json.loads((probes / "party1.json").read_text())
+    assert all(not split["labels"] for split in held["splits"].values())  # no truth in the attacker's process
+    assert all(split["features"] == ["party1"] for split in held["splits"].values())
+    for name, (_, _, _, metric) in attacks.items():
+        simulated = _metric(tmp_path / "fit", f"attack/{name}/{metric}")
+        assert simulated == _metric(tmp_path / "drawn", f"attack/{name}/{metric}"), name  # the file is the draw
+        assert simulated, name
+        (guesses,) = (tmp_path / "launch" / "party1").glob(f"*/version_*/attacks/{name}.csv")
+        out = tmp_path / f"{name}.json"
+        scored = lvfl("attack-score", "--inferences", str(guesses), "--output", str(out), *config, *SHORT)
+        assert scored.returncode == 0, scored.stderr[-3000:]
+        deployed = [row[metric] for row in json.loads(out.read_text())["epochs"]]
+        assert deployed == pytest.approx(simulated, rel=1e-6, abs=1e-9), name
+    baseline = _metric(tmp_path / "fit", "attack/embedding_inversion/baseline_mse")
+    rescored = json.loads((tmp_path / "embedding_inversion.json").read_text())["epochs"]
+    assert [row["baseline_mse"] for row in rescored] == pytest.approx(baseline, rel=1e-6)
+
+
 def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_psi_and_student(tmp_path):
     """The bank/retailer example with a student, each party started by hand in a folder holding its own table only
     (the same config naming both files): PSI, split, task and input columns cross the wire; every parameter, the
@@ -706,7 +762,8 @@ def test_a_party_of_another_run_or_config_is_refused_in_one_line(tmp_path):
                 "configs/easter/digits.yaml",
                 '--trainer.callbacks+={"class_path": "lvfl.attacks.PassiveModelCompletion"}',
             ],
-            "runs PassiveModelCompletion in its party's process with no side knowledge yet",
+            "runs PassiveModelCompletion in its party's process, where its side knowledge (known_labels, "
+            "known_features) must be a file",
         ),  # fmt: skip
         (
             [

@@ -102,3 +102,25 @@ def test_paper_config_fits_two_batches_on_generated_files(config: str, tmp_path:
     width = {(1, 28, 7), (3, 32, 8), (10,), (9,)}  # image strips; Criteo's 39 columns over 4 parties
     assert {tuple(s.input_shape) for s in specs} <= width
     assert not (root / STAND_IN_MARK).exists()  # written by the test, not by lvfl bench
+
+
+def test_the_vflair_setting_is_two_392_32_10_mlps_summed_and_fits_on_generated_files(tmp_path: Path) -> None:
+    """`benchmarks/vflair_attacks.py`'s pieces: Fashion-MNIST over 2 parties (392 pixels each), batch 1024, 30 epochs;
+    each party an MLP 392 -> 32 -> 10 under Adam at lr 0.01, the active party summing the logits (Agg_VFL sum)."""
+    pieces = ["configs/paper/data/fmnist_vflair.yaml", "configs/protocols/aggvfl/default.yaml"]
+    pieces.append("configs/paper/parties/vflair_mlp2.yaml")
+    stand_in(tmp_path / "data", pieces[0])
+    config = [arg for p in pieces for arg in ("--config", str(REPO / p))]
+    parsed = yaml.safe_load((REPO / pieces[0]).read_text())
+    assert (parsed["trainer"]["max_epochs"], parsed["data"]["init_args"]["batch_size"]) == (30, 1024)
+    cli = build_cli([*config, *quick(tmp_path, "--trainer.max_epochs=1", "--trainer.limit_train_batches=2"),
+                     f"--data.init_args.root={tmp_path / 'data'}",
+                     "--data.init_args.batch_size=8", "--data.init_args.val_fraction=0.34"], run=False)  # fmt: skip
+    assert cli.model.aggregate == "sum"
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert [tuple(s.input_shape) for s in cli.datamodule.party_specs] == [(1, 28, 14)] * 2
+    for name, model in cli.model.party_models.items():
+        linear = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linear == [(32, 392), (10, 32)], name
+    for optimizer in cli.trainer.optimizers:
+        assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["lr"] == 0.01

@@ -104,8 +104,8 @@ class Backdoor(AttackRecord):
                 pl_module.wire.recording(),
                 pl_module.aggregation.off_the_record(),  # the mask steps it uses are the run's next ones: not spent
             ):
-                for batch in loader:
-                    batch = batch.to(pl_module.device)
+                for stored in loader:  # stored slices (uint8 pixels of an image set): decoded as the run decodes
+                    batch = trainer.datamodule.model_input(stored.to(pl_module.device))
                     if alter is not None:
                         batch.features[self.party] = alter(batch.features[self.party])
                     logits = pl_module.party_logits(batch)

@@ -24,10 +24,13 @@ delivers to its observers exactly what the receiving party's process would recei
 Deployed (`lvfl party`, `lvfl launch`: every party its own process), the attack runs in the attacking party's process
 only, with exactly what that process holds; in every other process it does nothing. That process holds no truth (no
 label, no other party's features), so it scores nothing: each epoch it writes its guesses to its own run folder,
-`attacks/<name>.csv` (epoch, step, sample ID, one score per class) beside `attacks/<name>.json` (the attack, its
-metrics, the task), and `lvfl attack-score` scores them afterwards against the truth, in a separate step that whoever
-holds both files runs (`lvfl.commands.attack_score`). Side knowledge (`known_labels`, `known_features`) would be truth
-from another party, so a deployed attack refuses it for now.
+`attacks/<name>.csv` (epoch, step, sample ID, one score per class, or the guessed features) beside
+`attacks/<name>.json` (the attack, its metrics, the task, which samples it knew), and `lvfl attack-score` scores them
+afterwards against the truth, in a separate step that whoever holds both files runs (`lvfl.commands.attack_score`).
+Side knowledge (`known_labels`, `known_features`) reaches a deployed attacker as a file in its own hands
+(`side_knowledge`, `lvfl.attacks.side_knowledge`), never drawn from truth its process does not hold; a simulated attack
+that drew its side knowledge writes it in that format (`attacks/<name>.known.csv`), so a deployed rerun can be given
+the same.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
+from lvfl.attacks.side_knowledge import known_path, read_known_features, read_known_labels, write_known
 from lvfl.loggers import log_to_loggers
 from lvfl.observing import WireObserver
 from lvfl.privacy.label_dp import randomized_response_keep_probability
@@ -196,6 +200,12 @@ class Attack(AttackRecord, WireObserver):
             over the classes from the training rows it holds; 0 for none.
         seed: draws which samples those are (the attacker's own choice: nothing secret to any other party).
         name: the metric prefix, ``attack/<name>/...``; the class's `name` by default (two attacks must differ).
+        known_features: how many training samples of the active party's features the attacker knows (a feature
+            attack's side knowledge), drawn with `seed`; 0 for none.
+        side_knowledge: a CSV the attacker holds with its side knowledge (`lvfl.attacks.side_knowledge`: ``id,label``
+            rows, or ``id,x0,...`` rows of the active party's features for a feature attack), in place of the draw;
+            `known_labels` (or `known_features`) must then equal its row count. Deployed, the only way to give an
+            attack side knowledge.
     """
 
     name: ClassVar[str] = "attack"
@@ -220,6 +230,7 @@ class Attack(AttackRecord, WireObserver):
         seed: int = 0,
         name: str | None = None,
         known_features: int = 0,
+        side_knowledge: str | None = None,
     ):
         if not isinstance(known_features, int) or known_features < self.min_known_features:
             raise ValueError(
@@ -238,6 +249,7 @@ class Attack(AttackRecord, WireObserver):
             )
         super().__init__()
         self.party, self.known_labels, self.seed = party, known_labels, int(seed)
+        self.side_knowledge = None if side_knowledge is None else str(side_knowledge)
         self._party_given = party  # the state key's: `party` itself is resolved at fit start
         self.metric_name = name or self.name
         self.history: list[dict[str, float]] = []  # per training epoch: {"epoch": e, metric: value, ...}
@@ -302,11 +314,12 @@ class Attack(AttackRecord, WireObserver):
         self._inert, self._deployed = here is not None and here != party, here == party
         if self._inert:  # another party's process: the attack lives in the attacker's
             return
-        if self._deployed and (self.known_labels or self.known_features):
+        if self._deployed and (self.known_labels or self.known_features) and self.side_knowledge is None:
             raise ValueError(
-                f"{type(self).__name__} at {party}: deployed, an attack holds only what {party}'s process holds, and "
-                "its side knowledge (known_labels, known_features) would be truth from another party, which lvfl party "
-                "does not hand it yet: set them to 0, or run the attack in simulation (lvfl fit)"
+                f"{type(self).__name__} at {party}: deployed, an attack holds only what {party}'s process holds, so "
+                f"its side knowledge (known_labels={self.known_labels}, known_features={self.known_features}) must "
+                "be a file in its hands: give side_knowledge (a CSV of id,label or id,x0,... rows; a simulated run "
+                f"writes the one it drew to attacks/{self.metric_name}.known.csv), or set them to 0"
             )
         kinds = dict(getattr(type(pl_module), "passive_inbox", {}))
         for other in trainer.callbacks:
@@ -322,21 +335,47 @@ class Attack(AttackRecord, WireObserver):
         order = torch.argsort(train.ids.cpu())
         self._train_ids = train.ids.cpu()[order]
         self._train_features = train.decode({party: train.stored[party]})[party].cpu()[order]
-        # the labels are read only to draw declared side knowledge (deployed there is none: they are shadows there)
-        self._known = self._draw_known(train.ids.cpu(), train.labels.cpu()) if self.known_labels else {}
+        self._known, self._known_features = {}, {}
+        if self.side_knowledge is not None:
+            self._read_side_knowledge(set(self._train_ids.tolist()))
+        elif self.known_labels:
+            # the labels are read only to draw declared side knowledge (deployed there is none: given by file there)
+            self._known = self._draw_known(train.ids.cpu(), train.labels.cpu())
         self._num_parties = len(pl_module.party_names)
         mechanism = getattr(pl_module, "label_mechanism", None)
         self._bound = None
         if mechanism is not None and self.bounded_by_release and "accuracy" in self.metrics:
             self._bound = randomized_response_keep_probability(float(mechanism.epsilon), self._num_classes)
         self._active = pl_module.active
-        if self.known_features:
+        if self.known_features and self.side_knowledge is None:
             digest = hashlib.sha256(f"lvfl.attacks.known_features/{self.seed}".encode()).digest()
             generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "big") >> 1)
             rows = torch.randperm(len(train.ids), generator=generator)[: self.known_features]
             active = train.decode({self._active: train.stored[self._active][rows]})[self._active].cpu()
             self._known_features = {int(train.ids[r]): x for r, x in zip(rows.tolist(), active, strict=True)}
+        drawn = self._known_features or self._known
+        if drawn and self.side_knowledge is None and trainer.log_dir is not None and trainer.is_global_zero:
+            write_known(known_path(trainer.log_dir, self.metric_name), drawn)  # what a deployed rerun can be given
         self._setup = [m for m in self._setup if m.dst == party]
+
+    def _read_side_knowledge(self, held: set[int]) -> None:
+        """The side knowledge from the `side_knowledge` file: its count as declared, only training rows it holds."""
+        path = Path(self.side_knowledge)
+        where = f"{type(self).__name__} side_knowledge"
+        features = self.target == "active_features"
+        if features:
+            self._known_features = read_known_features(path, where)
+            known, count, option = self._known_features, self.known_features, "known_features"
+        else:
+            self._known = read_known_labels(path, self._num_classes, where)
+            known, count, option = self._known, self.known_labels, "known_labels"
+        if len(known) != count:
+            raise ValueError(f"{where}={self.side_knowledge!r} holds {len(known)} samples, but {option}={count}: set "
+                             f"{option}={len(known)}")  # fmt: skip
+        foreign = sorted(set(known) - held)
+        if foreign:
+            raise ValueError(f"{where}={self.side_knowledge!r} names samples that are not training rows {self.party} "
+                             f"holds: {foreign[:5]}")  # fmt: skip
 
     def _draw_known(self, ids: torch.Tensor, labels: torch.Tensor) -> dict[int, int]:
         """`known_labels` training samples, as even over the classes as the counts allow, drawn with `seed`."""
@@ -423,13 +462,19 @@ class Attack(AttackRecord, WireObserver):
         if scores is None:
             return
         if self._deployed:  # kept for the file; scored later, against truth this process never holds
-            if tuple(scores.shape) != (len(view.ids), self._num_classes):
+            labels = self.target == "labels"
+            if (tuple(scores.shape) != (len(view.ids), self._num_classes)) if labels else len(scores) != len(view.ids):
+                expected = f"{(len(view.ids), self._num_classes)} (batch, classes)" if labels else "one row per sample"
                 raise RuntimeError(f"{type(self).__name__}.infer returned a guess of shape {tuple(scores.shape)}; "
-                                   f"expected {(len(view.ids), self._num_classes)} (batch, classes)")  # fmt: skip
-            self._guesses.append((view.epoch, view.batch_idx, view.ids.clone(), scores.detach().float().cpu()))
+                                   f"expected {expected}")  # fmt: skip
+            guess = scores.detach().float().cpu().reshape(len(view.ids), -1)
+            self._guesses.append((view.epoch, view.batch_idx, view.ids.clone(), guess))
             return
-        expected = (len(truth), self._num_classes) if self.target == "labels" else tuple(truth.shape)
-        if tuple(scores.shape) != expected:
+        if self.target == "labels":
+            expected, shape = (len(truth), self._num_classes), tuple(scores.shape)
+        else:  # a feature guess may come flat (side knowledge from a file is flat): per sample, as many values
+            expected, shape = (len(truth), truth[0].numel()), (len(scores), scores[0].numel() if len(scores) else 0)
+        if shape != expected:
             what = "(batch, classes)" if self.target == "labels" else "(the active party's features)"
             raise RuntimeError(
                 f"{type(self).__name__}.infer returned a guess of shape {tuple(scores.shape)}; expected {expected} "
@@ -459,14 +504,24 @@ class Attack(AttackRecord, WireObserver):
         path = inferences_path(trainer.log_dir, self.metric_name)
         path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not path.exists() or trainer.current_epoch == 0
+        if fresh and not self._guesses:  # nothing guessed yet (an inversion's first epoch): the file starts later
+            return
+        width = self._guesses[0][3].shape[1] if self._guesses else self._num_classes
+        column = "score" if self.target == "labels" else "x"
         if fresh:
+            # what the attacker knew is its own (its side knowledge's IDs, their features' mean for the baseline)
+            known = sorted(self._known.keys() | self._known_features.keys())
             about = {"attack": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.metric_name,
-                     "party": self.party, "metrics": list(self.metrics), "num_classes": self._num_classes}  # fmt: skip
+                     "party": self.party, "metrics": list(self.metrics), "num_classes": self._num_classes,
+                     "target": self.target, "width": width, "known_ids": known}  # fmt: skip
+            if self._known_features:
+                prior = torch.stack([x.reshape(-1) for x in self._known_features.values()]).mean(dim=0)
+                about["prior"] = [float(v) for v in prior.tolist()]
             path.with_suffix(".json").write_text(json.dumps(about, indent=1) + "\n")
         with path.open("w" if fresh else "a", newline="") as f:
             out = csv.writer(f)
             if fresh:
-                out.writerow(["epoch", "step", "id", *(f"score_{k}" for k in range(self._num_classes))])
+                out.writerow(["epoch", "step", "id", *(f"{column}_{k}" for k in range(width))])
             for epoch, step, ids, scores in self._guesses:
                 for sample, row in zip(ids.tolist(), scores.tolist(), strict=True):
                     out.writerow([epoch, step, sample, *(repr(float(v)) for v in row)])

@@ -7,9 +7,11 @@ Deployed, an attack runs in its party's own process, which holds no truth, and w
 (`lvfl.attacks.base`: `attacks/<name>.csv` and its description `attacks/<name>.json`). This command is the other
 half, run by whoever holds both the guesses and the truth (a maintainer measuring a federation): it sets the run's
 datamodule up from the same config as one process that holds every party's data (for `PartyTables`, every table),
-takes the true labels of the training samples by sample ID, and computes the attack's metrics per epoch with the
-function the simulation scores with (`lvfl.attacks.evaluate`), so a deployed attack's scores equal the simulated
-attack's on the same run. It prints one line per epoch and writes them as JSON with `--output`.
+takes the truth of the training samples by sample ID (their labels, or for a feature attack the active party's
+features as scaled for training), leaves out the samples the attacker knew (its description lists them), and computes
+the attack's metrics per epoch with the function the simulation scores with (`lvfl.attacks.evaluate`), so a deployed
+attack's scores equal the simulated attack's on the same run. It prints one line per epoch and writes them as JSON
+with `--output`.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def read_guesses(path: Path) -> tuple[dict, dict[int, list[tuple[int, list[int],
     with path.open(newline="") as f:
         rows = csv.reader(f)
         header = next(rows, None)
-        width = 3 + int(about.get("num_classes", 0))
+        width = 3 + int(about.get("width", about.get("num_classes", 0)))
         if header is None or header[:3] != ["epoch", "step", "id"] or len(header) != width:
             raise ValueError(f"--inferences {path}: not an attack's guesses (header {header})")
         for line, row in enumerate(rows, start=2):
@@ -67,20 +69,30 @@ def read_guesses(path: Path) -> tuple[dict, dict[int, list[tuple[int, list[int],
     return about, epochs
 
 
-def score_guesses(about: dict, epochs: dict, truth: dict[int, int]) -> list[dict[str, float]]:
-    """Per epoch, the attack's metrics (`lvfl.attacks.evaluate`) against `truth` (sample ID -> true label).
+def score_guesses(about: dict, epochs: dict, truth: dict[int, int] | dict[int, torch.Tensor]) -> list[dict[str, float]]:
+    """Per epoch, the attack's metrics (`lvfl.attacks.evaluate`) against `truth`, on the samples it did not know.
+
+    `truth` maps a sample ID to its true label, or for a feature attack to its true feature row; the samples the
+    attacker knew are left out as the simulation leaves them out.
 
     Raises:
         ValueError: a guessed sample ID the truth does not hold.
     """
+    known = {int(s) for s in about.get("known_ids", [])}
+    prior = torch.tensor(about["prior"], dtype=torch.float32) if about.get("prior") else None
     out = []
     for epoch, steps in sorted(epochs.items()):
         missing = [s for _, ids, _ in steps for s in ids if s not in truth]
         if missing:
             raise ValueError(f"the guesses name sample IDs the run's training split does not hold: {missing[:5]}")
-        scores = [torch.tensor(rows, dtype=torch.float32) for _, _, rows in steps]
-        labels = [torch.tensor([truth[s] for s in ids], dtype=torch.long) for _, ids, _ in steps]
-        out.append({"epoch": float(epoch), **evaluate(scores, labels, tuple(about["metrics"]))})
+        kept = [[(s, row) for s, row in zip(ids, rows, strict=True) if s not in known] for _, ids, rows in steps]
+        scores = [torch.tensor([row for _, row in step], dtype=torch.float32) for step in kept]
+        if about.get("target") == "active_features":
+            truths = [torch.stack([truth[s].reshape(-1) for s, _ in step]) for step in kept if step]
+            scores = [t for t in scores if len(t)]
+        else:
+            truths = [torch.tensor([truth[s] for s, _ in step], dtype=torch.long) for step in kept]
+        out.append({"epoch": float(epoch), **evaluate(scores, truths, tuple(about["metrics"]), prior=prior)})
     return out
 
 
@@ -100,7 +112,12 @@ def main(argv: list[str]) -> None:
         cli.model.prepare_datamodule(datamodule)  # the split the run drew (label-free under a label mechanism)
         datamodule.setup("fit")
         train = datamodule.train_set  # set up in this one process: every party's data, the true labels
-        truth = dict(zip(train.ids.tolist(), train.labels.tolist(), strict=True))
+        if about.get("target") == "active_features":
+            active = datamodule.active_party_name
+            rows = train.decode({active: train.stored[active]})[active].cpu()
+            truth = dict(zip(train.ids.tolist(), rows, strict=True))
+        else:
+            truth = dict(zip(train.ids.tolist(), train.labels.tolist(), strict=True))
         scores = score_guesses(about, epochs, truth)
         for row in scores:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k != "epoch")

@@ -227,10 +227,11 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     backends (an HE backend's coordinator a process of its own; with `PartyTables` the active party tells it the row
     counts, `add_key_holder`) and any label mechanism (the release is drawn at the active party), the embedded and
     paper datasets and `PartyTables` (its set-up exchanged live, `exchange_on`), the student with its plain channel,
-    and `predict --oblivious`, and a label attack (`lvfl.attacks.Attack`) in its party's own process with no side
-    knowledge (its guesses written there, scored afterwards by `lvfl attack-score`). Not yet: the student's Paillier
-    channel and `cross_fit`, the backdoors and GRN (they measure themselves in the run), attacks' side knowledge, and
-    the leakage audit (it reads every party's messages and the labels in one process).
+    and `predict --oblivious`, and an attack (`lvfl.attacks.Attack`: label attacks and the embedding inversion) in its
+    party's own process, its side knowledge a file in that party's hands (`side_knowledge`), its guesses written
+    there and scored afterwards by `lvfl attack-score`. Not yet: the student's Paillier channel and `cross_fit`, the
+    backdoors and GRN (they measure themselves in the run), and the leakage audit (it reads every party's messages
+    and the labels in one process).
     """
     backend = type(model.aggregation).__name__
     if not isinstance(model.aggregation, Plain | DHMasking | Paillier | CKKS):
@@ -250,10 +251,11 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
     for callback in trainer.callbacks:
         name = type(callback).__name__
         if isinstance(callback, Attack):  # runs in its party's own process; scored afterwards (lvfl attack-score)
-            if callback.known_labels or callback.known_features:
+            if (callback.known_labels or callback.known_features) and callback.side_knowledge is None:
                 raise ValueError(
-                    f"lvfl party runs {name} in its party's process with no side knowledge yet: its known_labels and "
-                    "known_features would be truth from another party (set them to 0, or use lvfl fit)"
+                    f"lvfl party runs {name} in its party's process, where its side knowledge (known_labels, "
+                    "known_features) must be a file in that party's hands: give it side_knowledge (a CSV; a simulated "
+                    f"run writes the one it drew to attacks/{callback.metric_name}.known.csv), or set them to 0"
                 )
             continue
         if name == "LabelLeakageAudit" or isinstance(callback, AttackRecord):
