@@ -63,6 +63,9 @@ def test_fit_ends_with_a_summary_of_the_run(summary):
     start = max(i for i, line in enumerate(lines) if line.startswith("lvfl fit: 4 epochs"))
     block = lines[start:]
     assert re.match(r"lvfl fit: 4 epochs in [\d.]+ s \(EASTER, cpu\)$", block[0]), block[0]
+    with (REPO / "examples/bank_retailer/bank.csv").open(newline="") as f:
+        classes = sorted({row["status"] for row in csv.DictReader(f)})
+    assert block[1] == f"  task: 2 classes (binary): {', '.join(classes)}"  # the label column's own values
     rows = metrics_rows(experiment)
     assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
     for who in ("party0", "party1", "mean"):

@@ -123,4 +123,5 @@ def test_the_vflair_setting_is_two_392_32_10_mlps_summed_and_fits_on_generated_f
         linear = [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
         assert linear == [(32, 392), (10, 32)], name
     for optimizer in cli.trainer.optimizers:
-        assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["lr"] == 0.01
+        assert isinstance(optimizer, torch.optim.Adam)
+        assert optimizer.param_groups[0]["lr"] == 0.01

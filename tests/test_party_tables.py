@@ -160,6 +160,26 @@ def test_bad_tables_are_refused_naming_file_column_and_line(bank_retailer, edit,
         tables(bank_retailer).setup("fit")
 
 
+def test_a_refused_missing_value_names_the_first_in_the_file_and_how_many_rows(bank_retailer) -> None:
+    """Blanks on lines 51 and 7 (read in the split's order, line 51 may come first): the refusal names line 7, the
+    first in the file, and counts the rows a policy would have to fill."""
+    corrupt(bank_retailer["bank"], 51, 1, "")
+    corrupt(bank_retailer["bank"], 7, 1, "NA")
+    with pytest.raises(ValueError, match=r"bank.csv, line 7: column 'income' is missing a value \(and 1 more of the "
+                       r"table's 900 rows\) \(missing: refuse; set the table's `missing`"):  # fmt: skip
+        tables(bank_retailer).setup("fit")
+
+
+def test_a_misspelt_column_is_refused_with_the_closest_the_file_holds(bank_retailer) -> None:
+    parties = [
+        PartyTable(bank_retailer["bank"], id_column="customer_di", label_column="status"),
+        PartyTable(bank_retailer["retailer"], id_column="client"),
+    ]
+    with pytest.raises(ValueError, match=r"no column 'customer_di' \(the file's columns: .*\); did you mean "
+                       r"'customer_id'\?"):  # fmt: skip
+        PartyTables(parties, batch_size=32).setup("fit")
+
+
 def test_the_label_column_belongs_to_the_active_party_only(bank_retailer) -> None:
     with pytest.raises(ValueError, match=r"exactly the active party's table \(party 0\) names a `label_column`"):
         PartyTables(
@@ -426,3 +446,52 @@ def test_a_policy_that_does_not_fit_the_column_is_refused(with_categories) -> No
         build(income="level").setup("fit")
     with pytest.raises(ValueError, match=r"`missing_columns` names 'colour', which is not a feature column"):
         build(colour="mode").setup("fit")
+
+
+def _labelled(tmp_path: Path, labels: list[str]) -> list[PartyTable]:
+    """A bank labelled by `labels` (one row each, cycled over 120 rows) and a retailer holding the same IDs."""
+    rng = np.random.default_rng(3)
+    ids = [f"P{i:03d}" for i in range(120)]
+    bank = write_csv(tmp_path / "b.csv", ["pid", "x", "label"],
+                     [[i, round(float(rng.normal()), 3), labels[k % len(labels)]]
+                      for k, i in enumerate(ids)])  # fmt: skip
+    shop = write_csv(tmp_path / "s.csv", ["pid", "y"], [[i, round(float(rng.normal()), 3)] for i in ids])
+    return [PartyTable(bank, id_column="pid", label_column="label"), PartyTable(shop, id_column="pid")]
+
+
+def test_the_stated_task_is_checked_against_the_classes_found(tmp_path: Path) -> None:
+    three = _labelled(tmp_path, ["low", "medium", "high"])
+    dm = PartyTables(three, batch_size=32, task="multiclass")
+    dm.setup("fit")
+    assert dm.label_names == ["high", "low", "medium"]
+    assert dm.task.num_classes == 3
+    with pytest.raises(ValueError, match=r"b.csv: the label column 'label' holds 3 classes \(high, low, medium\), "
+                       r"but task: binary needs 2"):  # fmt: skip
+        PartyTables(three, batch_size=32, task="binary").setup("fit")
+    two = _labelled(tmp_path, ["no", "yes"])
+    with pytest.raises(ValueError, match=r"holds 2 classes \(no, yes\), but task: multiclass needs 3 or more"):
+        PartyTables(two, batch_size=32, task="multiclass").setup("fit")
+    with pytest.raises(ValueError, match=r"task must be one of \['classification', 'binary', 'multiclass', "):
+        PartyTables(two, task="binery")
+
+
+def test_a_numeric_label_of_many_values_is_refused_as_a_quantity_not_read_as_classes(tmp_path: Path) -> None:
+    """An interest rate (hundreds of distinct numbers) under the default task: one line naming task: regression,
+    not scikit-learn's words about one-member classes; stated as regression it trains, and class codes pass."""
+    rates = [f"{4 + 0.01 * k:.2f}" for k in range(120)]
+    with pytest.raises(ValueError, match=r"the label column 'label' holds 120 distinct numbers \(4.00, 4.01, "
+                       r"4.02, 4.03, 4.04, ... 115 more\): a quantity, .* set task: regression"):  # fmt: skip
+        PartyTables(_labelled(tmp_path, rates), batch_size=32).setup("fit")
+    regression = PartyTables(_labelled(tmp_path, rates), batch_size=32, task="regression")
+    regression.setup("fit")
+    assert regression.task.kind == "regression"
+    with pytest.raises(ValueError, match=r"holds 3 distinct numbers \(0.5, 1.5, 2\)"):  # a fraction: a quantity
+        PartyTables(_labelled(tmp_path, ["0.5", "1.5", "2"]), batch_size=32).setup("fit")
+    codes = PartyTables(
+        _labelled(tmp_path, [str(k) for k in range(24)]), batch_size=32, task="multiclass", stratify="none"
+    )  # 24 classes, 120 rows: too few to stratify
+    codes.setup("fit")
+    assert codes.task.num_classes == 24
+    small = PartyTables(_labelled(tmp_path, ["0", "1", "2"]), batch_size=32)  # a few integer codes pass as they are
+    small.setup("fit")
+    assert small.task.num_classes == 3

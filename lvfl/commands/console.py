@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lvfl.parties import TaskInfo, party_name
 from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 
-__all__ = ["EpochLines", "fit_summary"]
+__all__ = ["EpochLines", "describe_task", "fit_summary"]
 
 
 def _main_metric(trainer: Trainer) -> str | None:
@@ -125,6 +125,15 @@ def _psi(counts: dict[str, int]) -> str | None:
     return f"{counts['intersection']:,} IDs every party holds" + (f" (of {', '.join(held)})" if held else "")
 
 
+def describe_task(task: TaskInfo, names: list[str] | None = None) -> str:
+    """``3 classes: high, low, medium``, ``2 classes (binary): default, ok``, ``10 classes`` or ``regression``."""
+    if task.kind == "regression" or task.num_classes == 0:
+        return "regression"
+    kind = " (binary)" if task.num_classes == 2 else ""
+    listed = f": {', '.join(str(n) for n in names)}" if names and len(names) == task.num_classes else ""
+    return f"{task.num_classes} classes{kind}{listed}"
+
+
 def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | None = None) -> str:
     """The lines `lvfl fit` ends with (see the module docstring); only what this process knows."""
     record = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLines)), None)
@@ -132,6 +141,9 @@ def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | 
     took = f" in {seconds:.1f} s" if seconds is not None else ""
     device = trainer.strategy.root_device.type
     lines = [f"lvfl fit: {epochs} epoch{'s' if epochs != 1 else ''}{took} ({type(model).__name__}, {device})"]
+    task = getattr(model, "task", None) or getattr(datamodule, "task", None)
+    if isinstance(task, TaskInfo):
+        lines.append(f"  task: {describe_task(task, getattr(datamodule, 'label_names', None))}")
     wire = getattr(model, "wire", None)
     here, active = getattr(wire, "here", None), getattr(datamodule, "active_party", None)
     if record is not None and record.history and record.metric is not None:

@@ -109,6 +109,7 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
     per level would silently turn a near-unique column into thousands of inputs.
     """
     encoders = []
+    refused: list[tuple[int, str]] = []  # checked once every column's policy fits it: a config mistake comes first
     for j, name in enumerate(table.columns):
         texts = [table.values[r][j] for r in train]
         present = [t for t in texts if t.lower() not in MISSING]
@@ -127,6 +128,8 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
             )
         policy = source.missing_columns.get(name, source.missing)
         explicit = name in source.missing_columns
+        if policy == "refuse":
+            refused.append((j, name))
         gaps = len(present) < len(texts)  # the training rows miss a value: an indicator column says where
         if policy != "refuse" and not present:
             raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
@@ -172,7 +175,20 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
                     indicator=fill_level is not None and gaps,
                 )
             )
+    for j, name in refused:
+        _refuse_missing(table, j, name)
     return encoders
+
+
+def _refuse_missing(table: Table, j: int, name: str) -> None:
+    """Refuse a column with missing values under `missing: refuse`, naming the first in file order and the count."""
+    absent = [r for r, row in enumerate(table.values) if row[j].lower() in MISSING]
+    if absent:
+        more = f" (and {len(absent) - 1} more of the table's {len(table.values)} rows)" if len(absent) > 1 else ""
+        raise ValueError(
+            f"{table.origins[absent[0]]}: column {name!r} is missing a value{more} (missing: refuse; set the "
+            "table's `missing`, or this column's in `missing_columns`, to impute it: mean, median, mode or level)"
+        )
 
 
 def numeric_labels(table: Table, column: str) -> np.ndarray:

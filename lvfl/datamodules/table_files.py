@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import csv
 import decimal
+import difflib
 import itertools
 import math
 import re
@@ -315,6 +316,8 @@ def _feature_columns(source: PartyTable, file: Path, header: list[str]) -> list[
         hint = ""
         if len(header) == 1 and (sep := next((s for s in ";\t|" if s in header[0]), None)):
             hint = f"; the header seems to be separated by {sep!r}, a party table is comma-separated"
+        elif close := difflib.get_close_matches(absent[0], header, n=1, cutoff=0.6):
+            hint = f"; did you mean {close[0]!r}?"
         raise ValueError(f"{file}: no column {absent[0]!r} (the file's columns: {header}){hint}")
     if source.columns is not None and not source.columns:
         raise ValueError(f"{path}: `columns` is empty; name at least one feature column or leave it out")

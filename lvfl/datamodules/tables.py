@@ -43,6 +43,10 @@ Encoding, per party and fitted on the training rows only:
   column (the mean of a category) is refused. A value that is not a number in a numeric column is refused by line.
 
 Labels may be strings (`default` / `ok`): they are coded in sorted order and `label_names` decodes predictions.
+`task: binary` or `task: multiclass` states how many classes the config expects (2, or 3 and more), and another
+count is refused naming the classes found; under the default `task: classification`, a label of more than 20
+distinct numbers, or of fractions, is refused as the quantity it looks like (`task: regression` predicts it,
+`task: multiclass` takes numbers as class codes).
 With `task: regression` the label column holds numbers (a value that is not one, or a missing one, is refused by
 line), standardized with the training rows' mean and standard deviation and predicted in its own units. IDs
 are compared by their text (`12` and `"12"` are one ID) and kept: `business_ids(sample_ids)` gives the business ID
@@ -53,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -86,7 +91,10 @@ class PartyTables(VerticalDataModule):
             `PartyTable.encoding`, which is a CSV file's text encoding (utf-8, latin-1, ...); with onehot, each
             table's `max_levels` caps a column's levels.
         num_parties: the number of tables (None: taken from `parties`; another number is refused).
-        task: "classification" (labels are classes, any text) or "regression" (labels are real numbers).
+        task: "classification" (labels are classes, any text; a label of many distinct numbers, or of fractions, is
+            refused as the quantity it looks like: say "regression", or "multiclass" for class codes), "binary"
+            or "multiclass" (classes, and a label with another number of classes is refused), or "regression"
+            (labels are real numbers).
         new_rows: for `lvfl predict`: one table of new rows per party (the same columns as its training table, no
             label column), aligned by a PSI of their own (tags `psi_new/...`) and encoded and scaled with what each
             party fitted on its training rows; the rows every party holds are predicted by the VFL model, the
@@ -106,8 +114,9 @@ class PartyTables(VerticalDataModule):
         task: str = "classification",
         **kwargs: Any,
     ) -> None:
-        if task not in ("classification", "regression"):
-            raise ValueError(f"PartyTables: task must be 'classification' or 'regression', got task={task!r}")
+        if task not in TASKS:
+            raise ValueError(f"PartyTables: task must be one of {list(TASKS)}, got task={task!r}")
+        self.task_option = task
         self.regression = task == "regression"
         if not parties:
             raise ValueError("PartyTables needs one table per party in `parties`, got none")
@@ -227,7 +236,7 @@ class PartyTables(VerticalDataModule):
                 told = wire.send(active, name, task, TASK_TAG)
                 if wire.holds(name):
                     received = decode_split(_split_bytes(got, active), np.arange(shared_count, dtype=np.int64))
-                    self._peer_task = None if wire.holds(active) else _task(told, active, self.regression)
+                    self._peer_task = None if wire.holds(active) else _task(told, active, self.task_option)
             shared_order = np.arange(shared_count, dtype=np.int64)
         if not received and wire.holds(active):  # no passive participant (Local): the tables' split all the same
             received = decode_split(payload, shared_order)
@@ -337,6 +346,8 @@ class PartyTables(VerticalDataModule):
             num_classes = 0
         else:
             self.label_names = sorted(set(table.labels or []))
+            column = self.tables[self.active_party].label_column or ""
+            check_classes(self.label_names, column, self.task_option, table.path)
             code = {name: i for i, name in enumerate(self.label_names)}
             y = np.asarray([code[label] for label in table.labels or []], dtype=np.int64)[perm]
             num_classes = len(self.label_names)
@@ -599,14 +610,54 @@ def _split_bytes(payload: Any, sender: str) -> bytes:
     return payload
 
 
-def _task(told: torch.Tensor, sender: str, regression: bool) -> TaskInfo:
+#: `PartyTables`' task option: what the active party's label column is
+TASKS = ("classification", "binary", "multiclass", "regression")
+#: more distinct numbers than this in a label read as classes under `task: classification` is refused as a quantity
+MAX_NUMERIC_CLASSES = 20
+
+
+def check_classes(names: list[str], column: str, task: str, path: str) -> None:
+    """Refuse classes that do not fit the stated task, and a quantity about to be read as classes.
+
+    Under "classification" a label whose values are all numbers, more than `MAX_NUMERIC_CLASSES` of them or any
+    fraction among them, is refused: a rate or an amount read as classes trains a model of hundreds of one-member
+    classes (and the stratified split fails in scikit-learn's words); class codes pass with "multiclass".
+    """
+    where = f"{path}: the label column {column!r}"
+    if task == "binary" and len(names) != 2:
+        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: binary needs 2")
+    if task == "multiclass" and len(names) < 3:
+        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: multiclass needs 3 or "
+                         "more (task: binary for 2)")  # fmt: skip
+    if task != "classification":
+        return
+    numbers = []
+    for name in names:
+        try:
+            numbers.append(float(name))
+        except ValueError:
+            return
+    if len(numbers) > MAX_NUMERIC_CLASSES or any(math.isfinite(v) and v != int(v) for v in numbers):
+        raise ValueError(
+            f"{where} holds {len(names)} distinct numbers ({_listed(names)}): a quantity, read as classes, would "
+            "train a model of that many classes; set task: regression to predict the number, or task: multiclass "
+            "if these are class codes"
+        )
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    """`a, b, c` (the first `shown`, then how many more)."""
+    head = ", ".join(names[:shown])
+    return head + (f", ... {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _task(told: torch.Tensor, sender: str, task: str) -> TaskInfo:
     """The task a passive party learns from the active party's `task` message, checked against its own config."""
     num_classes = int(told.reshape(-1)[0])
-    if regression != (num_classes == 0):
-        raise ValueError(
-            f"{sender} sent a task with {num_classes} classes, but this party's config says task: "
-            f"{'regression' if regression else 'classification'}"
-        )
+    regression = task == "regression"
+    fits = {"regression": num_classes == 0, "binary": num_classes == 2, "multiclass": num_classes >= 3}
+    if not fits.get(task, num_classes != 0):
+        raise ValueError(f"{sender} sent a task with {num_classes} classes, but this party's config says task: {task}")
     if regression:
         return TaskInfo(num_classes=0, kind="regression")
     if num_classes < 2:
