@@ -109,7 +109,8 @@ def grid(epochs: int) -> list[dict]:
                 except Stopped as stop:  # a run the defense made diverge: said, not scored
                     for attack, metric in group:
                         records.append({"attack": _name(attack), "metric": metric, "defense": label(defense),
-                                        "stopped": str(stop)})  # fmt: skip
+                                        "stopped": str(stop).removeprefix("lvfl: error: ")})  # fmt: skip
+                        print(_row(records[-1]), flush=True)
                     continue
                 mp = series(rows, "val/acc/aggregate")[-1]
                 for attack, metric in group:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shutil
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -244,6 +245,46 @@ def refuse_a_used_version(trainer: Any) -> None:
             f"--trainer.logger.init_args.version: {folder} holds a run already, and lvfl does not overwrite one; "
             "name another version, or leave the version out (each command then writes the next free one)"
         )
+
+
+#: what a version folder holds before its command produced anything: the config it ran with, the logger's own files
+_BOOKKEEPING = ("config.yaml", "hparams.yaml", "metrics.csv")
+
+
+def drop_an_empty_run_folder(trainer: Any) -> Path | None:
+    """Remove this command's version folder when it holds nothing the command produced; the folder removed, or None.
+
+    A refused run, `lvfl predict --output` elsewhere and `lvfl export` would otherwise each leave `version_N` with its
+    config and a metrics file of set-up counts, and the run tree fills with them (a newcomer's good run was
+    `version_9`). Kept: any folder with a checkpoint, predictions, an attack's file or a logged result in it. A
+    folder whose version was picked by the logger is this command's own (`refuse_a_used_version` refuses an occupied
+    one by name).
+    """
+    if trainer is None or not trainer.loggers or not trainer.is_global_zero:
+        return None
+    logger = trainer.loggers[0]
+    version = getattr(logger, "_version", None)
+    log_dir = getattr(logger, "log_dir", None) if version is not None else None
+    folder = Path(log_dir) if log_dir else None
+    if folder is None or not folder.is_dir():
+        return None
+    for path in folder.rglob("*"):
+        if path.is_dir():
+            continue
+        relative = path.relative_to(folder)
+        if len(relative.parts) != 1 or relative.name not in _BOOKKEEPING:
+            return None
+        if relative.name == "metrics.csv" and _logged_results(path):
+            return None
+    shutil.rmtree(folder)
+    return folder
+
+
+def _logged_results(metrics: Path) -> bool:
+    """Whether a metrics file holds a result: a value under any name but the step, the epoch and set-up counts."""
+    lines = metrics.read_text().splitlines()
+    header = lines[0].split(",") if lines else []
+    return len(lines) > 1 and any(name not in ("step", "epoch") and not name.startswith("setup/") for name in header)
 
 
 def _keepers(trainer: Any) -> list[Any]:

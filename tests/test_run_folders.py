@@ -152,6 +152,28 @@ def test_export_predict_and_test_work_from_a_checkpoint_alone(fitted_example, tm
     assert f"lvfl test: --ckpt_path {best}: loaded {best} (epoch" in out
 
 
+@pytest.mark.filterwarnings("ignore:.*torch.jit.load.*:FutureWarning")
+def test_only_a_command_that_produced_something_leaves_a_version_folder(fitted_example, tmp_path, monkeypatch, capsys):
+    """`lvfl predict --output` elsewhere and `lvfl export` leave no `version_N` of config and set-up counts only, and a
+    run refused at set-up leaves none; `lvfl test` keeps its folder, whose metrics are its result."""
+    best, runs = fitted_example / "checkpoints" / "best.ckpt", fitted_example.parent
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in runs.iterdir())
+    main(["predict", "--ckpt_path", str(best), "--output", "p.csv"])
+    main(["export", "--ckpt_path", str(best), "--out", "parties"])
+    with pytest.raises(SystemExit):  # refused once the run's folder exists: at the data's set-up
+        main(["fit", "--config", str(EXAMPLE / "config.yaml"), "--data.init_args.task=multiclass",
+              f"--trainer.logger.init_args.save_dir={runs.parent}"])  # fmt: skip
+    assert "but task: multiclass needs 3 or more" in capsys.readouterr().err
+    assert (tmp_path / "p.csv").is_file()
+    assert (tmp_path / "parties").is_dir()
+    assert sorted(p.name for p in runs.iterdir()) == before
+    main(["test", "--ckpt_path", str(best)])
+    (new,) = set(p.name for p in runs.iterdir()) - set(before)
+    with (runs / new / "metrics.csv").open(newline="") as f:
+        assert any(name.startswith("test/") for name in next(csv.reader(f)))
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -15,7 +15,13 @@ from typing import Any
 
 import torch
 
-from lvfl.checkpoints import SPECIAL_CKPT_PATHS, describe_checkpoint, load_checkpoint, resolve_ckpt_path
+from lvfl.checkpoints import (
+    SPECIAL_CKPT_PATHS,
+    describe_checkpoint,
+    drop_an_empty_run_folder,
+    load_checkpoint,
+    resolve_ckpt_path,
+)
 from lvfl.commands.config_files import saved_config_of, with_saved_config
 from lvfl.commands.errors import debug_requested, reported_errors
 from lvfl.commands.fit import build_cli
@@ -133,6 +139,7 @@ def main(argv: Sequence[str]) -> None:
             session.join(cli)
         try:
             folders = _export_from_checkpoint(cli, args.ckpt_path, args.party, args.out)
+            drop_an_empty_run_folder(cli.trainer)  # the export is in --out: no version folder of config only
             if session is not None:
                 session.finish()  # every message this party sent is delivered before it exits
         except BaseException as err:

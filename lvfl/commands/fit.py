@@ -36,6 +36,7 @@ from lvfl.callbacks.checkpoint import ExactResume
 from lvfl.checkpoints import (
     SPECIAL_CKPT_PATHS,
     describe_checkpoint,
+    drop_an_empty_run_folder,
     load_checkpoint,
     refuse_a_used_version,
     resolve_ckpt_path,
@@ -136,6 +137,7 @@ class VFLCLI(LightningCLI):
                 raise
             raise Interrupted(signum, self._interrupted_message(subcommand, signum)) from stop
         except Exception as err:
+            drop_an_empty_run_folder(getattr(self, "trainer", None))  # a refused run leaves no version_N behind
             if self.party_session is None:
                 raise
             self.party_session.abort(" ".join(str(err).split()) or type(err).__name__)
@@ -314,6 +316,7 @@ class VFLCLI(LightningCLI):
     def after_predict(self) -> None:
         """Answer what the predict loop did not (`lvfl.commands.predict`) and say where the predictions went."""
         predict.after_predict(self)
+        drop_an_empty_run_folder(self.trainer)  # the predictions went elsewhere (--output): no folder of config only
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:
         """The trainer, with lvfl's default callbacks added to the configured ones (see `with_default_callbacks`).
