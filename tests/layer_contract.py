@@ -32,7 +32,7 @@ LAYERS: dict[str, list[set[str]]] = {
     ],
     "lvfl.commands": [
         {"entry"},
-        {"export", "launch", "bench", "pki", "serve", "score", "attack_score"},
+        {"export", "launch", "bench", "pki", "serve", "score", "attack_score", "early_checks"},
         {"party"},
         {"fit"},
         {"predict", "console", "twin", "config_files", "interrupts"},

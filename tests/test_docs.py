@@ -183,6 +183,11 @@ def plan(cmd: Command) -> None:
     elif words[0] == "curl":
         _check_curl(cmd)
         return
+    elif words[0] == "source" and words[1:] == [".venv/bin/activate"]:
+        if not re.search(r"^\t.*-m venv \$\(VENV\)", (REPO / "Makefile").read_text(encoding="utf-8"), re.M):
+            cmd.problems.append("the Makefile does not create the .venv this activates")
+        cmd.checks.append("activates the environment make demo creates")
+        return
     elif words[0] == "kill" and all(w.startswith("%") for w in words[1:]):
         cmd.checks.append("shell job control: stops the servers the block started with &")
         return

@@ -28,7 +28,9 @@ def tour_block(index: int) -> str:
 
 def tour_commands() -> list[list[str]]:
     block = tour_block(0)
-    return [shlex.split(command) for command in block.replace("\\\n", " ").splitlines() if command.strip()]
+    return [
+        shlex.split(command, comments=True) for command in block.replace("\\\n", " ").splitlines() if command.strip()
+    ]
 
 
 def table_ids(path: Path) -> set[str]:
@@ -46,7 +48,11 @@ def test_the_readme_tour_runs_as_written(tmp_path):
         (tmp_path / name).symlink_to(REPO / name)
     env = {k: v for k, v in os.environ.items() if k != "LVFL_DEBUG"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    commands = tour_commands()
+    activate, *commands = tour_commands()
+    # typed as written in a fresh shell: the first line puts make demo's environment on the PATH, which holds `lvfl`
+    assert activate == ["source", ".venv/bin/activate"]
+    assert (REPO / ".venv/bin/activate").is_file() or not (REPO / ".venv").exists()
+    assert Path(sys.executable).with_name("lvfl").is_file()  # the console script `lvfl` the tour then types
     assert [c[:2] for c in commands] == [
         ["lvfl", "fit"], ["lvfl", "test"], ["lvfl", "predict"], ["lvfl", "export"],
         ["python", "examples/serve_exported.py"], ["lvfl", "launch"], ["lvfl", "launch"],

@@ -36,6 +36,7 @@ __all__ = [
     "SAVED_CONFIG",
     "TABLE_LISTS",
     "check_public_seeds",
+    "config_values",
     "resolve_table_paths",
     "saved_config_of",
     "with_saved_config",
@@ -48,7 +49,7 @@ TABLE_LISTS = ("parties", "new_rows")
 SAVED_CONFIG = "config.yaml"
 
 
-def _config_values(args: Sequence[str]) -> list[tuple[int, str]]:
+def config_values(args: Sequence[str]) -> list[tuple[int, str]]:
     """(index of the value in `args`, value) of every ``--config VALUE`` and ``--config=VALUE``."""
     found = []
     for i, arg in enumerate(args):
@@ -96,7 +97,7 @@ def resolve_table_paths(args: Sequence[str]) -> list[str]:
     file that does not parse is left as given, for LightningCLI to report.
     """
     out = [str(a) for a in args]
-    for index, value in _config_values(out):
+    for index, value in config_values(out):
         path = Path(value)
         if not path.is_file():
             continue
@@ -150,7 +151,7 @@ def with_saved_config(
             folder holds no saved config.
     """
     out = [str(a) for a in args]
-    if _config_values(out):
+    if config_values(out):
         return out
     given = ckpt_path if ckpt_path is not None else _option_value(out, "--ckpt_path")
     if given is None or any(a in ("-h", "--help") for a in out):

@@ -26,6 +26,9 @@ SUBCOMMANDS = {
     "attack-score": "score a deployed attack's guesses (attacks/NAME.csv) against the truth, from the run's config",
 }
 
+#: the subcommands whose config files and party tables are checked before PyTorch loads (`early_checks`)
+EARLY_CHECKED = ("fit", "validate", "test", "predict", "launch", "party")
+
 HELP = "\n".join(
     [
         "usage: lvfl {" + ",".join(SUBCOMMANDS) + "} ...",
@@ -68,6 +71,13 @@ def main(args: list[str] | None = None) -> None:
         print(f"lvfl: error: {unknown_subcommand(argv[0])}", file=sys.stderr)
         raise SystemExit(2)
     command, rest = argv[0], argv[1:]
+    if command in EARLY_CHECKED:  # refused before PyTorch loads (the full run checks everything again)
+        from lvfl.commands.early_checks import early_refusal
+
+        refused = early_refusal(rest if command in ("launch", "party") or command.startswith("-") else argv)
+        if refused is not None:
+            print(f"lvfl: error: {refused}", file=sys.stderr)
+            raise SystemExit(2)
     if command == "export":
         from lvfl.commands import export
 
