@@ -35,7 +35,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"export", "launch", "bench", "pki", "serve", "score", "attack_score", "early_checks"},
         {"party"},
         {"fit"},
-        {"predict", "console", "twin", "config_files", "interrupts"},
+        {"predict", "console", "twin", "config_files", "interrupts", "lead_help"},
         {"errors"},
         {"argument_errors"},
     ],

@@ -182,3 +182,72 @@ def test_the_documented_errors_are_what_lvfl_prints(tmp_path):
         done = lvfl(*args, f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", cwd=tmp_path)
         assert done.returncode == 2, (command, done.stderr)
         assert (done.stdout + done.stderr).splitlines() == [expected], command
+
+
+def test_the_summary_names_the_students_figures_and_file_and_one_byte_total(tmp_path):
+    """With a student, the summary gives its test AUROC on the bank's test customers, on those both parties hold and
+    on those only the bank holds (what the VFL model cannot answer), as the CSV logger recorded them, and its file."""
+    student = '{"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 5}}'
+    done = lvfl("fit", "--config", CONFIG, "--trainer.max_epochs=2", f"--trainer.callbacks+={student}",
+                f"--trainer.logger.init_args.save_dir={tmp_path}", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.splitlines() + done.stderr.splitlines()  # what the person who ran it sees, stream by stream
+    (metrics,) = (tmp_path / "bank_retailer").glob("version_0/metrics.csv")
+    with metrics.open(newline="") as f:
+        logged = {k: float(v) for row in csv.DictReader(f) for k, v in row.items() if k.startswith("student/") and v}
+    (line,) = [line for line in printed if line.startswith("  student: ")]
+    folder = checkpoints_of(tmp_path / "bank_retailer")
+    shown = re.fullmatch(
+        r"  student: test auroc ([\d.]+) on party0's (\d+) test samples \(([\d.]+) on the (\d+) every party holds, "
+        r"([\d.]+) on the (\d+) only it holds\); saved: (.+)",
+        line,
+    )
+    assert shown is not None, line
+    auroc, total, shared_auroc, shared, only_auroc, only, saved = shown.groups()
+    assert float(auroc) == pytest.approx(logged["student/test/auroc"], abs=5e-5)
+    assert float(shared_auroc) == pytest.approx(logged["student/test/auroc/overlap"], abs=5e-5)
+    assert float(only_auroc) == pytest.approx(logged["student/test/auroc/active_only"], abs=5e-5)
+    assert int(shared) + int(only) == int(total) == 180  # the bank's test customers, as lvfl predict answers them
+    assert int(only) > 0
+    assert Path(saved) == folder / "student.pt"
+    assert Path(saved).is_file()
+    # one byte total: the ledger printed at the end of fit holds the student's teacher traffic, each byte under a tag
+    (head,) = [i for i, line in enumerate(printed) if line.startswith("== communication during fit")]
+    total_mb, messages = re.search(r": ([\d.]+) MB in (\d+) messages ==", printed[head]).groups()
+    (wire,) = [line for line in printed if line.startswith("  wire: ")]
+    assert wire.startswith(f"  wire: {total_mb} MB (")
+    assert wire.endswith(f" in {int(messages):,} messages")
+    tags = {}
+    for line in printed[head + 1 :]:
+        if not line.startswith("  tag  "):
+            break
+        name, _, _, count, _ = line.split()[1:]
+        tags[name] = int(count.replace(",", ""))
+    assert any(name.startswith("teacher/") for name in tags)
+    assert sum(tags.values()) == int(wire.split("(")[1].split()[0].replace(",", ""))
+    assert len({line.index(" MB ") for line in printed[head + 1 :] if line.startswith(("  tag  ", "  link "))}) == 1
+
+
+def test_lvfl_test_prints_what_the_test_moved_and_the_cumulative_figure_in_one_line(summary, tmp_path):
+    """The test's own traffic tag by tag (aligned), then one line: the checkpoint's history plus the test's."""
+    experiment, _ = summary
+    last = checkpoints_of(experiment) / "last.ckpt"
+    done = lvfl("test", "--config", CONFIG, f"--ckpt_path={last}", f"--trainer.logger.init_args.save_dir={tmp_path}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.splitlines() + done.stderr.splitlines()
+    (head,) = [i for i, line in enumerate(printed) if line.startswith("== communication during test: ")]
+    rows = []
+    for line in printed[head + 1 :]:
+        if not line.startswith(("  tag  ", "  link ")):
+            break
+        rows.append(line)
+    tags = {line.split()[1]: int(line.split()[4].replace(",", "")) for line in rows if line.startswith("  tag  ")}
+    moved = sum(tags.values())
+    messages = int(re.search(r"MB in (\d+) messages ==", printed[head]).group(1))
+    assert len({line.index(" MB ") for line in rows}) == 1  # one column, whatever the tags' lengths
+    history = load_checkpoint(last)["lvfl"]["wire"]
+    before = sum(row[3] for row in history["bytes"])
+    sent_before = sum(row[3] for row in history["messages"])
+    (cumulative,) = [line for line in printed if line.startswith("== cumulative, the run's earlier traffic included:")]
+    assert cumulative.endswith(f": {(before + moved) / 1e6:.3f} MB in {sent_before + messages} messages ==")
+    assert len([line for line in printed if line.startswith("  tag  ")]) == len(tags)  # no second, cumulative table

@@ -200,8 +200,8 @@ def plan(cmd: Command) -> None:
         return
     sub, rest = args[0], args[1:]
     if sub in LIGHTNING_SUBCOMMANDS:
-        if "--help" in rest or "-h" in rest:
-            cmd.jobs.append(("lvfl", [sub, "--help"]))
+        if "--help" in rest or "-h" in rest or any(a.endswith(".help") for a in rest):  # --help all, --model.help X
+            cmd.jobs.append(("lvfl", [sub, *rest]))
         else:
             _lightning_parse(cmd, sub, rest)
     elif sub in ("launch", "party"):

@@ -1,4 +1,5 @@
-"""A missing config file or party table is refused before PyTorch loads, in the line the full run would print."""
+"""What the front door answers before PyTorch loads: a missing config file or party table, refused in the line the full
+run would print, and `lvfl fit --help`, lvfl's own options first."""
 
 from __future__ import annotations
 
@@ -57,9 +58,37 @@ def test_the_early_line_is_the_full_runs_and_what_it_cannot_decide_is_left_to_it
     with pytest.raises(FileNotFoundError) as refused:
         build_cli(args, exit_on_error=False)
     assert str(refused.value) == early
+    assert early_refusal(["party", "--party", "party1", "--config", str(config)], tables=False) is None  # its own only
     replaced = ["--data.init_args.parties=[]"]  # the command line replaces the tables: the full run decides
     assert early_refusal(["fit", "--config", str(config), *replaced]) is None
     assert early_refusal(["fit", "--config", str(EXAMPLE)]) is None
     fragment = tmp_path / "fragment.yaml"  # a later config that sets data but no tables: the full run decides
     fragment.write_text("data:\n  init_args:\n    batch_size: 16\n")
     assert early_refusal(["fit", "--config", str(config), "--config", str(fragment)]) is None
+
+
+def test_fit_help_leads_with_lvfls_own_options_and_says_where_the_rest_are():
+    """`lvfl fit --help` is a page, not 500 lines led by Trainer flags, printed before PyTorch loads; `--help all` is
+    LightningCLI's whole help; `launch --help` and `party --help` print no stray fragment of argparse's usage."""
+    done = subprocess.run([sys.executable, "-c", PROBE, "fit", "--help"], cwd=REPO, capture_output=True, text=True,
+                          check=False, timeout=120)  # fmt: skip
+    page = done.stdout.splitlines()
+    assert page[-1] == "exit 0 torch loaded: False"
+    assert len(page) < 40
+    own = page[: page.index("Lightning's Trainer options, the ones most runs set:")]
+    options = [line.split()[0] for line in own if line.startswith("  --")]
+    assert options[:4] == ["--config", "--model", "--model.help", "--data"]
+    assert "--ckpt_path" in options
+    assert "--debug" in options
+    assert not any(option.startswith("--trainer.") for option in options)  # named after them, as Lightning's
+    assert "Every option, all of Lightning's Trainer flags included: lvfl fit --help all" in page
+    whole = subprocess.run([sys.executable, "-m", "lvfl", "fit", "--help", "all"], cwd=REPO, capture_output=True,
+                           text=True, check=False, timeout=300)  # fmt: skip
+    assert whole.returncode == 0
+    assert "--trainer.max_epochs MAX_EPOCHS" in whole.stdout
+    for sub in ("launch", "party"):
+        shown = subprocess.run([sys.executable, "-m", "lvfl", sub, "--help"], cwd=REPO, capture_output=True,
+                               text=True, check=False, timeout=120).stdout.splitlines()  # fmt: skip
+        assert shown[0].startswith(f"usage: lvfl {sub} ")
+        assert shown[1] == ""
+        assert shown[3:5] == ["", "options:"]  # the description, then the options: no usage fragment between

@@ -198,6 +198,13 @@ def test_paillier_resumes_with_a_new_key_pair_to_the_uninterrupted_end(tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     everyone = {name: tmp_path / "launch" / name for name in [*(f"party{k}" for k in range(4)), "coordinator"]}
     assert_parity(tmp_path / "fit", everyone, resumed=True, holds_none={"coordinator"})
+    for name, folder in everyone.items():  # the launch says where each party wrote; a log keeps the earlier launch's
+        (newest,) = [p for p in folder.glob("*/version_*") if p.name == "version_1"]  # the resumed run's folder
+        log = tmp_path / "launch" / f"{name}.log"
+        (said,) = [line for line in resumed.stdout.splitlines() if line.startswith(f"lvfl launch: {name}: ")]
+        assert said == f"lvfl launch: {name}: {newest}" + ("" if name == "party0" else f", log {log}")
+        if name != "party0":  # the active party's output is the console's
+            assert log.read_text().count("== lvfl launch fit, run launch-") == 2, name
 
 
 STUDENT = (

@@ -39,10 +39,12 @@ def _wire(pl_module: LightningModule) -> Wire:
 def format_summary(wire: Wire, title: str = "communication") -> str:
     """A human-readable table of the ledger: total, per tag and per link, in MB (10^6 bytes)."""
     lines = [f"== {title}: {wire.total_bytes() / MB:.3f} MB in {wire.total_messages()} messages =="]
-    for tag, n in sorted(wire.bytes_by_tag().items()):
-        lines.append(f"  tag  {tag:<18} {n / MB:12.4f} MB {n:>14,d} bytes")
-    for link, n in sorted(wire.bytes_by_link().items()):
-        lines.append(f"  link {link:<18} {n / MB:12.4f} MB {n:>14,d} bytes")
+    tags, links = sorted(wire.bytes_by_tag().items()), sorted(wire.bytes_by_link().items())
+    width = max([18, *(len(name) for name, _ in tags + links)])  # a long tag (teacher/...) keeps the columns aligned
+    for tag, n in tags:
+        lines.append(f"  tag  {tag:<{width}} {n / MB:12.4f} MB {n:>14,d} bytes")
+    for link, n in links:
+        lines.append(f"  link {link:<{width}} {n / MB:12.4f} MB {n:>14,d} bytes")
     return "\n".join(lines)
 
 
@@ -60,6 +62,9 @@ class CommunicationMeter(Callback):
         self._mark: Counter[tuple[str, str, str]] = Counter()
         self._epoch: Counter[tuple[str, str, str]] = Counter()
         self._setup_pending = False
+        self._before_test: dict[str, list] = {}  # the ledger the test's own traffic is counted from
+        self._history: dict[str, list] = {}  # the ledger of a loaded checkpoint
+        self._fitted = False  # a fit ran in this process (a test after it counts from where it ended)
 
     # -- train-epoch accounting: deltas of the ledger over training batches only -------------------------------
     def _accumulate(self, wire: Wire) -> None:
@@ -129,8 +134,10 @@ class CommunicationMeter(Callback):
         values = torch.tensor(list(figures.values()), dtype=torch.float64, device=pl_module.device)
         return dict(zip(figures, trainer.strategy.reduce(values, reduce_op="sum").tolist(), strict=True))
 
-    def _print_summary(self, trainer: Trainer, pl_module: LightningModule, title: str) -> None:
-        wire = _wire(pl_module)
+    def _print_summary(
+        self, trainer: Trainer, pl_module: LightningModule, title: str, wire: Wire | None = None
+    ) -> None:
+        wire = _wire(pl_module) if wire is None else wire
         if trainer.world_size > 1:  # every rank simulates all parties on its shard: the deployment's bytes are the sum
             keys = sorted(wire.bytes)
             counts = torch.tensor([[wire.bytes[k], wire.messages[k]] for k in keys], dtype=torch.float64)
@@ -144,13 +151,40 @@ class CommunicationMeter(Callback):
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Print the ledger."""
+        self._fitted = True
         if self.print_summary:
             self._print_summary(trainer, pl_module, "communication during fit (cumulative)")
 
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Keep the loaded run's ledger: what a test in a new process adds to it is the test's own traffic."""
+        self._history = dict((checkpoint.get("lvfl") or {}).get("wire") or {})
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Note what the test's own traffic is counted from.
+
+        After a fit in this process: the wire as the test finds it. In a new process (`lvfl test`): the loaded run's
+        ledger, so the test's own set-up (the PSI, the split) counts as the test's.
+        """
+        self._before_test = _wire(pl_module).state_dict() if self._fitted or not self._history else self._history
+
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Print the ledger."""
-        if self.print_summary:
-            self._print_summary(trainer, pl_module, "communication (cumulative, incl. test)")
+        """Print what the test itself moved, tag by tag, and the run's cumulative figure in one line."""
+        if not self.print_summary:
+            return
+        wire = _wire(pl_module)
+        before = Wire()
+        before.load_state_dict(self._before_test)
+        moved = Wire()
+        moved.merge_state_dict(
+            {
+                "bytes": [[*k, n - before.bytes[k]] for k, n in wire.bytes.items() if n != before.bytes[k]],
+                "messages": [[*k, n - before.messages[k]] for k, n in wire.messages.items() if n != before.messages[k]],
+            }
+        )
+        self._print_summary(trainer, pl_module, "communication during test", wire=moved)
+        total = f"{wire.total_bytes() / MB:.3f} MB in {wire.total_messages()} messages"
+        if trainer.world_size <= 1 and before.total_bytes():  # (summed over ranks, the test's own table says it)
+            rank_zero_info(f"== cumulative, the run's earlier traffic included: {total} ==")
 
     def state_dict(self) -> dict[str, Any]:
         """The current epoch's partial count, so a mid-epoch resume keeps it."""

@@ -125,6 +125,37 @@ def _psi(counts: dict[str, int]) -> str | None:
     return f"{counts['intersection']:,} IDs every party holds" + (f" (of {', '.join(held)})" if held else "")
 
 
+def _student(trainer: Trainer, datamodule: Any) -> str | None:
+    """The student's line: its main test figure and where it was saved; None where the run fitted no student.
+
+    The figure is given on the active party's test samples, on those every party holds, and on those only the active
+    party holds (which the VFL model cannot answer): the student answers them all.
+    """
+    student = next((cb for cb in trainer.callbacks if type(cb).__name__ == "StudentDistillation"), None)
+    metrics = dict(getattr(student, "metrics", None) or {})
+    task = getattr(datamodule, "task", None)
+    if not metrics or not isinstance(task, TaskInfo):
+        return None
+    name = "r2" if task.is_regression else "auroc" if task.num_classes == 2 else "acc"
+    key = f"student/test/{name}"
+    if key not in metrics:
+        return None
+    active = datamodule.active_party_name
+    mask = datamodule.overlap_mask("test")
+    total, shared = len(mask), int(mask.sum())
+    parts = [f"test {name} {metrics[key]:.4f} on {active}'s {total:,} test samples"]
+    for suffix, count, who in (
+        ("overlap", shared, "every party holds"),
+        ("active_only", total - shared, "only it holds"),
+    ):
+        if f"{key}/{suffix}" in metrics:
+            parts.append(f"{metrics[f'{key}/{suffix}']:.4f} on the {count:,} {who}")
+    folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+    saved = Path(folder) / "student.pt" if folder else None
+    where = f"saved: {saved}" if saved is not None and saved.is_file() else "not saved"
+    return parts[0] + (f" ({', '.join(parts[1:])})" if parts[1:] else "") + f"; {where}"
+
+
 def describe_task(task: TaskInfo, names: list[str] | None = None) -> str:
     """``3 classes: high, low, medium``, ``2 classes (binary): default, ok``, ``10 classes`` or ``regression``."""
     if task.kind == "regression" or task.num_classes == 0:
@@ -156,6 +187,9 @@ def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | 
         total = wire.total_bytes()
         whose = " (rank 0's share; the ledger above sums every rank)" if trainer.world_size > 1 else ""
         lines.append(f"  wire: {total / 1e6:.3f} MB ({total:,} bytes) in {wire.total_messages():,} messages{whose}")
+    student = _student(trainer, datamodule)
+    if student is not None:
+        lines.append(f"  student: {student}")
     psi = _psi(dict(getattr(datamodule, "psi_counts", None) or {}))
     if psi is not None:
         lines.append(f"  PSI: {psi}")

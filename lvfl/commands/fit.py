@@ -47,6 +47,7 @@ from lvfl.commands.config_files import check_public_seeds, resolve_table_paths, 
 from lvfl.commands.console import EpochLines, fit_summary
 from lvfl.commands.errors import debug_requested, reported_errors
 from lvfl.commands.interrupts import SIGNALS, Interrupted, reporting_interrupts
+from lvfl.commands.lead_help import asks_lead_help, lead_help
 from lvfl.commands.twin import PLAIN, Measured, StepTimer, cost_rows, format_table, twin_args
 from lvfl.datamodules import VerticalDataModule
 from lvfl.federation import FederationError
@@ -403,7 +404,8 @@ def trainer_defaults() -> dict:
 def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     """The default callbacks of lvfl, followed by the configured `callbacks` (a list, one callback, or None).
 
-    The defaults are `CommunicationMeter` (the wire's figures), `ExactResume` (a resumed fit continues the run it
+    The defaults are `CommunicationMeter` (the wire's figures; placed after the configured callbacks, so that the
+    ledger it prints at the end of fit holds what they sent then), `ExactResume` (a resumed fit continues the run it
     resumes), `console.EpochLines` (a line per epoch where no progress bar draws; the fit summary's figures) and
     `ExperimentCheckpoint` (the `last.ckpt` that `--ckpt_path last` loads, and the best epoch's
     `best.ckpt` that `--ckpt_path best` loads). Each is added unless the configured list already holds a callback of
@@ -413,11 +415,14 @@ def with_default_callbacks(callbacks: Any, checkpointing: bool = True) -> list:
     (`trainer.enable_checkpointing: false`).
     """
     configured = [] if callbacks is None else list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
-    defaults = [(CommunicationMeter, CommunicationMeter), (ExactResume, ExactResume), (EpochLines, EpochLines)]
+    defaults = [(ExactResume, ExactResume), (EpochLines, EpochLines)]
     if checkpointing:
         defaults.append((ModelCheckpoint, ExperimentCheckpoint))
     added = [make() for kind, make in defaults if not any(isinstance(cb, kind) for cb in configured)]
-    return [*added, *configured]
+    # the meter after the configured callbacks: its ledger, printed at the end of fit, holds what they sent there
+    # (the student's teacher traffic), so the ledger's total is the summary's
+    meter = [] if any(isinstance(cb, CommunicationMeter) for cb in configured) else [CommunicationMeter()]
+    return [*added, *configured, *meter]
 
 
 def build_cli(args: list[str], run: bool = True, exit_on_error: bool = True, party: Any = None) -> VFLCLI:
@@ -542,6 +547,11 @@ def main(args: list[str] | None = None, party: Any = None) -> None:
     number, as a shell reports it) after one line on stderr; for `lvfl fit` it names the checkpoint to resume from.
     """
     debug, argv = debug_requested(list(args if args is not None else sys.argv[1:]))
+    if asks_lead_help(argv):  # lvfl's options first (lvfl.commands.lead_help)
+        print(lead_help(argv[0]))
+        raise SystemExit(0)
+    if len(argv) == 3 and argv[1:] == ["--help", "all"]:  # LightningCLI's whole help, every Trainer flag
+        argv = argv[:2]
     subcommand = argv[0] if argv and argv[0] in VFLCLI.subcommands() else ""
     with reporting_interrupts(subcommand), reported_errors(debug):
         if subcommand in ("validate", "test", "predict"):  # from a checkpoint alone: the run's saved config

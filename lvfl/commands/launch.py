@@ -7,9 +7,10 @@ can be minted with it afterwards), then starts `lvfl party` once per party of th
 ``<save_dir>/<party>`` (and on a host with several GPUs, its own GPU). Each party keeps torch's thread count (as
 `lvfl fit` does: floating-point sums depend on how many threads split them, so the same count is what makes the two runs
 bit-identical); `--threads N` gives every party N threads instead, which is faster when the parties share few cores
-(compare with `OMP_NUM_THREADS=N lvfl fit`). The active party's output is the console's; every other party's goes to
-``<save_dir>/<party>.log``. It exits 0 when every party did, else with the first failing party's status and one line per
-failed party.
+(compare with `OMP_NUM_THREADS=N lvfl fit`). The active party's output is the console's; every other party's is appended
+to ``<save_dir>/<party>.log`` under a header naming the launch, so an earlier launch's log stays. When the parties end
+it prints each one's run folder and log, and exits 0 when every party did, else with the first failing party's status
+and one line per failed party.
 """
 
 from __future__ import annotations
@@ -160,11 +161,31 @@ def _launch_parties(
         else:
             logs[name] = Path(save_dir) / f"{name}.log"
             logs[name].parent.mkdir(parents=True, exist_ok=True)
-            with logs[name].open("w") as out:
+            with logs[name].open("a") as out:  # appended: an earlier launch's log stays, under its own header
+                out.write(
+                    f"== lvfl launch {subcommand or 'fit'}, run {run_id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n"
+                )
+                out.flush()
                 processes[name] = subprocess.Popen(  # noqa: S603 - lvfl's own command
                     [*args, "--trainer.enable_progress_bar=false"], env=env, stdout=out, stderr=subprocess.STDOUT
                 )
-    return _wait(processes, logs, grace=timeout + 30)
+    if logs:
+        shown = ", ".join(f"{name} -> {log}" for name, log in logs.items())
+        print(f"lvfl launch: the other parties' output is appended to their logs ({shown})", flush=True)
+    started = time.time()
+    status = _wait(processes, logs, grace=timeout + 30)
+    for name in names:  # where each party wrote: its run folder (and its log)
+        folder = _newest_run(Path(save_dir) / name, since=started)
+        where = str(folder) if folder is not None else f"no run folder under {Path(save_dir) / name}"
+        log = f", log {logs[name]}" if name in logs else ""
+        print(f"lvfl launch: {name}: {where}{log}", flush=True)
+    return status
+
+
+def _newest_run(root: Path, since: float) -> Path | None:
+    """The newest `<root>/<name>/version_N` folder written since `since` (a party's run of this launch), or None."""
+    folders = [p for p in root.glob("*/version_*") if p.is_dir() and p.stat().st_mtime >= since - 1]
+    return max(folders, key=lambda p: p.stat().st_mtime, default=None)
 
 
 def _gpu_count() -> int:
@@ -212,8 +233,8 @@ def _last_line(log: Path | None) -> str:
 def main(argv: list[str]) -> None:
     """`lvfl launch`."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(LAUNCH_HELP)
-        print(launch_parser().format_help().split("\n", 1)[1])
+        print(LAUNCH_HELP, end="\n\n")
+        print(launch_parser().format_help().split("\n\n", 1)[1])  # argparse's own usage block, whole lines
         return
     debug, argv = debug_requested(argv)
     with reported_errors(debug):

@@ -279,8 +279,8 @@ def _federation_names(path: Path) -> list[str]:
 def main(argv: list[str]) -> None:
     """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`fit.main`)."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(PARTY_HELP)
-        print(party_parser().format_help().split("\n", 1)[1])
+        print(PARTY_HELP, end="\n\n")
+        print(party_parser().format_help().split("\n\n", 1)[1])  # argparse's own usage block, whole lines
         return
     debug, argv = debug_requested(argv)
     subcommand = argv.pop(0) if argv and argv[0] in SUBCOMMANDS else "fit"
