@@ -66,6 +66,12 @@ def test_fit_ends_with_a_summary_of_the_run(summary):
     with (REPO / "examples/bank_retailer/bank.csv").open(newline="") as f:
         classes = sorted({row["status"] for row in csv.DictReader(f)})
     assert block[1] == f"  task: 2 classes (binary): {', '.join(classes)}"  # the label column's own values
+    (unanswered,) = [line for line in block if line.startswith("  unanswered: ")]  # no student in this run
+    alone, total = re.match(
+        r"  unanswered: (\d+) of party0's (\d+) test samples are held by party0 alone", unanswered
+    ).groups()
+    assert int(total) == 180  # the bank's test customers, as lvfl predict answers them (README)
+    assert 0 < int(alone) < int(total)
     rows = metrics_rows(experiment)
     assert [int(r["epoch"]) for r in rows] == [0, 1, 2, 3]
     for who in ("party0", "party1", "mean"):
@@ -196,6 +202,7 @@ def test_the_summary_names_the_students_figures_and_file_and_one_byte_total(tmp_
     with metrics.open(newline="") as f:
         logged = {k: float(v) for row in csv.DictReader(f) for k, v in row.items() if k.startswith("student/") and v}
     (line,) = [line for line in printed if line.startswith("  student: ")]
+    assert not [line for line in printed if line.startswith("  unanswered: ")]  # the student answers them
     folder = checkpoints_of(tmp_path / "bank_retailer")
     shown = re.fullmatch(
         r"  student: test auroc ([\d.]+) on party0's (\d+) test samples \(([\d.]+) on the (\d+) every party holds, "

@@ -156,6 +156,26 @@ def _student(trainer: Trainer, datamodule: Any) -> str | None:
     return parts[0] + (f" ({', '.join(parts[1:])})" if parts[1:] else "") + f"; {where}"
 
 
+def _unanswered(datamodule: Any) -> str | None:
+    """Without a student: how many of the active party's test samples no model will answer (it alone holds them)."""
+    overlap = getattr(datamodule, "overlap_mask", None)
+    if overlap is None:
+        return None
+    try:
+        mask = overlap("test")
+    except (RuntimeError, ValueError, KeyError):  # a process that does not hold the active party's view
+        return None
+    alone = len(mask) - int(mask.sum())
+    if not alone:
+        return None
+    active = datamodule.active_party_name
+    return (
+        f"{alone:,} of {active}'s {len(mask):,} test samples are held by {active} alone, and no model answers them: "
+        "the VFL model needs every party's part (a student would: --trainer.callbacks+=lvfl.callbacks."
+        "StudentDistillation)"
+    )
+
+
 def describe_task(task: TaskInfo, names: list[str] | None = None) -> str:
     """``3 classes: high, low, medium``, ``2 classes (binary): default, ok``, ``10 classes`` or ``regression``."""
     if task.kind == "regression" or task.num_classes == 0:
@@ -190,6 +210,10 @@ def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | 
     student = _student(trainer, datamodule)
     if student is not None:
         lines.append(f"  student: {student}")
+    elif here is None or active is None or here == party_name(active):  # the process that holds the active party
+        unanswered = _unanswered(datamodule)
+        if unanswered is not None:
+            lines.append(f"  unanswered: {unanswered}")
     psi = _psi(dict(getattr(datamodule, "psi_counts", None) or {}))
     if psi is not None:
         lines.append(f"  PSI: {psi}")
