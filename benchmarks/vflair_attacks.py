@@ -38,6 +38,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from attacks import Stopped, fit  # noqa: E402
+from common import machine  # noqa: E402
+
+from lvfl import attacks as library  # noqa: E402 - (the benchmark beside it is `attacks` too)
+from lvfl.commands.bench.report import attack_performance, dcs  # noqa: E402
+from lvfl.privacy import GaussianNoise, LaplaceNoise  # noqa: E402
 
 PIECES = (
     "configs/paper/data/fmnist_vflair.yaml",
@@ -77,8 +82,6 @@ def epsilon(defense: dict | None, epochs: int) -> float | None:
     """The noise defense's label-DP epsilon over the run (delta 1e-5), None for the others."""
     if defense is None or not defense["class_path"].endswith(("GaussianNoise", "LaplaceNoise")):
         return None
-    from lvfl.privacy import GaussianNoise, LaplaceNoise
-
     cls = GaussianNoise if defense["class_path"].endswith("GaussianNoise") else LaplaceNoise
     return cls(**defense["init_args"]).epsilon(epochs, 1e-5)
 
@@ -96,8 +99,6 @@ def run(attacks: list[dict], defense: dict | None, epochs: int, out: Path) -> li
 
 def grid(epochs: int) -> list[dict]:
     """Every attack under every defense: one record per (attack, defense)."""
-    from lvfl.commands.bench.report import attack_performance, dcs
-
     records: list[dict] = []
     ideal: dict[str, float] = {}
     groups = [INFERENCES, *([entry] for entry in BACKDOORS)]
@@ -141,9 +142,7 @@ def grid(epochs: int) -> list[dict]:
 
 
 def _name(attack: dict) -> str:
-    from lvfl import attacks
-
-    return getattr(attacks, attack["class_path"].rsplit(".", 1)[1]).name
+    return getattr(library, attack["class_path"].rsplit(".", 1)[1]).name
 
 
 def _row(r: dict) -> str:
@@ -161,8 +160,6 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=30, help="VFLAIR's 30")
     parser.add_argument("--out", type=Path, default=None, help="also write the records here as JSON")
     args = parser.parse_args()
-    from common import machine
-
     print(f"# VFLAIR's attack setting on Fashion-MNIST (2 parties, MLP 392-32-10, Adam lr 0.01, batch 1024), "
           f"{args.epochs} epochs; attacks by party1. AP: an inference's metric at the last epoch, a backdoor's "
           "averaged over every epoch (VFLAIR's); MP: validation accuracy at the last epoch; DCS: beta 0.5, AP* 0, "

@@ -58,7 +58,8 @@ def test_the_early_line_is_the_full_runs_and_what_it_cannot_decide_is_left_to_it
     with pytest.raises(FileNotFoundError) as refused:
         build_cli(args, exit_on_error=False)
     assert str(refused.value) == early
-    assert early_refusal(["party", "--party", "party1", "--config", str(config)], tables=False) is None  # its own only
+    party = ["party", "--party", "party1", "--config", str(config)]  # a party holds its own table only
+    assert early_refusal(party, check_tables=False) is None
     replaced = ["--data.init_args.parties=[]"]  # the command line replaces the tables: the full run decides
     assert early_refusal(["fit", "--config", str(config), *replaced]) is None
     assert early_refusal(["fit", "--config", str(EXAMPLE)]) is None

@@ -39,11 +39,11 @@ def _tables(config: Any) -> dict[str, list[Any]] | None:
     return {key: init[key] for key in TABLE_LISTS if isinstance(init.get(key), list)}
 
 
-def early_refusal(args: Sequence[str], tables: bool = True) -> str | None:
+def early_refusal(args: Sequence[str], check_tables: bool = True) -> str | None:
     """The one-line refusal of a config file or party table that does not exist, or None (the full run decides).
 
-    `tables` False checks the config files only: `lvfl party` runs where only its own party's table is on the disk,
-    though the config names every party's.
+    `check_tables` False checks the config files only: `lvfl party` runs where only its own party's table is on the
+    disk, though the config names every party's.
     """
     effective: tuple[Path, dict[str, list[Any]]] | None = None
     for _, value in config_values(args):
@@ -57,7 +57,7 @@ def early_refusal(args: Sequence[str], tables: bool = True) -> str | None:
         tables = _tables(config)
         if tables is not None:  # the last config that sets `data` decides (a fragment without tables: no check)
             effective = (path.resolve().parent, tables) if tables else None
-    if not tables or effective is None or any(arg == "--data" or arg.startswith(REPLACED) for arg in args):
+    if not check_tables or effective is None or any(arg == "--data" or arg.startswith(REPLACED) for arg in args):
         return None
     base, tables = effective
     for entries in tables.values():

@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
+from lvfl.commands.early_checks import early_refusal  # light: PyYAML, no PyTorch (the checks run before it loads)
+from lvfl.commands.lead_help import asks_lead_help, lead_help
+
 #: every subcommand, with the one line `lvfl --help` prints for it
 SUBCOMMANDS = {
     "fit": "train a protocol on a datamodule; keeps last.ckpt and best.ckpt (resume with --ckpt_path last)",
@@ -71,15 +74,11 @@ def main(args: list[str] | None = None) -> None:
         print(f"lvfl: error: {unknown_subcommand(argv[0])}", file=sys.stderr)
         raise SystemExit(2)
     command, rest = argv[0], argv[1:]
-    from lvfl.commands.lead_help import asks_lead_help, lead_help
-
     if asks_lead_help(argv):  # lvfl's own options first, before PyTorch loads (`--help all`: LightningCLI's whole)
         print(lead_help(command))
         raise SystemExit(0)
     if command in EARLY_CHECKED:  # refused before PyTorch loads (the full run checks everything again)
-        from lvfl.commands.early_checks import early_refusal
-
-        refused = early_refusal(argv, tables=command != "party")  # a party holds its own table only
+        refused = early_refusal(argv, check_tables=command != "party")  # a party holds its own table only
         if refused is not None:
             print(f"lvfl: error: {refused}", file=sys.stderr)
             raise SystemExit(2)
