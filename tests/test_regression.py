@@ -210,8 +210,10 @@ def test_party_tables_regress_on_a_numeric_label_column_and_refuse_a_text_by_lin
     values[17] = "n/a"
     with pytest.raises(ValueError, match=r"a.csv, line 19: the label column 'spend' holds 'n/a', not a finite"):
         PartyTables(write_tables(tmp_path, values), task="regression").setup("fit")
-    with pytest.raises(ValueError, match="task must be 'classification' or 'regression'"):
-        PartyTables(write_tables(tmp_path, values), task="binary")
+    with pytest.raises(
+        ValueError, match=r"task must be one of \['classification', 'binary', 'multiclass', 'regression'\]"
+    ):
+        PartyTables(write_tables(tmp_path, values), task="regresion")
 
 
 def test_lvfl_fit_then_predict_writes_values_for_the_regression_pieces(tmp_path, monkeypatch):
