@@ -174,13 +174,9 @@ class CommunicationMeter(Callback):
         wire = _wire(pl_module)
         before = Wire()
         before.load_state_dict(self._before_test)
-        moved = Wire()
-        moved.merge_state_dict(
-            {
-                "bytes": [[*k, n - before.bytes[k]] for k, n in wire.bytes.items() if n != before.bytes[k]],
-                "messages": [[*k, n - before.messages[k]] for k, n in wire.messages.items() if n != before.messages[k]],
-            }
-        )
+        moved = Wire()  # the ledger's rows grow only: Counter subtraction keeps exactly what the test added
+        added = {"bytes": wire.bytes - before.bytes, "messages": wire.messages - before.messages}
+        moved.merge_state_dict({kind: [[*k, n] for k, n in rows.items()] for kind, rows in added.items()})
         self._print_summary(trainer, pl_module, "communication during test", wire=moved)
         total = f"{wire.total_bytes() / MB:.3f} MB in {wire.total_messages()} messages"
         if trainer.world_size <= 1 and before.total_bytes():  # (summed over ranks, the test's own table says it)
