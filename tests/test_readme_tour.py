@@ -55,8 +55,10 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert Path(sys.executable).with_name("lvfl").is_file()  # the console script `lvfl` the tour then types
     assert [c[:2] for c in commands] == [
         ["lvfl", "fit"], ["lvfl", "test"], ["lvfl", "predict"], ["lvfl", "export"],
-        ["python", "examples/serve_exported.py"], ["lvfl", "launch"], ["lvfl", "launch"],
+        ["python", "examples/serve_exported.py"], ["lvfl", "launch"], ["lvfl", "launch"], ["lvfl", "launch"],
     ]  # fmt: skip
+    assert commands[6][2] == "predict"
+    assert "lvfl.callbacks.StudentDistillation" in " ".join(commands[5])
     printed = {}
     for command in commands:
         program = [sys.executable, "-m", "lvfl"] if command[0] == "lvfl" else [sys.executable]
@@ -83,6 +85,14 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert sorted(p.name for p in (tmp_path / "parties").iterdir()) == ["party0", "party1"]
     for party in ("party0", "party1"):  # the launched bank/retailer run: a process per party, each its own folder
         assert (tmp_path / "runs" / party / "bank_retailer" / "version_0" / "checkpoints" / "last.ckpt").is_file()
+    # the launched parties predict from their own best checkpoints: every test customer of the bank answered, each
+    # row the simulation's (the launched run is bit-identical, its student included)
+    launched = rows(tmp_path / "launched.csv")
+    assert [r["id"] for r in launched] == [r["id"] for r in predicted]
+    for mine, theirs in zip(launched, predicted, strict=True):
+        assert mine == theirs
+    assert {r["path"] for r in launched} == {"vfl", "student"}
+    assert "0 unanswered" in printed["lvfl launch predict"]
     for party in ("party0", "party1", "party2", "party3"):  # four digits parties, four processes
         assert (tmp_path / "runs" / party / "easter_digits" / "version_0" / "checkpoints" / "last.ckpt").is_file()
 

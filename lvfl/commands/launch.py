@@ -174,11 +174,12 @@ def _launch_parties(
         print(f"lvfl launch: the other parties' output is appended to their logs ({shown})", flush=True)
     started = time.time()
     status = _wait(processes, logs, grace=timeout + 30)
-    for name in names:  # where each party wrote: its run folder (and its log)
+    for name in names:  # where each party wrote: its run folder (predict and test write none) and its log
         folder = _newest_run(Path(save_dir) / name, since=started)
-        where = str(folder) if folder is not None else f"no run folder under {Path(save_dir) / name}"
-        log = f", log {logs[name]}" if name in logs else ""
-        print(f"lvfl launch: {name}: {where}{log}", flush=True)
+        where = [str(folder)] if folder is not None else []
+        where += [f"log {logs[name]}"] if name in logs else []
+        if where:
+            print(f"lvfl launch: {name}: {', '.join(where)}", flush=True)
     return status
 
 
