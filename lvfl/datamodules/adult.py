@@ -37,6 +37,7 @@ import numpy as np
 from lvfl.checks import check_int
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
+from lvfl.datamodules.splitting import check_split_choice
 from lvfl.datamodules.stand_ins import FileBacked, write_adult
 
 __all__ = ["Adult"]
@@ -135,7 +136,10 @@ class Adult(VerticalDataModule, FileBacked):
         max_rows: keep only the first `max_rows` rows of each file (quick runs); None keeps all. The levels then come
             from the kept training rows.
         download: must stay False: there is no downloader for Adult.
-        **kwargs: `VerticalDataModule` arguments (`test_fraction` is not used: the published test split is).
+        split: "published" keeps `adult.test` as the test split; "random" pools both files' rows and draws the seeded,
+            stratified split by `val_fraction` / `test_fraction` (PraVFed Sec. V-A1: a random 80/20 split). The
+            levels and their order still come from `adult.data` alone.
+        **kwargs: `VerticalDataModule` arguments (`test_fraction` is used only with ``split: random``).
     """
 
     num_classes = 2
@@ -150,8 +154,10 @@ class Adult(VerticalDataModule, FileBacked):
         encoding: Literal["onehot", "codes"] = "onehot",
         max_rows: int | None = None,
         download: bool = False,
+        split: Literal["published", "random"] = "published",
         **kwargs: Any,
     ) -> None:
+        self.split = check_split_choice(split, "Adult")
         if download:
             raise ValueError("Adult cannot download (there is no torchvision downloader for it): set download: false")
         if encoding not in ("onehot", "codes"):
@@ -290,5 +296,7 @@ class Adult(VerticalDataModule, FileBacked):
         return x, np.concatenate([train.labels, test.labels])
 
     def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
-        """The published test split: the `adult.test` rows, after the training rows."""
+        """The published test split: the `adult.test` rows, after the training rows (None with ``split: random``)."""
+        if self.split == "random":
+            return None
         return {"test": np.arange(self._num_train, num_rows, dtype=np.int64)}

@@ -17,7 +17,15 @@ from sklearn.model_selection import train_test_split
 
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split
 
-__all__ = ["SPLITS", "check_fractions", "choose_overlap", "draw_split", "overlap_masks", "split_messages"]
+__all__ = [
+    "SPLITS",
+    "check_fractions",
+    "check_split_choice",
+    "choose_overlap",
+    "draw_split",
+    "overlap_masks",
+    "split_messages",
+]
 
 SPLITS = ("train", "val", "test")  #: the splits of every datamodule, in order
 
@@ -183,3 +191,13 @@ def split_messages(
         raise RuntimeError("the split message does not reproduce the split")
     messages = [(sender, receiver, payload, SPLIT_TAG) for receiver in receivers]
     return messages, {s: received[s] for s in SPLITS}
+
+
+def check_split_choice(split: str, dataset: str) -> str:
+    """The `split` option of a dataset with a published test split: "published" or "random", else a clear error."""
+    if split not in ("published", "random"):
+        raise ValueError(
+            f"{dataset}: split must be 'published' (the published test split) or 'random' (a seeded, stratified "
+            f"split by val_fraction / test_fraction), got split={split!r}"
+        )
+    return split

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from torchvision.datasets import CIFAR10 as TorchCIFAR10
@@ -32,6 +32,7 @@ from lvfl.checks import check_int
 from lvfl.datamodules.augment import CropFlip, SampleAugmentation
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.partition import ImageStrips, Partitioner
+from lvfl.datamodules.splitting import check_split_choice
 from lvfl.datamodules.stand_ins import FileBacked, random_images, write_cifar, write_idx, write_image_folder
 
 __all__ = ["CIFAR10", "CIFAR100", "CINIC10", "MNIST", "FashionMNIST", "TorchvisionImages"]
@@ -47,15 +48,25 @@ class TorchvisionImages(VerticalDataModule, FileBacked):
         root: the folder torchvision's class reads (it holds e.g. `MNIST/raw/` or `cifar-10-batches-py/`).
         download: fetch the files in `prepare_data` with torchvision when they are missing (needs network).
         max_rows: keep only the first `max_rows` images of each published split (quick runs); None keeps all.
-        **kwargs: `VerticalDataModule` arguments (`test_fraction` is not used: the published test split is).
+        split: "published" keeps the published test split; "random" pools every image and draws the seeded,
+            stratified split by `val_fraction` / `test_fraction` (PraVFed Sec. V-A1: a random 80/20 split).
+        **kwargs: `VerticalDataModule` arguments (`test_fraction` is used only with ``split: random``).
     """
 
     num_classes = 10
     how_to_get = "download it with download: true where the network allows, or copy the published files there"
 
-    def __init__(self, root: str = "data", download: bool = False, max_rows: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        root: str = "data",
+        download: bool = False,
+        max_rows: int | None = None,
+        split: Literal["published", "random"] = "published",
+        **kwargs: Any,
+    ) -> None:
         if max_rows is not None:
             check_int(max_rows, "max_rows", 1, why="images kept from each published split")
+        self.split = check_split_choice(split, type(self).__name__)
         self.root = str(root)
         self.download = bool(download)
         self.max_rows = max_rows
@@ -111,7 +122,9 @@ class TorchvisionImages(VerticalDataModule, FileBacked):
         return np.concatenate([x_train, x_test]), np.concatenate([y_train, y_test]).astype(np.int64)
 
     def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
-        """The published test split: the rows after the training images."""
+        """The published test split: the rows after the training images (None with ``split: random``)."""
+        if self.split == "random":
+            return None
         return {"test": np.arange(self._num_train, num_rows, dtype=np.int64)}
 
 

@@ -6,7 +6,7 @@ Every model is built as ``Model(input_shape, embedding_dim, num_outputs, **hyper
 
 from lvfl.models.base import ACTIVATIONS, PartyModel, PartyModelFactory
 from lvfl.models.cnn import CNN
-from lvfl.models.lenet import LeNet
+from lvfl.models.lenet import LeNet, LeNet3
 from lvfl.models.logistic import LogisticRegression
 from lvfl.models.mlp import MLP
 from lvfl.models.resnet import ResNet18, ResNet34, ResNet50, ResNet101
@@ -21,6 +21,7 @@ __all__ = [
     "VGG16",
     "DeepFM",
     "LeNet",
+    "LeNet3",
     "LogisticRegression",
     "PartyModel",
     "PartyModelFactory",

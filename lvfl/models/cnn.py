@@ -26,6 +26,8 @@ class CNN(PartyModel):
         channels: output channels of each conv block; at least one block.
         kernel_size: side of the square conv kernels; ``padding="same"`` keeps the size, so any size >= 1 works.
         head_hidden: widths of the head's hidden layers; empty for a linear head.
+        pool: max-pool after every conv block (True) or never (False: PraVFed's CNN, two 1x1 convolutions
+            straight into the fully connected layers).
 
     Example:
         >>> import torch
@@ -42,6 +44,7 @@ class CNN(PartyModel):
         channels: Sequence[int] = (16, 32),
         kernel_size: int = 3,
         head_hidden: Sequence[int] = (),
+        pool: bool = True,
     ) -> None:
         super().__init__(input_shape, embedding_dim, num_outputs)
         in_channels, height, width = check_input_shape(input_shape, ndim=3, what="(channels, height, width)")
@@ -53,12 +56,9 @@ class CNN(PartyModel):
 
         blocks: list[nn.Module] = []
         for out_channels in channels:
-            kernel = pool_kernel(height, width)
-            blocks += [
-                nn.Conv2d(in_channels, out_channels, kernel_size, padding="same"),
-                nn.ReLU(),
-                nn.MaxPool2d(kernel, ceil_mode=True),
-            ]
+            kernel = pool_kernel(height, width) if pool else (1, 1)
+            blocks += [nn.Conv2d(in_channels, out_channels, kernel_size, padding="same"), nn.ReLU()]
+            blocks += [nn.MaxPool2d(kernel, ceil_mode=True)] if pool else []
             in_channels, height, width = out_channels, -(-height // kernel[0]), -(-width // kernel[1])
         features = nn.Sequential(*blocks, nn.Flatten())
         self.encoder = nn.Sequential(

@@ -62,3 +62,55 @@ class LeNet(PartyModel):
             make_activation(activation),
         )
         self.head = nn.Linear(embedding_dim, num_outputs)
+
+
+class LeNet3(PartyModel):
+    """LeNet as PraVFed Sec. V-A2 counts its layers: three convolutions, one pooling layer, three dense layers.
+
+    The paper gives the counts only; the widths are LeNet-5's, whose C5 is its third convolution: ``Conv2d(6, 5) ->
+    act -> Conv2d(16, 5) -> act -> pool -> Conv2d(120, 5) -> act -> Flatten -> Linear(84) -> act ->
+    Linear(embedding_dim) -> act``, and the head ``Linear(embedding_dim, num_outputs)``. Every convolution is padded
+    to keep the size and the one pooling halves only the axes longer than 1 pixel, as in `LeNet`, so 28x7 strips
+    (and thinner) work.
+
+    Args:
+        input_shape: ``(channels, height, width)`` of one sample.
+        embedding_dim: width of the embedding (the second dense layer).
+        num_outputs: number of logits.
+        activation: name of the nonlinearity, one of `lvfl.models.base.ACTIVATIONS`.
+
+    Example:
+        >>> import torch
+        >>> model = LeNet3((1, 28, 7), embedding_dim=50, num_outputs=10)
+        >>> model.head(model.encoder(torch.randn(4, 1, 28, 7))).shape
+        torch.Size([4, 10])
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        embedding_dim: int,
+        num_outputs: int,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__(input_shape, embedding_dim, num_outputs)
+        in_channels, height, width = check_input_shape(input_shape, ndim=3, what="(channels, height, width)")
+        make_activation(activation)  # fail before building anything
+        features = nn.Sequential(
+            nn.Conv2d(in_channels, 6, kernel_size=5, padding=2),
+            make_activation(activation),
+            nn.Conv2d(6, 16, kernel_size=5, padding=2),
+            make_activation(activation),
+            nn.MaxPool2d(pool_kernel(height, width), ceil_mode=True),
+            nn.Conv2d(16, 120, kernel_size=5, padding=2),
+            make_activation(activation),
+            nn.Flatten(),
+        )
+        self.encoder = nn.Sequential(
+            *features,
+            nn.Linear(flat_size(features, self.input_shape), 84),
+            make_activation(activation),
+            nn.Linear(84, embedding_dim),
+            make_activation(activation),
+        )
+        self.head = nn.Linear(embedding_dim, num_outputs)

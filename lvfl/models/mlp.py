@@ -13,7 +13,8 @@ from lvfl.models.base import PartyModel, check_widths, dense_layers, make_activa
 class MLP(PartyModel):
     """Fully connected encoder and head.
 
-    The encoder is ``Flatten -> [Linear -> act -> Dropout] * len(hidden) -> Linear(embedding_dim) -> act``. The
+    The encoder is ``Flatten -> [Linear -> act -> Dropout] * len(hidden) -> Linear(embedding_dim) -> act``, with
+    ``-> Dropout(embedding_dropout)`` last when that is set (PraVFed's MLP: dim_in -> 50 -> dropout -> classes). The
     activation after the embedding layer makes the embedding a hidden representation, as in split-learning bottom
     models, so that the head (which sees the average of all parties' embeddings) starts from a nonlinear feature.
     The head is ``[Linear -> act -> Dropout] * len(head_hidden) -> Linear(num_outputs)`` and returns logits.
@@ -26,6 +27,7 @@ class MLP(PartyModel):
         head_hidden: widths of the head's hidden layers; empty for a linear head.
         activation: name of the nonlinearity, one of `lvfl.models.base.ACTIVATIONS`.
         dropout: dropout probability after every hidden layer (not after the embedding), in ``[0, 1)``.
+        embedding_dropout: dropout probability after the embedding layer's activation, in ``[0, 1)``; 0 adds none.
 
     Example:
         >>> import torch
@@ -43,6 +45,7 @@ class MLP(PartyModel):
         head_hidden: Sequence[int] = (),
         activation: str = "relu",
         dropout: float = 0.0,
+        embedding_dropout: float = 0.0,
     ) -> None:
         super().__init__(input_shape, embedding_dim, num_outputs)
         hidden = check_widths("hidden", hidden)
@@ -50,6 +53,8 @@ class MLP(PartyModel):
         make_activation(activation)  # fail before building anything
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got dropout={dropout!r}")
+        if not 0.0 <= embedding_dropout < 1.0:
+            raise ValueError(f"embedding_dropout must be in [0, 1), got embedding_dropout={embedding_dropout!r}")
 
         width = math.prod(self.input_shape)
         self.encoder = nn.Sequential(
@@ -57,5 +62,6 @@ class MLP(PartyModel):
             *dense_layers(width, hidden, activation, dropout),
             nn.Linear(hidden[-1] if hidden else width, embedding_dim),
             make_activation(activation),
+            *([nn.Dropout(embedding_dropout)] if embedding_dropout > 0 else []),
         )
         self.head = make_head(embedding_dim, head_hidden, num_outputs, activation, dropout)
