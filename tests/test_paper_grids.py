@@ -1,5 +1,5 @@
-"""The paper grids (configs/bench/paper_easter_*.yaml): variants of a dataset, the paper's numbers beside lvfl's,
-quick runs on stand-in files, and every cell's pieces parsing and instantiating."""
+"""The paper grids (configs/bench/paper_easter_*.yaml, paper_pravfed_*.yaml): variants of a dataset, the paper's
+numbers beside lvfl's, quick runs on stand-in files, and every cell's pieces parsing and instantiating."""
 
 from __future__ import annotations
 
@@ -16,7 +16,13 @@ from lvfl.commands.bench import run as bench_run
 from lvfl.commands.fit import build_cli, run_args
 
 PAPER_GRIDS = sorted((REPO / "configs" / "bench").glob("paper_*.yaml"))
-PAPER_PROTOCOLS = {"Local", "SplitNN (Pyvertical)", "CVFL (C_VFL)", "AggVFL (Agg_VFL)", "EASTER"}
+#: the methods each paper's grids quote, by the paper (its table's names)
+PAPER_PROTOCOLS = {
+    "EASTER": {"Local", "SplitNN (Pyvertical)", "CVFL (C_VFL)", "AggVFL (Agg_VFL)", "EASTER"},
+    "PraVFed": {"Central", "Standalone", "Pyvertical (SplitNN)", "C_VFL", "Agg_VFL", "PraVFed"},
+}
+#: where each paper's data pieces live
+DATA_PIECES = {"EASTER": "configs/paper/data", "PraVFed": "configs/paper/pravfed/data"}
 EASTER = str(REPO / "configs/easter/{dataset}.yaml")
 
 
@@ -148,14 +154,15 @@ def test_paper_grids_quote_the_paper_for_every_row_it_has(path):
     grid = bench.load_grid(path)
     cells = grid.cells()
     assert grid.paper is not None
-    assert grid.paper.source.startswith("EASTER ")
+    paper = "PraVFed" if path.stem.startswith("paper_pravfed") else "EASTER"
+    assert grid.paper.source.startswith(f"{paper} ")
     assert grid.out.startswith(str(REPO / "runs"))
     assert grid.report.startswith(str(REPO / "docs" / "results"))
-    assert {c.configs[0] for c in cells} <= {str(p) for p in (REPO / "configs/paper/data").glob("*.yaml")}
+    assert {c.configs[0] for c in cells} <= {str(p) for p in (REPO / DATA_PIECES[paper]).glob("*.yaml")}
     if path.stem == "paper_easter_fig6a":  # a figure without numbers: only the Table II point
         assert grid.paper.values == {"EASTER": {"fmnist emb=128": 89.88}}
         return
-    assert set(grid.paper.values) == PAPER_PROTOCOLS & set(grid.protocols)
+    assert set(grid.paper.values) == PAPER_PROTOCOLS[paper] & set(grid.protocols)
     for protocol, values in grid.paper.values.items():
         assert set(values) == set(grid.datasets), protocol
     assert all(grid.paper.metric_of(d) == ("auroc" if d.startswith("criteo") else "acc") for d in grid.datasets)
@@ -187,14 +194,15 @@ def test_every_paper_grid_cell_parses():
 
 @pytest.mark.slow
 def test_every_paper_piece_instantiates_on_stand_ins(tmp_path):
-    """Every (data, parties) pair with EASTER and every protocol on every data piece builds, on stand-in files.
+    """Every (data, parties) pair with EASTER or PraVFed and every protocol on every data piece builds, on stand-ins.
 
     (The other cells differ from these only in overrides that `test_every_paper_grid_cell_parses` parses.)
     """
     cells, seen = [], set()
     for cell in quick.with_stand_ins(distinct_pieces(), tmp_path / "data", rows=300):
         data, protocol, *parties = cell.configs
-        for key in ((data, *parties, cell.overrides) if cell.protocol == "EASTER" else (), (data, protocol)):
+        each_party_piece = cell.protocol in ("EASTER", "PraVFed")  # the protocols whose every parties piece builds
+        for key in ((data, *parties, cell.overrides) if each_party_piece else (), (data, protocol)):
             if key and key not in seen:
                 seen.add(key)
                 cells.append(cell)
