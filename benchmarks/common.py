@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import warnings
+from pathlib import Path
 
 import torch
 
+from lvfl.commands import bench
 from lvfl.commands.fit import run_experiment
 
 
@@ -32,3 +36,23 @@ def machine() -> str:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__} "
         f"({torch.get_num_threads()} threads), Python {platform.python_version()}"
     )
+
+
+def ablation_args(doc: str) -> argparse.Namespace:
+    """The command line of an ablation script: `--seeds` and `--only LABEL ...` (default: every candidate)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--only", nargs="+", help="candidate labels to run (default: all)")
+    return ap.parse_args()
+
+
+def run_grid_cells(grid_file: Path) -> list[tuple[bench.Cell, dict]]:
+    """Run a grid file with `lvfl bench` (finished cells reused) and return each finished cell with its result."""
+    grid = bench.load_grid(grid_file)
+    bench.run_grid(grid, keep_going=True)
+    done = []
+    for cell in grid.cells():
+        path = Path(grid.out) / "cells" / cell.key / "result.json"
+        if path.is_file():
+            done.append((cell, json.loads(path.read_text())))
+    return done

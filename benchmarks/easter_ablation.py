@@ -24,7 +24,6 @@ the variant steps are the classes below, imported by the cells' processes from t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -36,6 +35,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
+
+from common import ablation_args, run_grid_cells  # noqa: E402
 
 from lvfl.parties import VFLBatch  # noqa: E402
 from lvfl.protocols.easter import EASTER  # noqa: E402
@@ -147,25 +148,15 @@ def grid_file(label: str, spec: dict, seeds: list[int]) -> Path:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--only", nargs="+", help="candidate labels to run (default: all)")
-    args = ap.parse_args()
+    args = ablation_args(__doc__)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    from lvfl.commands import bench
 
     rows = []
     for label, spec in candidates().items():
         if args.only and label not in args.only:
             continue
-        grid = bench.load_grid(grid_file(label, spec, args.seeds))
-        bench.run_grid(grid, keep_going=True)
         accs, avg3, best = [], [], []
-        for cell in grid.cells():
-            path = Path(grid.out) / "cells" / cell.key / "result.json"
-            if not path.is_file():
-                continue
-            r = json.loads(path.read_text())
+        for _, r in run_grid_cells(grid_file(label, spec, args.seeds)):
             t = r["test"]
             accs.append(100 * t["test/acc/mean"])
             # the paper's Avg: θ1 (MLP: party0 and party3), θ2 (CNN: party1), θ3 (LeNet: party2)

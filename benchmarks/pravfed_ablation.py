@@ -23,11 +23,12 @@ Each candidate is a one-entry grid run by `lvfl bench` (cells reused when finish
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 from pathlib import Path
+
+from common import ablation_args, run_grid_cells
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE_GRID_OUT = REPO / "runs" / "bench" / "paper_pravfed_table2_fmnist"
@@ -114,24 +115,14 @@ def slug(label: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--only", nargs="+", help="candidate labels to run (default: all)")
-    args = ap.parse_args()
-    from lvfl.commands import bench
-
+    args = ablation_args(__doc__)
     rows = []
     for label, spec in candidates().items():
         if args.only and label not in args.only:
             continue
-        grid = bench.load_grid(grid_file(label, spec, args.seeds))
-        bench.run_grid(grid, keep_going=True)
         found: dict[str, list[tuple[float, int]]] = {p: [] for p in spec["protocols"]}
-        for cell in grid.cells():
-            path = Path(grid.out) / "cells" / cell.key / "result.json"
-            if path.is_file():
-                r = json.loads(path.read_text())
-                found[cell.protocol].append((100 * r["test"]["test/acc/mean"], r["best_epoch"]))
+        for cell, r in run_grid_cells(grid_file(label, spec, args.seeds)):
+            found[cell.protocol].append((100 * r["test"]["test/acc/mean"], r["best_epoch"]))
         rows.append((label, found))
     print(
         "\nPraVFed on Fashion-MNIST, homogeneous θ1, each change alone (paper Table II: PraVFed 85.07, Central 97.82)"
