@@ -14,7 +14,7 @@ from test_cli import comparable, quick
 from torch import nn
 
 from lvfl.commands.fit import build_cli
-from lvfl.datamodules import Adult, FashionMNIST
+from lvfl.datamodules import CINIC10, Adult, FashionMNIST
 from lvfl.models import CNN, MLP, LeNet3
 from lvfl.models.dropout import PartyDropout
 from lvfl.protocols import PraVFed
@@ -203,3 +203,19 @@ def test_the_momentum_variant_steps_as_eq_5_with_a_velocity(tmp_path: Path) -> N
         optimizer.step()
     v2 = 0.9 * g1 + g2
     assert torch.allclose(theta.detach(), torch.tensor([1.0, -2.0]) - eta * g1 - eta * v2)
+
+
+def test_split_random_pools_cinic10s_three_published_splits(tmp_path: Path) -> None:
+    """CINIC-10 publishes train/, valid/ and test/: `split: random` draws over all three (none is kept silently)."""
+    CINIC10.write_stand_in(tmp_path, 40)
+    published = CINIC10(root=str(tmp_path), num_parties=4, batch_size=8, seed=0)
+    pooled = CINIC10(
+        root=str(tmp_path), num_parties=4, batch_size=8, seed=0, split="random", test_fraction=0.2, val_fraction=0.2
+    )
+    for dm in (published, pooled):
+        dm.setup("fit")
+    assert sorted(published.test_set.ids.tolist()) == list(range(80, 120))  # test/ after train/ and valid/
+    assert sorted(published.val_set.ids.tolist()) == list(range(40, 80))
+    test_ids = pooled.test_set.ids.numpy()
+    assert len(test_ids) == 24  # 20% of the 120 pooled images
+    assert len({int(i) // 40 for i in test_ids}) > 1  # drawn from more than one published split

@@ -304,7 +304,9 @@ class CINIC10(TorchvisionImages):
         return np.ascontiguousarray(np.concatenate(xs)), np.concatenate(ys)
 
     def fixed_splits(self, num_rows: int) -> dict[str, np.ndarray] | None:
-        """The published valid/ and test/ splits."""
+        """The published valid/ and test/ splits (None with ``split: random``)."""
+        if self.split == "random":
+            return None
         n_train, n_val = self._sizes["train"], self._sizes["valid"]
         return {
             "val": np.arange(n_train, n_train + n_val, dtype=np.int64),
