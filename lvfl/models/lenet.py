@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from lvfl.models.base import PartyModel, check_input_shape, flat_size, make_activation, pool_kernel
+from lvfl.models.base import PartyModel, check_input_shape, dense_layers, flat_size, make_activation, pool_kernel
 
 
 class LeNet(PartyModel):
@@ -55,11 +55,7 @@ class LeNet(PartyModel):
             nn.Flatten(),
         )
         self.encoder = nn.Sequential(
-            *features,
-            nn.Linear(flat_size(features, self.input_shape), 120),
-            make_activation(activation),
-            nn.Linear(120, embedding_dim),
-            make_activation(activation),
+            *features, *dense_layers(flat_size(features, self.input_shape), [120, embedding_dim], activation)
         )
         self.head = nn.Linear(embedding_dim, num_outputs)
 
@@ -107,10 +103,6 @@ class LeNet3(PartyModel):
             nn.Flatten(),
         )
         self.encoder = nn.Sequential(
-            *features,
-            nn.Linear(flat_size(features, self.input_shape), 84),
-            make_activation(activation),
-            nn.Linear(84, embedding_dim),
-            make_activation(activation),
+            *features, *dense_layers(flat_size(features, self.input_shape), [84, embedding_dim], activation)
         )
         self.head = nn.Linear(embedding_dim, num_outputs)
