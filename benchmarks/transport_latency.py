@@ -9,12 +9,14 @@ mailbox) rather than gRPC's and TLS's:
 
 - ``lvfl``: two `lvfl.federation.transport.Transport`s (mutual TLS, one stream per peer, the codec's envelope, every
   check) exchange a float32 tensor of ``rows x cols``: A sends, B receives and sends it back, A receives;
-- ``grpc-sync`` and ``grpc-aio``: the same bytes (the tensor's raw buffer, no envelope) on the same kind of
-  stream (`stream_unary`, one per direction) with the same certificates, gRPC's threaded API and its asyncio API;
+- ``grpc-sync`` and ``grpc-aio``: the same tensor as its raw bytes (no envelope, no checks; taken with
+  ``numpy().tobytes()`` and made a writable tensor again on receipt, as lvfl gives it) on the same kind of stream
+  (`stream_unary`, one per direction) with the same certificates, gRPC's threaded API and its asyncio API;
 - the codec alone: encoding and decoding one such envelope in one process (no gRPC).
 
 The three kinds alternate for `--repeats` rounds (a shared machine's slow spells hit each), each pair of
-processes fresh; the medians over the rounds of each round's median round trip are printed side by side.
+processes fresh; the medians over the rounds of each round's median round trip are printed side by side, and the
+median of the rounds' ratios to bare gRPC (each ratio taken within one round).
 """
 
 from __future__ import annotations
@@ -62,12 +64,26 @@ def play(kind: str, me: str, federation_path: str, messages: int, rows: int, col
             transport.flush()
             time.sleep(0.5)  # the peer's last answer is on its way: let it land before the server stops
         return times[WARMUP:] if me == "a" else None
-    return _bare(kind, me, other, federation_path, tensor.numpy().tobytes(), messages)
+    return _bare(kind, me, other, federation_path, tensor, messages)
 
 
-def _bare(kind: str, me: str, other: str, federation_path: str, payload: bytes, messages: int) -> list[float] | None:
-    """The same exchange on bare gRPC streams with the federation's certificates, no envelope and no checks."""
+def _bare(kind: str, me: str, other: str, federation_path: str, tensor, messages: int) -> list[float] | None:  # noqa: ANN001
+    """The same exchange on bare gRPC streams with the federation's certificates, no envelope and no checks.
+
+    The payload is the same tensor: its bytes are taken for each message, and a received message becomes a tensor
+    the receiver owns (writable, as lvfl's `receive` gives it), as any program sending tensors over gRPC does.
+    """
     import grpc
+    import numpy
+    import torch
+
+    shape = tuple(tensor.shape)
+
+    def to_bytes(t: torch.Tensor) -> bytes:
+        return t.numpy().tobytes()
+
+    def to_tensor(data: bytes) -> torch.Tensor:
+        return torch.from_numpy(numpy.frombuffer(bytearray(data), dtype=numpy.float32).reshape(shape))
 
     from lvfl.federation.federation_file import load_federation
 
@@ -107,10 +123,10 @@ def _bare(kind: str, me: str, other: str, federation_path: str, payload: bytes, 
         for _ in range(messages + WARMUP):
             started = time.perf_counter()
             if me == "a":
-                outbox.put(payload)
-                inbox.get(timeout=60)
+                outbox.put(to_bytes(tensor))
+                to_tensor(inbox.get(timeout=60))
             else:
-                outbox.put(inbox.get(timeout=60))
+                outbox.put(to_bytes(to_tensor(inbox.get(timeout=60))))
             times.append(time.perf_counter() - started)
         time.sleep(0.5)
         outbox.put(None)
@@ -137,10 +153,10 @@ def _bare(kind: str, me: str, other: str, federation_path: str, payload: bytes, 
         for _ in range(messages + WARMUP):
             started = time.perf_counter()
             if me == "a":
-                await call.write(payload)
-                await asyncio.wait_for(inbox.get(), 60)
+                await call.write(to_bytes(tensor))
+                to_tensor(await asyncio.wait_for(inbox.get(), 60))
             else:
-                await call.write(await asyncio.wait_for(inbox.get(), 60))
+                await call.write(to_bytes(to_tensor(await asyncio.wait_for(inbox.get(), 60))))
             times.append(time.perf_counter() - started)
         await asyncio.sleep(0.5)
         await call.done_writing()
@@ -218,12 +234,13 @@ def main() -> None:
     print(f"# {machine()}")
     print()
     base = statistics.median(medians["grpc-sync"])
-    print("| | median round trip | each round | over bare gRPC (sync) |")
-    print("|---|---|---|---|")
+    print("| | median round trip | each round | over bare gRPC (sync) | paired: median of the rounds' ratios |")
+    print("|---|---|---|---|---|")
     for kind in KINDS:
         value = statistics.median(medians[kind])
         each = ", ".join(f"{m * 1e3:.3f}" for m in medians[kind])
-        print(f"| {kind} | {value * 1e3:.3f} ms | {each} | {value / base:.2f}x |")
+        paired = statistics.median(m / b for m, b in zip(medians[kind], medians["grpc-sync"], strict=True))
+        print(f"| {kind} | {value * 1e3:.3f} ms | {each} | {value / base:.2f}x | {paired:.2f}x |")
     print()
     print(f"codec alone, one envelope: encode {encode:.1f} us, parse and decode {decode:.1f} us "
           f"(a round trip has two of each: {2 * (encode + decode) / 1e3:.3f} ms)")  # fmt: skip

@@ -6,6 +6,7 @@ import ast
 import dataclasses
 import pickle
 import re
+import struct
 from collections import namedtuple
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from lvfl.federation.codec import (
     RecordRegistry,
     conform,
     decode_envelope,
+    decode_payload,
     decode_value,
     dtype_from_name,
     dtype_name,
@@ -543,3 +545,55 @@ def test_an_envelope_is_split_without_copying_or_parsing_its_payload() -> None:
     twice = data + pb.EnvelopeHead(payload=b"\x12\x00").SerializeToString()  # a second payload field
     with pytest.raises(FederationError, match="not an lvfl envelope \\(two payloads\\)"):
         parse_envelope(twice, sender="party2")
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.randn(128, 64),
+        torch.tensor(3.0),
+        torch.zeros(0, 5),
+        torch.arange(300, dtype=torch.int64).reshape(3, 100),
+        torch.ones(3, requires_grad=True),
+        torch.tensor([True, False]),
+        torch.randn(2, 3, dtype=torch.complex64),
+        torch.randn(4).to(torch.bfloat16),  # no numpy dtype: protobuf's way
+        torch.randn(5, 4).t(),  # not contiguous: protobuf's way
+        torch.randn(3).conj(),
+    ],
+    ids=lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}",
+)
+def test_a_tensor_envelope_is_protobufs_own_bytes(tensor: torch.Tensor) -> None:
+    """The hand-joined envelope of one tensor is byte for byte what protobuf serializes, and decodes to the tensor."""
+    fields = {field.name: getattr(HEADER, field.name) for field in dataclasses.fields(HEADER)}
+    reference = pb.Envelope(schema=SCHEMA, **fields)
+    reference.payload.tensor.dtype = str(tensor.dtype).removeprefix("torch.")
+    reference.payload.tensor.shape.extend(tensor.shape)
+    flat = tensor.detach().resolve_conj().contiguous().reshape(-1)
+    reference.payload.tensor.data = flat.view(torch.uint8).numpy().tobytes()
+    data = encode_envelope(HEADER, tensor)
+    assert data == reference.SerializeToString()
+    _, got = decode_envelope(data, sender="party2")
+    assert got.dtype == tensor.dtype
+    assert got.shape == tensor.shape
+    assert torch.equal(got, tensor.detach().resolve_conj())
+    got.add_(1) if got.dtype is not torch.bool else got.logical_not_()  # writable, and the envelope's bytes untouched
+    assert decode_envelope(data, sender="party2")[1].equal(tensor.detach().resolve_conj())
+
+
+def test_a_tensor_in_another_form_is_read_by_protobuf_alike() -> None:
+    """A one-tensor payload with fields out of order, repeated or unknown: read by protobuf, not by hand."""
+    tensor = pb.Tensor(dtype="float32", shape=[2], data=struct.pack("<2f", 1.5, -2.0))
+    reordered = b"".join(
+        pb.Tensor(**{name: getattr(tensor, name)}).SerializeToString() for name in ("data", "shape", "dtype")
+    )
+    repeated = tensor.SerializeToString() + pb.Tensor(data=struct.pack("<2f", 3.0, 4.0)).SerializeToString()
+    unknown = tensor.SerializeToString() + b"\x20\x01"  # field 4, a varint: protobuf keeps it aside
+    for body, want in ((reordered, [1.5, -2.0]), (repeated, [3.0, 4.0]), (unknown, [1.5, -2.0])):
+        payload = b"\x0a" + bytes([len(body)]) + body
+        assert pb.Value.FromString(payload).tensor.data  # what protobuf reads
+        got = decode_payload(payload, sender="party2", tag="t")
+        assert got.tolist() == want
+    body = pb.Tensor(dtype="float32", shape=[3], data=b"\0" * 8).SerializeToString()  # read by hand, and refused
+    with pytest.raises(FederationError, match="a float32 \\[3\\] tensor in 8 bytes of data; that shape needs 12"):
+        decode_payload(b"\x0a" + bytes([len(body)]) + body, sender="party2", tag="t")

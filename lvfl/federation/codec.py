@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 from google.protobuf.message import DecodeError
 
@@ -95,6 +96,15 @@ DTYPES: dict[str, torch.dtype] = {
     )
 }
 _ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
+#: the dtypes whose tensors are encoded and decoded through numpy's buffer on a little-endian host, with the same
+#: bytes as the general path: on a party that waits on each message, a torch call's dispatch and each copy of the
+#: tensor's bytes cost several times what they cost in a loop (the TLS and gRPC work in between evicts the caches)
+_NUMPY_VIEWS = (
+    {name: torch.empty((), dtype=dtype).numpy().dtype for name, dtype in DTYPES.items() if dtype is not torch.bfloat16}
+    if sys.byteorder == "little"
+    else {}
+)
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -289,10 +299,18 @@ def _encode_tensor(tensor: torch.Tensor, out: pb.Tensor, at: str) -> None:
         name = dtype_name(tensor.dtype)
     except TypeError as err:
         raise TypeError(f"{err}{at}") from None
-    flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
     out.dtype = name
     out.shape.extend(tensor.shape)
+    if name in _NUMPY_VIEWS and _plain_cpu(tensor):  # the common case, through numpy's buffer (see _NUMPY_VIEWS)
+        out.data = (tensor.detach() if tensor.requires_grad else tensor).numpy().tobytes()
+        return
+    flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
     out.data = _little_endian(flat.view(torch.uint8), flat.dtype).numpy().tobytes()
+
+
+def _plain_cpu(tensor: torch.Tensor) -> bool:
+    """Whether `tensor`'s bytes are its values as they are: on the CPU, contiguous, no lazy conjugate or negation."""
+    return tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
 
 
 def _little_endian(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -320,9 +338,51 @@ class Header:
 def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECORDS) -> bytes:
     """The serialized envelope carrying `payload` under `header`."""
     fields = {field.name: getattr(header, field.name) for field in dataclasses.fields(header)}  # `asdict` deep-copies
+    if type(payload) is torch.Tensor:  # most messages: one tensor, joined by hand where it can be (`_tensor_envelope`)
+        data = _tensor_envelope(pb.EnvelopeHead(schema=SCHEMA, **fields).SerializeToString(), payload)
+        if data is not None:
+            return data
     envelope = pb.Envelope(schema=SCHEMA, **fields)  # Header's fields are Envelope's
     _encode(payload, envelope.payload, records, "", 0)
     return envelope.SerializeToString()
+
+
+def _tensor_envelope(head: bytes, tensor: torch.Tensor) -> bytes | None:
+    """The envelope of `head`'s fields and `tensor` as protobuf serializes it, or None off the common case.
+
+    The common case: a dtype in `_NUMPY_VIEWS`, and `_plain_cpu`; the bytes are tested to be protobuf's own. Why by
+    hand: a launched step is a chain of messages each party waits on, and protobuf's way copies the tensor's bytes
+    into a message and out again; this copies them once, with two torch calls.
+    """
+    name = _DTYPE_NAMES.get(tensor.dtype)
+    if name not in _NUMPY_VIEWS or tensor.layout is not torch.strided or not _plain_cpu(tensor):
+        return None
+    data = (tensor.detach() if tensor.requires_grad else tensor).numpy() if tensor.numel() else b""
+    size = data.nbytes if isinstance(data, numpy.ndarray) else 0
+    fields = _field_key(1, _LEN) + _varint_bytes(len(name)) + name.encode()  # Tensor.dtype
+    if tensor.dim():  # proto3 leaves out an empty repeated field, and empty bytes
+        shape = b"".join(_varint_bytes(n) for n in tensor.shape)
+        fields += _field_key(2, _LEN) + _varint_bytes(len(shape)) + shape  # Tensor.shape, packed
+    if size:
+        fields += _field_key(3, _LEN) + _varint_bytes(size)  # Tensor.data, then its bytes
+    tensor_size = len(fields) + size
+    value = _field_key(1, _LEN) + _varint_bytes(tensor_size)  # Value.tensor
+    payload = _field_key(9, _LEN) + _varint_bytes(len(value) + tensor_size)  # Envelope.payload
+    return b"".join((head, payload, value, fields, data))
+
+
+def _field_key(number: int, wire_type: int) -> bytes:
+    return _varint_bytes(number << 3 | wire_type)
+
+
+def _varint_bytes(value: int) -> bytes:
+    """`value` (>= 0) as a protobuf varint."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def parse_envelope(data: bytes, *, sender: str) -> tuple[Header, memoryview]:
@@ -433,13 +493,61 @@ def decode_payload(
     max_nodes: int = MAX_NODES,
     max_depth: int = MAX_DEPTH,
 ) -> Any:
-    """The payload an envelope's payload bytes encode: counted (`scan_payload`), parsed, then decoded and checked."""
-    scan_payload(data, sender=sender, tag=tag, max_nodes=max_nodes, max_depth=max_depth)
+    """The payload an envelope's payload bytes encode: counted (`scan_payload`), parsed, then decoded and checked.
+
+    A payload of fewer bytes than `max_nodes` is not counted: every value takes at least a byte on the wire (each
+    size of a shape one, any other value two), so it cannot hold more; the decoding checks its depth and shapes.
+    """
+    if len(data) >= max_nodes:
+        scan_payload(data, sender=sender, tag=tag, max_nodes=max_nodes, max_depth=max_depth)
+    fields = _tensor_fields(memoryview(data))
+    if fields is not None:  # most messages: one tensor, read off the bytes with one copy of its data
+        return _Decoder(sender, tag, records, max_depth).tensor_of(*fields, "")
     try:
         value = pb.Value.FromString(data)
     except DecodeError as err:
         raise FederationError(f"{sender} sent {tag!r} with a payload that is not an lvfl value ({err})") from None
     return decode_value(value, sender=sender, tag=tag, records=records, max_depth=max_depth)
+
+
+def _tensor_fields(view: memoryview) -> tuple[str, tuple[int, ...], memoryview] | None:
+    """A payload of one tensor in the form lvfl and protobuf write it: its dtype name, shape and data (a view).
+
+    None for anything else (another value, a field out of order, given twice or unknown, bytes that do not walk),
+    which protobuf's parser then reads, and refuses in its own words.
+    """
+    try:
+        pos, end = _expect_field(view, 0, len(view), 1)  # Value.tensor
+        if end != len(view):
+            return None
+        pos, name_end = _expect_field(view, pos, end, 1)  # Tensor.dtype
+        name = bytes(view[pos:name_end]).decode("ascii")
+        pos, shape, data = name_end, [], view[0:0]
+        if pos < end and view[pos] == 2 << 3 | _LEN:  # Tensor.shape, packed
+            pos, shape_end = _expect_field(view, pos, end, 2)
+            if shape_end - pos > 10 * MAX_DIMS:
+                return None
+            while pos < shape_end:
+                size, pos = _varint(view, pos, ValueError)
+                shape.append(size)
+            if pos != shape_end:
+                return None
+        if pos < end:  # Tensor.data
+            pos, data_end = _expect_field(view, pos, end, 3)
+            data, pos = view[pos:data_end], data_end
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return (name, tuple(shape), data) if pos == end else None
+
+
+def _expect_field(view: memoryview, pos: int, end: int, number: int) -> tuple[int, int]:
+    """Where the LEN field `number` at `pos` starts and ends; ValueError unless it is there and within `end`."""
+    if pos >= end or view[pos] != number << 3 | _LEN:
+        raise ValueError
+    length, start = _varint(view, pos + 1, ValueError)
+    if start + length > end:
+        raise ValueError
+    return start, start + length
 
 
 # the payload's wire form, as `scan_payload` walks it (envelope.proto): what each message's fields hold
@@ -561,7 +669,7 @@ class _Decoder:
 
     def decode(self, value: pb.Value, path: str, depth: int) -> Any:
         if depth > self.max_depth:
-            raise self.refuse(path, f"values nested deeper than {self.max_depth} levels")
+            raise self.refuse("", f"values nested deeper than {self.max_depth} levels")
         kind = value.WhichOneof("kind")
         if kind == "tensor":
             return self.tensor(value.tensor, path)
@@ -614,14 +722,16 @@ class _Decoder:
             raise self.refuse(path, f"a malformed {record.type} record: {message}") from None
 
     def tensor(self, tensor: pb.Tensor, path: str) -> torch.Tensor:
-        name, shape = tensor.dtype, tuple(tensor.shape)
+        return self.tensor_of(tensor.dtype, tuple(tensor.shape), tensor.data, path)
+
+    def tensor_of(self, name: str, shape: tuple[int, ...], data: bytes | memoryview, path: str) -> torch.Tensor:
+        """The tensor of dtype `name` and `shape` whose bytes are `data`, copied once (writable, owned)."""
         if name not in DTYPES:
             raise self.refuse(path, f"a tensor of unknown dtype {name!r}")
         if len(shape) > MAX_DIMS:
             raise self.refuse(path, f"a tensor of {len(shape)} dimensions (at most {MAX_DIMS})")
         if math.prod(max(size, 1) for size in shape) * _ITEMSIZE[name] >= 2**62:  # torch's sizes are int64
             raise self.refuse(path, f"a {name} {list(shape)} tensor: a shape too large for any tensor")
-        data = tensor.data  # one copy out of the message
         needed = math.prod(shape) * _ITEMSIZE[name]
         if needed != len(data):
             raise self.refuse(
@@ -630,6 +740,8 @@ class _Decoder:
         dtype = DTYPES[name]
         if needed == 0:
             return torch.empty(shape, dtype=dtype)
+        if name in _NUMPY_VIEWS and dtype is not torch.bool:  # the common case (see _NUMPY_VIEWS): writable, owned
+            return torch.from_numpy(numpy.frombuffer(bytearray(data), dtype=_NUMPY_VIEWS[name]).reshape(shape))
         raw = _little_endian(torch.frombuffer(bytearray(data), dtype=torch.uint8), dtype)  # writable, owned
         if dtype is torch.bool and int(raw.max()) > 1:
             raise self.refuse(path, "a bool tensor holding bytes other than 0 and 1")
