@@ -26,7 +26,9 @@ contention inside the network (only the access links are modelled), and overlap 
 inside one party (a party computes, then sends). In-process compute times are those of this machine, with every
 party sharing its cores; `compute_scale` stretches them for slower devices.
 
-Presets (`LINK_PRESETS`): `lan` (1 Gbps, 0.25 ms), `100mbps_10ms`, `50mbps_50ms`, and the EASTER paper's latency
+Presets (`LINK_PRESETS`), each a party's access link, so that two parties on one are twice its latency apart: `lan`
+(1 Gbps, 0.25 ms: 0.5 ms one way between two parties), `wan` (100 Mbps, 25 ms: 50 ms one way), `100mbps_10ms`,
+`50mbps_50ms`, and the EASTER paper's latency
 bands at its fixed 50 Mbps (Sec. V-C: low 1-30 ms, medium 30-50 ms, high 50-100 ms; each preset is the band's
 midpoint, `paper_low` 15.5 ms, `paper_medium` 40 ms, `paper_high` 75 ms). Device classes (`DEVICE_CLASSES`): the
 paper's high-performance (high bandwidth, low latency) and low-performance (low bandwidth, high latency) devices of
@@ -86,6 +88,7 @@ class DeviceClass:
 
 LINK_PRESETS: dict[str, LinkProfile] = {
     "lan": LinkProfile(1000.0, 1000.0, 0.25),
+    "wan": LinkProfile(100.0, 100.0, 25.0),
     "100mbps_10ms": LinkProfile(100.0, 100.0, 10.0),
     "50mbps_50ms": LinkProfile(50.0, 50.0, 50.0),
     "paper_low": LinkProfile(50.0, 50.0, 15.5),

@@ -48,7 +48,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"serving_pb2"},
     ],
     "lvfl.federation": [
-        {"rehearsal"},
+        {"rehearsal", "link_proxy"},
         {"link"},
         {"transport"},
         {"inbox", "outbox"},

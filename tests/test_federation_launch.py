@@ -800,3 +800,24 @@ def test_what_does_not_run_across_processes_yet_is_refused_in_one_line(tmp_path,
     errors = [line for line in done.stderr.splitlines() if line.startswith("lvfl: error:")]
     assert len(errors) == 1, done.stderr[-2000:]
     assert message in errors[0]
+
+
+def test_a_launch_over_a_delayed_paced_network_ends_bit_identical_and_counts_its_socket_bytes(tmp_path):
+    """`--network wan` routes every connection through the link proxy: the run is the fit's, bit for bit, and the
+    bytes the proxy forwarded (TLS, HTTP/2 and envelopes included) are at least the ledger's."""
+    config = CONFIGS["EASTER DHMasking, 4 parties"]
+    fit = lvfl("fit", *config, *SHORT, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    launch = lvfl(
+        "launch", "--network", "wan", "--timeout", "30", *config, *SHORT,
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}",
+    )  # fmt: skip
+    assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
+    assert_parity(tmp_path / "fit", {f"party{k}": tmp_path / "launch" / f"party{k}" for k in range(4)})
+    assert "over a wan network" in launch.stdout
+    (line,) = [line for line in launch.stdout.splitlines() if "the wan network carried" in line]
+    carried = int(line.split("carried ")[1].split(" bytes")[0].replace(",", ""))
+    links = dict(part.rsplit(" ", 1) for part in line.split("(")[1].rstrip(")").split(", "))
+    assert set(links) == {f"party0->party{k}" for k in (1, 2, 3)} | {f"party{k}->party0" for k in (1, 2, 3)}
+    assert carried == sum(int(n.replace(",", "")) for n in links.values())
+    assert carried >= sum(ledger(checkpoint(tmp_path / "fit")).values())

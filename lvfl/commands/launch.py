@@ -11,6 +11,10 @@ bit-identical); `--threads N` gives every party N threads instead, which is fast
 to ``<save_dir>/<party>.log`` under a header naming the launch, so an earlier launch's log stays. When the parties end
 it prints each one's run folder and log, and exits 0 when every party did, else with the first failing party's status
 and one line per failed party.
+
+`--network wan` (any `lvfl.network.LINK_PRESETS` name) puts a `lvfl.federation.link_proxy.LinkProxy` between the
+parties: each party's federation file names each peer at the proxy's port for that pair, and the proxy delays and
+paces the bytes as that access link would; the launch ends with the bytes it carried per link.
 """
 
 from __future__ import annotations
@@ -31,7 +35,9 @@ from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import build_cli
 from lvfl.commands.party import SUBCOMMANDS, coordinator_of
 from lvfl.federation.federation_file import write_federation
+from lvfl.federation.link_proxy import LinkProxy
 from lvfl.federation.pki import write_test_pki
+from lvfl.network import LINK_PRESETS
 from lvfl.parties import party_name
 
 __all__ = ["launch", "main"]
@@ -56,6 +62,14 @@ def launch_parser() -> argparse.ArgumentParser:
         default=None,
         help="torch threads per party (OMP_NUM_THREADS; default: torch's, as lvfl fit has). Parties sharing few "
         "cores run faster with fewer; results are bit-identical to a fit with the same count",
+    )
+    parser.add_argument(
+        "--network",
+        default=None,
+        choices=sorted(LINK_PRESETS),
+        help="route every party's connections through a proxy that gives each party this access link (delay and "
+        "rate, as NetworkSimulator's preset of the name: wan = 100 Mbps and 50 ms one way between two parties); "
+        "default: localhost as it is",
     )
     parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
     return parser
@@ -96,8 +110,12 @@ def launch(
     run_id: str | None = None,
     threads: int | None = None,
     allow_public_seeds: bool = False,
+    network: str | None = None,
 ) -> int:
-    """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded)."""
+    """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded).
+
+    With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link.
+    """
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
@@ -107,7 +125,9 @@ def launch(
     save_dir = save_dir or "runs"
     pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
     try:
-        return _launch_parties(names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads)
+        return _launch_parties(
+            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network
+        )
     finally:
         if pki is None:  # throw-away keys: nothing of them stays on the disk
             shutil.rmtree(pki_dir, ignore_errors=True)
@@ -123,16 +143,52 @@ def _launch_parties(
     timeout: float,
     run_id: str | None,
     threads: int | None,
+    network: str | None = None,
 ) -> int:
     """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
     write_test_pki(pki_dir, names, ca_key=None)
     federation = pki_dir / "federation.yaml"
-    write_federation(federation, names)
+    addresses = {name: party.address for name, party in write_federation(federation, names).parties.items()}
+    files = dict.fromkeys(names, federation)
+    proxy = None
+    if network is not None:  # each party's own file: its own address, and each peer's at the proxy's port for the pair
+        proxy = LinkProxy(dict.fromkeys(names, LINK_PRESETS[network]))
+        for name in names:
+            routed = {peer: proxy.route(name, peer, addresses[peer]) for peer in names if peer != name}
+            files[name] = pki_dir / f"federation.{name}.yaml"
+            write_federation(files[name], names, addresses={**routed, name: addresses[name]})
+        proxy.start()
+    try:
+        return _run_parties(names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network)
+    finally:
+        if proxy is not None:
+            proxy.close()
+            total = sum(proxy.socket_bytes.values())
+            each = ", ".join(f"{src}->{dst} {n:,}" for (src, dst), n in sorted(proxy.socket_bytes.items()))
+            print(f"lvfl launch: the {network} network carried {total:,} bytes ({each})", flush=True)
+
+
+def _run_parties(
+    names: list[str],
+    active: str,
+    save_dir: str,
+    files: dict[str, Path],
+    subcommand: str | None,
+    fit_args: list[str],
+    timeout: float,
+    run_id: str | None,
+    threads: int | None,
+    network: str | None,
+) -> int:
+    """Start a process per party, each with its federation file, and wait for them all."""
     run_id = run_id or f"launch-{uuid.uuid4().hex[:12]}"
     gpus = _gpu_count()
     processes: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
-    print(f"lvfl launch: {len(names)} parties ({', '.join(names)}), run {run_id}, federation {federation}", flush=True)
+    over = f", over a {network} network (lvfl.network.LINK_PRESETS)" if network else ""
+    federation = files[active].parent / "federation.yaml"
+    listed = f"{len(names)} parties ({', '.join(names)})"
+    print(f"lvfl launch: {listed}, run {run_id}, federation {federation}{over}", flush=True)
     for i, name in enumerate(names):
         args = [
             sys.executable,
@@ -143,7 +199,7 @@ def _launch_parties(
             "--party",
             name,
             "--federation",
-            str(federation),
+            str(files[name]),
             "--run_id",
             run_id,
             "--timeout",
@@ -251,5 +307,6 @@ def main(argv: list[str]) -> None:
             own.run_id,
             own.threads,
             own.allow_public_seeds,
+            own.network,
         )
     raise SystemExit(status)
