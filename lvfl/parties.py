@@ -102,6 +102,14 @@ class VFLBatch:
     def __len__(self) -> int:
         return int(self.ids.shape[0])
 
+    def rows(self, start: int, stop: int) -> VFLBatch:
+        """Samples `start` to `stop` (a slice: another party's shadow features are sliced as they are)."""
+        return VFLBatch(
+            ids=self.ids[start:stop],
+            features={k: v[start:stop] for k, v in self.features.items()},
+            labels=None if self.labels is None else self.labels[start:stop],
+        )
+
     def pin_memory(self) -> VFLBatch:
         """The batch in page-locked memory (DataLoader `pin_memory=True`), so the copy to a GPU can overlap compute."""
         return VFLBatch(

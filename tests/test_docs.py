@@ -46,7 +46,7 @@ RUN_CONFIGS = {
     "runs/easter_digits/": "configs/easter/digits.yaml",
 }
 #: each command's own flags (the rest of its arguments are `lvfl fit`'s), and whether the flag takes a value
-LAUNCH_FLAGS = {"--pki": True, "--timeout": True, "--run_id": True, "--threads": True}
+LAUNCH_FLAGS = {"--pki": True, "--timeout": True, "--run_id": True, "--threads": True, "--network": True}
 PARTY_FLAGS = {
     "--party": True,
     "--federation": True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -815,6 +816,15 @@ def test_a_launch_over_a_delayed_paced_network_ends_bit_identical_and_counts_its
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
     assert_parity(tmp_path / "fit", {f"party{k}": tmp_path / "launch" / f"party{k}" for k in range(4)})
     assert "over a wan network" in launch.stdout
+    # the active party's set-up report, phase by phase, from the launch's start to its first step
+    report = re.search(r"lvfl party: set-up took ([\d.]+) s before the first step: (.*)", launch.stdout)
+    assert report is not None, launch.stdout[-2000:]
+    phases = [part.rsplit(" ", 2) for part in report.group(2).split("; ")]
+    assert [name for name, _, _ in phases] == [
+        "the launcher (config, certificates)", "process start and imports", "config and greetings",
+        "data, PSI, keys and models",
+    ]  # fmt: skip
+    assert sum(float(s) for _, s, _ in phases) == pytest.approx(float(report.group(1)), abs=0.25)
     (line,) = [line for line in launch.stdout.splitlines() if "the wan network carried" in line]
     carried = int(line.split("carried ")[1].split(" bytes")[0].replace(",", ""))
     links = dict(part.rsplit(" ", 1) for part in line.split("(")[1].rstrip(")").split(", "))

@@ -49,6 +49,14 @@ def protocols() -> dict[str, Callable[..., VFLModule]]:
         "easter_dh": lambda mech: EASTER(
             parties=mlp_parties(PARTIES), embedding_dim=8, aggregation=DHMasking(), label_mechanism=mech
         ),
+        # the local-updates schedule: the same messages, exchanged once per three updates
+        "easter_local_updates": lambda mech: EASTER(
+            parties=mlp_parties(PARTIES),
+            embedding_dim=8,
+            label_mechanism=mech,
+            schedule="local_updates",
+            local_updates=3,
+        ),
         "splitnn_concat": lambda mech: SplitNN(
             parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, top_hidden=8, label_mechanism=mech
         ),
@@ -135,7 +143,7 @@ def test_passive_view_does_not_depend_on_true_labels(protocol, mechanism, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["easter", "splitnn_concat", "cvfl", "aggvfl_mean"])
+@pytest.mark.parametrize("protocol", ["easter", "easter_local_updates", "splitnn_concat", "cvfl", "aggvfl_mean"])
 def test_without_a_mechanism_the_passive_view_changes_with_the_labels(protocol, tmp_path):
     """Negative control: with no label mechanism the same counterfactual must change the passive inbox."""
 

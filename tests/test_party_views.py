@@ -82,6 +82,10 @@ PROTOCOLS = {
         local_iterations=2,
         compressor=Compressor(bits=8),
     ),
+    # FedBCD-style local updates: one exchange, then three updates on sub-batches of 11, 11 and 10 rows
+    "EASTER local updates": lambda backend: recording(EASTER)(
+        parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, schedule="local_updates", local_updates=3
+    ),
     "AggVFL": lambda backend: recording(AggVFL)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
     "AggVFL weighted": lambda backend: recording(AggVFL)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
@@ -143,6 +147,8 @@ def rehearse(tmp_path, model, views, links=None):
         ("EASTER", Plain, memory_views),
         ("EASTER", DHMasking, memory_views),
         ("EASTER", DHMasking, socket_views),
+        ("EASTER local updates", DHMasking, memory_views),
+        ("EASTER local updates", DHMasking, socket_views),
         ("SplitNN", Plain, memory_views),
         ("SplitNN mean", DHMasking, memory_views),
         ("C_VFL", Plain, memory_views),

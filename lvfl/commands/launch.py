@@ -33,7 +33,7 @@ from pathlib import Path
 from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, check_public_seeds
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import build_cli
-from lvfl.commands.party import SUBCOMMANDS, coordinator_of
+from lvfl.commands.party import LAUNCH_STARTED, PARTY_STARTED, SUBCOMMANDS, coordinator_of
 from lvfl.federation.federation_file import write_federation
 from lvfl.federation.link_proxy import LinkProxy
 from lvfl.federation.pki import write_test_pki
@@ -116,6 +116,7 @@ def launch(
 
     With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link.
     """
+    started = time.time()  # the set-up report's first mark (`lvfl.commands.party.SetupReport`)
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
@@ -126,7 +127,7 @@ def launch(
     pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
     try:
         return _launch_parties(
-            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network
+            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, started
         )
     finally:
         if pki is None:  # throw-away keys: nothing of them stays on the disk
@@ -144,6 +145,7 @@ def _launch_parties(
     run_id: str | None,
     threads: int | None,
     network: str | None = None,
+    started: float | None = None,
 ) -> int:
     """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
     write_test_pki(pki_dir, names, ca_key=None)
@@ -159,7 +161,10 @@ def _launch_parties(
             write_federation(files[name], names, addresses={**routed, name: addresses[name]})
         proxy.start()
     try:
-        return _run_parties(names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network)
+        marks = {LAUNCH_STARTED: f"{started if started is not None else time.time():.6f}"}
+        return _run_parties(
+            names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks
+        )
     finally:
         if proxy is not None:
             proxy.close()
@@ -179,8 +184,12 @@ def _run_parties(
     run_id: str | None,
     threads: int | None,
     network: str | None,
+    marks: dict[str, str],
 ) -> int:
-    """Start a process per party, each with its federation file, and wait for them all."""
+    """Start a process per party, each with its federation file, and wait for them all.
+
+    `marks` go into each party's environment, with when it was started: its set-up report's (`SetupReport`).
+    """
     run_id = run_id or f"launch-{uuid.uuid4().hex[:12]}"
     gpus = _gpu_count()
     processes: dict[str, subprocess.Popen] = {}
@@ -207,7 +216,7 @@ def _run_parties(
             *fit_args,
             f"--trainer.logger.init_args.save_dir={Path(save_dir) / name}",
         ]
-        env = dict(os.environ)
+        env = {**os.environ, **marks, PARTY_STARTED: f"{time.time():.6f}"}
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         if gpus > 1:

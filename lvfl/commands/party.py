@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lvfl.attacks import Attack, AttackRecord
 from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, TABLE_LISTS, check_public_seeds
@@ -130,6 +134,44 @@ def _without_table_paths(data: Any) -> Any:
     return {**data, "init_args": {**init, **tables}}
 
 
+#: environment variables `lvfl launch` sets for each party: when the launch began, and when it started this party
+LAUNCH_STARTED, PARTY_STARTED = "LVFL_LAUNCH_STARTED", "LVFL_PARTY_STARTED"
+
+
+class SetupReport(Callback):
+    """Prints, at a party's first training step, how long its set-up took and where the time went.
+
+    The phases, each from the wall clock of this machine: the launcher's own work before it started this party (its
+    config, the certificates: `lvfl launch` only), this process's start and imports, the config and the greetings
+    (`PartySession.join`), then the data, the PSI, the keys and the models up to the first step.
+    """
+
+    def __init__(self, marks: Mapping[str, float]) -> None:
+        self.marks = dict(marks)
+        self.done = False
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Once, at the first step of the fit (a resumed fit's first step too)."""
+        if self.done:
+            return
+        self.done = True
+        print(setup_line({**self.marks, "first step": time.time()}), flush=True)
+
+
+def setup_line(marks: Mapping[str, float]) -> str:
+    """``lvfl party: set-up took 9.1 s before the first step: ...`` from the times of the phases' ends."""
+    names = {
+        "party started": "the launcher (config, certificates)",
+        "imported": "process start and imports",
+        "joined": "config and greetings",
+        "first step": "data, PSI, keys and models",
+    }
+    order = [name for name in ("launch started", *names) if name in marks]
+    parts = [f"{names[b]} {marks[b] - marks[a]:.1f} s" for a, b in zip(order, order[1:], strict=False)]
+    total = marks["first step"] - marks[order[0]]
+    return f"lvfl party: set-up took {total:.1f} s before the first step: " + "; ".join(parts)
+
+
 @dataclass
 class PartySession:
     """One party's place in a federation: who it is, the federation file, and its transport once joined."""
@@ -142,6 +184,7 @@ class PartySession:
     listen: str | None = None
     allow_public_seeds: bool = False
     transport: Any = field(default=None, init=False)
+    marks: dict[str, float] = field(default_factory=dict)  # set-up's phases: when each ended (`SetupReport`)
 
     def join(self, cli: Any) -> None:
         """Start this party's transport, greet every peer, and put the protocol's wire on it (before fit)."""
@@ -179,6 +222,8 @@ class PartySession:
         link = SocketLink(self.transport)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))
+        self.marks["joined"] = time.time()
+        cli.trainer.callbacks.append(SetupReport(self.marks))
 
     def check_party(self, datamodule: Any, coordinator: str | None = None) -> list[str]:
         """The run's party names, an HE backend's `coordinator` last; refuses a `--party` that is not one of them."""
@@ -276,8 +321,12 @@ def _federation_names(path: Path) -> list[str]:
     return list(load_federation(path).parties)
 
 
+_LAUNCH_MARKS = {"launch started": LAUNCH_STARTED, "party started": PARTY_STARTED}
+
+
 def main(argv: list[str]) -> None:
     """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`fit.main`)."""
+    imported = time.time()  # this module's imports (torch, Lightning, lvfl) are done
     if not argv or argv[0] in ("-h", "--help"):
         print(PARTY_HELP, end="\n\n")
         print(party_parser().format_help().split("\n\n", 1)[1])  # argparse's own usage block, whole lines
@@ -297,4 +346,6 @@ def main(argv: list[str]) -> None:
     session = PartySession(
         own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds
     )
+    session.marks = {name: float(os.environ[var]) for name, var in _LAUNCH_MARKS.items() if var in os.environ}
+    session.marks["imported"] = imported
     fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)

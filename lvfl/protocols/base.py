@@ -444,12 +444,16 @@ class VFLModule(
         `<output, grad>` has the gradient `grad` in `output`, so its gradient in the party's parameters is exactly
         the loss gradient the party would get by backpropagating through the wire.
         """
-        if self.gradient_defense is not None and self.wire.holds(self.active):
-            grad = self.gradient_defense.apply(grad)  # what goes down, and so what party k trains on
-        received = self.wire.send(self.active, party, grad, "gradients")
+        received = self.send_gradient(party, grad)
         if not self.wire.holds(party):  # another party's term: its shadow
             return empty_shadow((), grad.dtype)
         return (output * received).sum()
+
+    def send_gradient(self, party: str, grad: torch.Tensor) -> torch.Tensor:
+        """dloss/d(party's output), computed at the active party, sent down to `party` (defended, if configured)."""
+        if self.gradient_defense is not None and self.wire.holds(self.active):
+            grad = self.gradient_defense.apply(grad)  # what goes down, and so what party k trains on
+        return self.wire.send(self.active, party, grad, "gradients")
 
     def outgoing(self, party: str, tensor: torch.Tensor) -> torch.Tensor:
         """What `party` puts into a message (or an aggregate) of its embedding or prediction `tensor`.

@@ -48,6 +48,10 @@ from lvfl.protocols.party_config import PartyConfig
 
 #: how party k's loss gradient at E reaches its embedding network h_k (see `EASTER`)
 ENCODER_GRADIENTS = ("mean_share", "whole")
+#: when the parties exchange (see `EASTER`): every update, or once per `local_updates` updates
+SCHEDULES = ("sync", "local_updates")
+#: sub-batches of a batch under ``schedule: local_updates`` when `local_updates` is not given
+DEFAULT_LOCAL_UPDATES = 4
 
 
 class EASTER(VFLModule):
@@ -61,6 +65,19 @@ class EASTER(VFLModule):
             backpropagates through its own network with the received E in place of its embedding layer's output
             (a reading of Algorithm 1's "local model"; it equals scaling h_k's learning rate by C). Only the
             encoders' update differs; every message is the same.
+        schedule: when the parties exchange. ``"sync"`` (default): Algorithm 1, one exchange (four one-way trips:
+            shares up, E down, R_k up, gradients down) per update. ``"local_updates"``: one exchange per batch and
+            `local_updates` updates on it, after FedBCD (Liu et al., "FedBCD: A Communication-Efficient
+            Collaborative Learning Framework for Distributed Features", IEEE TSP 2022): the batch's E and every
+            party's dloss_k/dR_k cross once, then the batch is cut into `local_updates` consecutive sub-batches
+            and each party updates on each in turn, recomputing its own E_k and R_k with its current parameters
+            against the exchanged E and, for a passive party, the exchanged (so stale) dloss_k/dR_k, as FedBCD-p's
+            parties reuse the other parties' stale intermediate results. The first update is the synchronous one
+            on its sub-batch; the j-th trains on a gradient j-1 updates old. With a batch `local_updates` times
+            the synchronous one, an epoch has as many updates of as many samples, the same messages per sample
+            (so what each reveals is unchanged), and a `local_updates`-th of the exchanges, each waiting on the
+            network's latency four times.
+        local_updates: updates per exchange under ``schedule: local_updates`` (default 4; at least 2).
     """
 
     passive_inbox = {
@@ -77,11 +94,22 @@ class EASTER(VFLModule):
         label_mechanism: LabelMechanism | None = None,
         gradient_defense: GradientDefense | None = None,
         encoder_gradient: Literal["mean_share", "whole"] = "mean_share",
+        schedule: Literal["sync", "local_updates"] = "sync",
+        local_updates: int | None = None,
     ) -> None:
         if encoder_gradient not in ENCODER_GRADIENTS:
             raise ValueError(
                 f"model.encoder_gradient must be one of {list(ENCODER_GRADIENTS)}, got {encoder_gradient!r}"
             )
+        if schedule not in SCHEDULES:
+            raise ValueError(f"model.schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+        if schedule == "sync" and local_updates is not None:
+            raise ValueError(
+                f"model.local_updates={local_updates} applies to model.schedule: local_updates only; the schedule "
+                "is sync (one update per exchange)"
+            )
+        if local_updates is not None and not (isinstance(local_updates, int) and local_updates >= 2):
+            raise ValueError(f"model.local_updates must be an integer >= 2, got {local_updates!r}")
         super().__init__(
             parties,
             aggregation=aggregation,
@@ -90,6 +118,8 @@ class EASTER(VFLModule):
             gradient_defense=gradient_defense,
         )
         self.encoder_gradient = encoder_gradient
+        self.schedule = schedule
+        self.local_updates = (local_updates or DEFAULT_LOCAL_UPDATES) if schedule == "local_updates" else 1
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the parties (base); with a label mechanism, also the active party's private head (p_a's design)."""
@@ -104,7 +134,10 @@ class EASTER(VFLModule):
         return {k: (e if k == self.active else self.wire.send(self.active, k, e, "global_embedding")) for k in local}
 
     def training_step(self, batch: VFLBatch, batch_idx: int) -> None:
-        """One EASTER step (Algorithm 1, lines 2-14)."""
+        """One EASTER step (Algorithm 1, lines 2-14); under ``schedule: local_updates``, `local_update_step`."""
+        if self.schedule == "local_updates":
+            self.local_update_step(batch)
+            return
         optimizers = self.begin_step()
         local = self.local_embeddings(batch)  # step 1
         e_at = self.global_embedding(local)  # steps 2-3
@@ -131,6 +164,51 @@ class EASTER(VFLModule):
             surrogate.append(private)
             losses[f"{self.active}/private_head"] = private.detach()
         self.end_step(optimizers, surrogate)  # step 6 (Eq. 3)
+        self.record_train_losses(losses)
+
+    def local_update_step(self, batch: VFLBatch) -> None:
+        """One exchange over `batch`, then `local_updates` updates over its sub-batches (see `schedule`)."""
+        with torch.no_grad():  # the exchange: nothing of it is differentiated, every update recomputes its own part
+            e_at = self.global_embedding(self.local_embeddings(batch))  # steps 1-3, the whole batch
+            received, losses = {}, {}
+            for k in self.passive:
+                if not self.involves(k, self.active):
+                    continue
+                r_k = self.wire.send(k, self.active, self.party_call(k, "head", e_at[k]), "predictions")  # step 4
+                with torch.enable_grad():
+                    r_k.requires_grad_(True)
+                    loss = self.task_loss(r_k, self.labels_for(k, batch))  # step 5, Eq. 8, at the active party
+                    (grad,) = torch.autograd.grad(loss, r_k)
+                received[k] = self.send_gradient(k, grad)
+                losses[k] = loss.detach()
+        c, size = self.num_parties, len(batch)
+        for part in torch.arange(size).tensor_split(self.local_updates):
+            if not len(part):
+                continue
+            start, stop = int(part[0]), int(part[-1]) + 1
+            rows, scale = batch.rows(start, stop), size / (stop - start)  # the batch's mean loss -> the sub-batch's
+            optimizers = self.begin_step()
+            surrogate = []
+            for k in self.party_names:
+                if not self.wire.holds(k):  # another party's update: its own process's
+                    continue
+                embedding = self.party_call(k, "encoder", rows.features[k])  # E_k with k's current parameters
+                own = embedding - embedding.detach()
+                r_k = self.party_call(
+                    k, "head", e_at[k][start:stop] + (own / c if self.encoder_gradient == "mean_share" else own)
+                )
+                if k == self.active:
+                    loss = self.task_loss(r_k, self.labels_for(k, batch)[start:stop])
+                    surrogate.append(loss)
+                    losses[k] = losses.get(k, 0) + loss.detach() * (stop - start) / size  # the batch's mean
+                else:  # the exchanged gradient: FedBCD-p's stale partial derivative for updates after the first
+                    surrogate.append((r_k * received[k][start:stop]).sum() * scale)
+            if self.private_head is not None and self.wire.holds(self.active):
+                private = self.private_loss(e_at[self.active][start:stop], rows)
+                surrogate.append(private)
+                key = f"{self.active}/private_head"
+                losses[key] = losses.get(key, 0) + private.detach() * (stop - start) / size
+            self.end_step(optimizers, surrogate)  # step 6, once per sub-batch
         self.record_train_losses(losses)
 
     def party_logits(self, batch: VFLBatch) -> dict[str, torch.Tensor]:

@@ -1,0 +1,167 @@
+"""`NetworkSimulator` checked against a real delayed network: launched epochs through the link proxy beside the
+simulator's prediction for the same profile and config, in one run.
+
+    .venv/bin/python benchmarks/network_check.py [--profiles lan wan] [--protocols easter splitnn easter-local4]
+        [--parties 2 4] [--epochs 3]
+
+For each profile (a `lvfl.network.LINK_PRESETS` name, every party on it), protocol and party count:
+
+- **simulated**: `lvfl fit` of the config with `NetworkSimulator(links=profile)`; its epoch time is the simulator's
+  (`sim/epoch_time`: every training step's messages replayed over the links, with the compute the fit measured);
+- **measured**: `lvfl launch --network profile` of the same config: every party its own process, their connections
+  through `lvfl.federation.link_proxy.LinkProxy`, which delays and paces them as the profile's links would; its epoch
+  time is the active party's wall time from the start to the end of each training epoch;
+- their ratio (measured / simulated), the median over the epochs after the first (the first holds one-time work in
+  both runs: the proxy's TLS handshakes, the allocator's first pages);
+- the bytes the proxy carried over the ledger's (`CommunicationMeter`'s payload bytes of the whole launch, set-up
+  included): what TLS, HTTP/2, gRPC and lvfl's envelopes add.
+
+Validation is off (`limit_val_batches=0`): the simulator times training traffic only. Every process has one torch
+thread (`OMP_NUM_THREADS=1`, as `benchmarks/federation_cost.py`). The configs: EASTER `configs/easter/digits.yaml`
+(DH masking), SplitNN `configs/splitnn/digits_dh_sum.yaml` (DH masking, sum), cut to their first N parties;
+`easter-local4` is EASTER under `schedule: local_updates` (4 updates per exchange, batch 4 x 128).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from lightning.pytorch import Callback
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "easter": "configs/easter/digits.yaml",
+    "easter-local4": "configs/easter/digits.yaml",
+    "splitnn": "configs/splitnn/digits_dh_sum.yaml",
+}
+#: each protocol's options beyond its config: EASTER's latency-hiding schedule, 4 updates per exchange of 4 x 128
+OPTIONS = {
+    "easter-local4": [
+        "--model.init_args.schedule=local_updates",
+        "--model.init_args.local_updates=4",
+        "--data.init_args.batch_size=512",
+    ]
+}
+
+
+class EpochClock(Callback):
+    """Writes this process's training epoch times, the simulator's, and its ledger to $LVFL_CHECK_DIR/<party>.json."""
+
+    def __init__(self) -> None:
+        self.epochs: list[float] = []
+        self.simulated: list[float] = []
+        self._started = 0.0
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:  # noqa: D102
+        self._started = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # noqa: D102
+        from lvfl.callbacks import NetworkSimulator
+
+        self.epochs.append(time.perf_counter() - self._started)
+        for callback in trainer.callbacks:  # listed before this one: its epoch is closed
+            if isinstance(callback, NetworkSimulator):
+                self.simulated.append(callback._epoch_s)  # noqa: SLF001 - the figure it logs as sim/epoch_time
+
+    def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
+        wire = pl_module.wire
+        sent = sum(n for (src, _, _), n in wire.bytes.items() if wire.here in (None, src))  # a party: what it sent
+        record = {"epochs": self.epochs, "simulated": self.simulated, "ledger": sent}
+        Path(os.environ["LVFL_CHECK_DIR"], f"{wire.here or 'fit'}.json").write_text(json.dumps(record))
+
+
+def run(command: list[str], out: Path) -> str:
+    """`python -m lvfl COMMAND` with the clock, one torch thread per process; its standard output."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks"), "LVFL_CHECK_DIR": str(out), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(  # noqa: S603 - lvfl's own command
+        [sys.executable, "-m", "lvfl", *command], cwd=REPO, env=env, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:3])} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def carried(stdout: str) -> int:
+    """The bytes `lvfl launch --network` says its proxy carried."""
+    (line,) = [line for line in stdout.splitlines() if " network carried " in line]
+    return int(line.split(" network carried ")[1].split(" bytes")[0].replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profiles", nargs="+", default=["lan", "wan"])
+    parser.add_argument("--protocols", nargs="+", default=["easter", "splitnn"], choices=list(CONFIGS))
+    parser.add_argument("--parties", nargs="+", type=int, default=[2, 4])
+    parser.add_argument("--epochs", type=int, default=3)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import machine
+    from federation_cost import first_parties
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for protocol in args.protocols:
+            for count in args.parties:
+                config = str(first_parties(Path(CONFIGS[protocol]), count, tmp))
+                for profile in args.profiles:
+                    cell = tmp / f"{protocol}_{count}_{profile}"
+                    fit_dir, launch_dir = cell / "fit", cell / "launch"
+                    fit_dir.mkdir(parents=True)
+                    launch_dir.mkdir()
+                    common = [
+                        "--config", config, f"--trainer.max_epochs={args.epochs}", "--trainer.limit_val_batches=0",
+                        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+                        *OPTIONS.get(protocol, []),
+                    ]  # fmt: skip
+                    simulator = {
+                        "class_path": "lvfl.callbacks.NetworkSimulator",
+                        "init_args": {"links": profile, "print_summary": False},
+                    }
+                    run(
+                        ["fit", *common, f"--trainer.callbacks+={json.dumps(simulator)}",
+                         '--trainer.callbacks+={"class_path": "network_check.EpochClock"}',
+                         f"--trainer.logger.init_args.save_dir={cell / 'fit_logs'}"],
+                        fit_dir,
+                    )  # fmt: skip
+                    stdout = run(
+                        ["launch", "--network", profile, *common,
+                         '--trainer.callbacks+={"class_path": "network_check.EpochClock"}',
+                         f"--trainer.logger.init_args.save_dir={cell / 'launch_logs'}"],
+                        launch_dir,
+                    )  # fmt: skip
+                    fit = json.loads((fit_dir / "fit.json").read_text())
+                    launched = json.loads((launch_dir / "party0.json").read_text())
+                    ledger = sum(json.loads(p.read_text())["ledger"] for p in launch_dir.glob("*.json"))
+                    rows.append((profile, protocol, count, fit, launched, carried(stdout), ledger))
+                    print(f"# done: {profile} {protocol} {count} parties", file=sys.stderr, flush=True)
+    report(args, rows, machine())
+
+
+def report(args: argparse.Namespace, rows: list, machine: str) -> None:
+    """One row per profile, protocol and party count: measured and simulated epoch, their ratio, socket bytes."""
+    print(f"# NetworkSimulator against the link proxy: {args.epochs} epochs, validation off, one torch thread each")
+    print(f"# {machine}")
+    print()
+    print("| profile | protocol | parties | measured epoch (s) | simulated epoch (s) | measured / simulated "
+          "| socket bytes / ledger |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for profile, protocol, count, fit, launched, socket_bytes, ledger in rows:
+        measured = statistics.median(launched["epochs"][1:] or launched["epochs"])
+        simulated = statistics.median(fit["simulated"][1:] or fit["simulated"])
+        ratio = measured / simulated
+        mark = "ok" if abs(ratio - 1) <= 0.15 else "MISSED"
+        print(f"| {profile} | {protocol} | {count} | {measured:.3f} | {simulated:.3f} | {ratio:.3f} {mark} (15%) "
+              f"| {socket_bytes / ledger:.3f} ({socket_bytes:,} / {ledger:,}) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

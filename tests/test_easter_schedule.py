@@ -1,0 +1,122 @@
+"""EASTER's `schedule: local_updates` (FedBCD-style local updates per exchange) against a hand-written reference.
+
+One exchange over the batch (shares up, E down, R_k up, dloss_k/dR_k down), then one update per sub-batch, each
+party recomputing its own E_k and R_k with its current parameters against the exchanged E and, for a passive party,
+the exchanged gradient. The reference below writes that out in plain torch, with no lvfl code; the ledger shows the
+same messages per sample as the synchronous step at a `local_updates`-th of the exchanges; bad options are refused
+by name. Parity of every party's view with the simulation is in tests/test_party_views.py.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+from helpers import make_trainer, mlp_parties, recording
+
+from lvfl.datamodules import Digits
+from lvfl.privacy import DHMasking, Plain
+from lvfl.protocols import EASTER
+
+
+def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
+    """FedBCD-style local updates for EASTER, by hand: the exchange at the first parameters, then the sub-batches."""
+    names = list(models)
+    active, c, n = names[0], len(names), len(batch.ids)
+    models = copy.deepcopy(models)
+    with torch.no_grad():
+        e = sum(models[k].encoder(batch.features[k]) for k in names) / c
+    stale = {}
+    for k in names[1:]:  # each passive party's dloss_k/dR_k, computed once at the exchange
+        r = models[k].head(e).detach().requires_grad_(True)
+        (stale[k],) = torch.autograd.grad(F.cross_entropy(r, batch.labels), r)
+    optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=lr) for k in names}
+    for part in torch.arange(n).tensor_split(updates):
+        rows = slice(int(part[0]), int(part[-1]) + 1)
+        for k in names:
+            optimizers[k].zero_grad()
+            own = models[k].encoder(batch.features[k][rows])
+            r = models[k].head(e[rows] + (own - own.detach()) / c)
+            if k == active:
+                F.cross_entropy(r, batch.labels[rows]).backward()
+            else:
+                (r * stale[k][rows]).sum().mul(n / len(part)).backward()
+            optimizers[k].step()
+    return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in names}
+
+
+@pytest.mark.parametrize(("aggregation", "updates", "batch_size"), [(Plain, 3, 64), (DHMasking, 4, 50)])
+def test_one_exchange_and_its_updates_equal_the_hand_written_reference(tmp_path, aggregation, updates, batch_size):
+    torch.manual_seed(0)
+    dm = Digits(num_parties=3, batch_size=batch_size)  # 50 into 4 sub-batches: 13, 13, 12, 12 rows
+    model = recording(EASTER, snapshot=True)(
+        parties=mlp_parties(3, lr=0.1), aggregation=aggregation(), embedding_dim=8, schedule="local_updates",
+        local_updates=updates,
+    )  # fmt: skip
+    make_trainer(tmp_path, limit_train_batches=1, limit_val_batches=0).fit(model, datamodule=dm)
+    (batch,) = model.batches
+    expected = local_updates_reference(model.before, batch, lr=0.1, updates=updates)
+    atol = 1e-6 if aggregation is Plain else 1e-4  # DHMasking's fixed point perturbs E by 2^-16 at most
+    for k in model.party_names:
+        for name, p in model.party_models[k].named_parameters():
+            assert torch.allclose(p.detach(), expected[k][name], atol=atol), f"{k}.{name}"
+    assert model.trainer.global_step == updates * len(model.party_names)  # every party stepped once per sub-batch
+
+
+def test_the_references_first_update_is_algorithm_1_on_its_sub_batch() -> None:
+    """The reference's first update equals the synchronous step (VFedMH Algorithm 1) on the first sub-batch."""
+    torch.manual_seed(1)
+    dm = Digits(num_parties=2, batch_size=32, seed=3)
+    model = EASTER(parties=mlp_parties(2, lr=0.1), embedding_dim=8)
+    model.build(dm.party_specs, dm.task)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    first = batch.rows(0, 16)
+    expected = local_updates_reference(dict(model.party_models), first, lr=0.1, updates=1)
+    models = copy.deepcopy(dict(model.party_models))
+    names = list(models)
+    embeddings = [models[j].encoder(first.features[j]) for j in names]
+    grads = {}
+    for k in names:  # party k's own loss through E, its gradient in its own parameters only
+        e = sum(em if j == k else em.detach() for j, em in zip(names, embeddings, strict=True)) / len(names)
+        loss = F.cross_entropy(models[k].head(e), first.labels)
+        grads[k] = torch.autograd.grad(loss, list(models[k].parameters()))
+    for k in names:
+        for (name, p), g in zip(models[k].named_parameters(), grads[k], strict=True):
+            assert torch.allclose(p.detach() - 0.1 * g, expected[k][name], atol=1e-6), f"{k}.{name}"
+
+
+def test_an_epoch_sends_what_sync_sends_per_sample_in_a_quarter_of_the_exchanges(tmp_path):
+    ledgers, exchanges, rows = {}, {}, {}
+    for schedule, batch_size, kwargs in (("sync", 32, {}), ("local_updates", 128, {"local_updates": 4})):
+        torch.manual_seed(0)
+        model = EASTER(parties=mlp_parties(4), aggregation=DHMasking(), embedding_dim=8, schedule=schedule, **kwargs)
+        dm = Digits(num_parties=4, batch_size=batch_size)
+        seen = []
+        trainer = make_trainer(tmp_path / schedule, limit_val_batches=0)
+        model.build(dm.party_specs, dm.task)
+        model.wire.subscribe(lambda src, dst, tag, payload, seen=seen: seen.append(tag))
+        trainer.fit(model, datamodule=dm)
+        ledgers[schedule] = {tag: n for (_, _, tag), n in model.wire.bytes.items() if tag != "keys"}
+        exchanges[schedule] = seen.count("global_embedding") / 3  # E goes down to each of the 3 passive parties
+        rows[schedule] = len(dm.train_dataloader().dataset)
+    assert rows["sync"] == rows["local_updates"]
+    for tag in ("embeddings", "global_embedding", "predictions", "gradients"):  # the same bytes per sample
+        assert ledgers["sync"][tag] == ledgers["local_updates"][tag], tag
+    assert exchanges["sync"] == -(-rows["sync"] // 32)
+    assert exchanges["local_updates"] == -(-rows["sync"] // 128)  # a quarter, the last batch a short one
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": "pipelined"}, "model.schedule must be one of ['sync', 'local_updates'], got 'pipelined'"),
+        ({"local_updates": 4}, "model.local_updates=4 applies to model.schedule: local_updates only"),
+        ({"schedule": "local_updates", "local_updates": 1}, "model.local_updates must be an integer >= 2, got 1"),
+    ],
+)
+def test_a_bad_schedule_is_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        EASTER(parties=mlp_parties(2), **kwargs)
