@@ -403,3 +403,27 @@ def test_console_script_prints_one_line(tmp_path):
     assert "embedding_dim" in result.stderr
     assert "Traceback" not in result.stderr
     assert "Warning" not in result.stderr
+
+
+def test_the_command_leaves_with_its_status_and_all_its_output_and_a_caller_in_process_keeps_its_own_exit():
+    """The `lvfl` command skips the interpreter's teardown once its exit handlers ran (`_leave_without_teardown`):
+    its status, its buffered output and what its exit handlers print still come out; main() called with arguments
+    (a test) never ends the process."""
+    code = (
+        "import atexit, sys\n"
+        "from lvfl.commands import entry\n"
+        "def dispatch(argv):\n"
+        "    atexit.register(lambda: print('an exit handler ran'))\n"
+        "    print('working on', argv)  # buffered: stdout is a pipe\n"
+        "    raise SystemExit(3)\n"
+        "entry._dispatch = dispatch\n"
+        "sys.argv = ['lvfl', 'fit']\n"
+        "entry.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
+    assert done.returncode == 3
+    assert done.stdout == "working on ['fit']\nan exit handler ran\n"
+    from lvfl.commands import entry
+
+    entry.main(["--help"])  # in-process, with arguments: nothing recorded, so pytest exits as it would
+    assert entry._EXIT_STATUS == []
