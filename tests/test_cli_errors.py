@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from helpers import REPO
 
+from lvfl.commands import entry
 from lvfl.commands.argument_errors import summarize_argument_error
 from lvfl.commands.errors import debug_requested
 from lvfl.commands.fit import main
@@ -423,7 +424,5 @@ def test_the_command_leaves_with_its_status_and_all_its_output_and_a_caller_in_p
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False)
     assert done.returncode == 3
     assert done.stdout == "working on ['fit']\nan exit handler ran\n"
-    from lvfl.commands import entry
-
     entry.main(["--help"])  # in-process, with arguments: nothing recorded, so pytest exits as it would
     assert entry._EXIT_STATUS == []
