@@ -116,7 +116,7 @@ def launch(
 
     With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link.
     """
-    started = time.time()  # the set-up report's first mark (`lvfl.commands.party.SetupReport`)
+    marks = {LAUNCH_STARTED: f"{time.time():.6f}"}  # the set-up report's first mark (`lvfl.commands.party.SetupReport`)
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
@@ -127,7 +127,7 @@ def launch(
     pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
     try:
         return _launch_parties(
-            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, started
+            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks
         )
     finally:
         if pki is None:  # throw-away keys: nothing of them stays on the disk
@@ -144,8 +144,8 @@ def _launch_parties(
     timeout: float,
     run_id: str | None,
     threads: int | None,
-    network: str | None = None,
-    started: float | None = None,
+    network: str | None,
+    marks: dict[str, str],
 ) -> int:
     """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
     write_test_pki(pki_dir, names, ca_key=None)
@@ -161,7 +161,6 @@ def _launch_parties(
             write_federation(files[name], names, addresses={**routed, name: addresses[name]})
         proxy.start()
     try:
-        marks = {LAUNCH_STARTED: f"{started if started is not None else time.time():.6f}"}
         return _run_parties(
             names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks
         )

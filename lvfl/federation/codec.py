@@ -301,16 +301,25 @@ def _encode_tensor(tensor: torch.Tensor, out: pb.Tensor, at: str) -> None:
         raise TypeError(f"{err}{at}") from None
     out.dtype = name
     out.shape.extend(tensor.shape)
-    if name in _NUMPY_VIEWS and _plain_cpu(tensor):  # the common case, through numpy's buffer (see _NUMPY_VIEWS)
-        out.data = (tensor.detach() if tensor.requires_grad else tensor).numpy().tobytes()
+    array = _plain_array(tensor, name)
+    if array is not None:  # the common case, through numpy's buffer (see _NUMPY_VIEWS)
+        out.data = array.tobytes()
         return
     flat = tensor.detach().resolve_conj().resolve_neg().to("cpu").contiguous().reshape(-1)
     out.data = _little_endian(flat.view(torch.uint8), flat.dtype).numpy().tobytes()
 
 
-def _plain_cpu(tensor: torch.Tensor) -> bool:
-    """Whether `tensor`'s bytes are its values as they are: on the CPU, contiguous, no lazy conjugate or negation."""
-    return tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg()
+def _plain_array(tensor: torch.Tensor, name: str | None) -> numpy.ndarray | None:
+    """`tensor` as a numpy array on its own memory, where its bytes are its values as they are, else None.
+
+    As they are: a dtype in `_NUMPY_VIEWS` (`name`, its wire name), dense, on the CPU, contiguous, with no lazy
+    conjugate or negation.
+    """
+    if name not in _NUMPY_VIEWS or tensor.layout is not torch.strided or tensor.device.type != "cpu":
+        return None
+    if not tensor.is_contiguous() or tensor.is_conj() or tensor.is_neg():
+        return None
+    return (tensor.detach() if tensor.requires_grad else tensor).numpy()
 
 
 def _little_endian(raw: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -350,15 +359,15 @@ def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECO
 def _tensor_envelope(head: bytes, tensor: torch.Tensor) -> bytes | None:
     """The envelope of `head`'s fields and `tensor` as protobuf serializes it, or None off the common case.
 
-    The common case: a dtype in `_NUMPY_VIEWS`, and `_plain_cpu`; the bytes are tested to be protobuf's own. Why by
-    hand: a launched step is a chain of messages each party waits on, and protobuf's way copies the tensor's bytes
-    into a message and out again; this copies them once, with two torch calls.
+    The common case: a tensor `_plain_array` reads in place; the bytes are tested to be protobuf's own. Why by hand:
+    a launched step is a chain of messages each party waits on, and protobuf's way copies the tensor's bytes into a
+    message and out again; this copies them once, with two torch calls.
     """
     name = _DTYPE_NAMES.get(tensor.dtype)
-    if name not in _NUMPY_VIEWS or tensor.layout is not torch.strided or not _plain_cpu(tensor):
+    data = _plain_array(tensor, name)
+    if data is None:
         return None
-    data = (tensor.detach() if tensor.requires_grad else tensor).numpy() if tensor.numel() else b""
-    size = data.nbytes if isinstance(data, numpy.ndarray) else 0
+    size = data.nbytes
     fields = _field_key(1, _LEN) + _varint_bytes(len(name)) + name.encode()  # Tensor.dtype
     if tensor.dim():  # proto3 leaves out an empty repeated field, and empty bytes
         shape = b"".join(_varint_bytes(n) for n in tensor.shape)
@@ -368,7 +377,7 @@ def _tensor_envelope(head: bytes, tensor: torch.Tensor) -> bytes | None:
     tensor_size = len(fields) + size
     value = _field_key(1, _LEN) + _varint_bytes(tensor_size)  # Value.tensor
     payload = _field_key(9, _LEN) + _varint_bytes(len(value) + tensor_size)  # Envelope.payload
-    return b"".join((head, payload, value, fields, data))
+    return b"".join((head, payload, value, fields, data if size else b""))
 
 
 def _field_key(number: int, wire_type: int) -> bytes:
