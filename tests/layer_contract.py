@@ -31,11 +31,12 @@ LAYERS: dict[str, list[set[str]]] = {
         {"shadows", "crypto"},
     ],
     "lvfl.commands": [
+        {"warm_party"},
         {"entry"},
         {"export", "launch", "bench", "pki", "serve", "score", "attack_score", "early_checks"},
         {"party"},
         {"fit"},
-        {"predict", "console", "twin", "config_files", "interrupts", "lead_help"},
+        {"predict", "console", "twin", "config_files", "interrupts", "lead_help", "warm_start"},
         {"errors"},
         {"argument_errors"},
     ],

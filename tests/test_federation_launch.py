@@ -820,9 +820,9 @@ def test_a_launch_over_a_delayed_paced_network_ends_bit_identical_and_counts_its
     report = re.search(r"lvfl party: set-up took ([\d.]+) s before the first step: (.*)", launch.stdout)
     assert report is not None, launch.stdout[-2000:]
     phases = [part.rsplit(" ", 2) for part in report.group(2).split("; ")]
-    assert [name for name, _, _ in phases] == [
-        "the launcher (config, certificates)", "process start and imports", "config and greetings",
-        "data, PSI, keys and models",
+    assert [name for name, _, _ in phases] == [  # a warm start: the party's process imported as the launcher began
+        "the launcher's start", "process start and imports", "waiting for its part (config, certificates)",
+        "config and greetings", "data, PSI, keys and models",
     ]  # fmt: skip
     assert sum(float(s) for _, s, _ in phases) == pytest.approx(float(report.group(1)), abs=0.25)
     (line,) = [line for line in launch.stdout.splitlines() if "the wan network carried" in line]

@@ -12,6 +12,11 @@ to ``<save_dir>/<party>.log`` under a header naming the launch, so an earlier la
 it prints each one's run folder and log, and exits 0 when every party did, else with the first failing party's status
 and one line per failed party.
 
+The launcher itself loads neither PyTorch nor Lightning: it starts two party processes first, which import them while
+the first reads the config for it (the party names), and gives each a party's part once the names are known; any
+further party starts then (`lvfl.commands.warm_start`). On a host with several GPUs, where each party gets its own,
+every party starts once the config is read.
+
 `--network wan` (any `lvfl.network.LINK_PRESETS` name) puts a `lvfl.federation.link_proxy.LinkProxy` between the
 parties: each party's federation file names each peer at the proxy's port for that pair, and the proxy delays and
 paces the bytes as that access link would; the launch ends with the bytes it carried per link.
@@ -30,15 +35,20 @@ import time
 import uuid
 from pathlib import Path
 
-from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, check_public_seeds
+from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
-from lvfl.commands.fit import build_cli
-from lvfl.commands.party import LAUNCH_STARTED, PARTY_STARTED, SUBCOMMANDS, coordinator_of
+from lvfl.commands.warm_start import (
+    LAUNCH_STARTED,
+    PARTY_IMPORTED,
+    PARTY_STARTED,
+    SUBCOMMANDS,
+    WarmParty,
+    warm_start_possible,
+)
 from lvfl.federation.federation_file import write_federation
 from lvfl.federation.link_proxy import LinkProxy
 from lvfl.federation.pki import write_test_pki
 from lvfl.network import LINK_PRESETS
-from lvfl.parties import party_name
 
 __all__ = ["launch", "main"]
 
@@ -75,13 +85,19 @@ def launch_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parties_and_logs(
+def config_parties(
     fit_args: list[str], allow_public_seeds: bool = False, fits: bool = True
 ) -> tuple[list[str], str, str | None]:
     """The config's party names, its active party and its logger's save_dir (None: none), without loading data.
 
     Before a fit (`fits`), refuses privacy noise seeded by the config (`check_public_seeds`), before any party starts.
+    It loads PyTorch and Lightning (LightningCLI reads the config): a warm launch asks a party process for it.
     """
+    from lvfl.commands.config_files import check_public_seeds
+    from lvfl.commands.fit import build_cli
+    from lvfl.commands.party import coordinator_of
+    from lvfl.parties import party_name
+
     config_args, skip = [], False
     own = ("--ckpt_path", "--output", "--ids", "--oblivious")  # the subcommand's own options are not the config's
     for arg in fit_args:
@@ -111,27 +127,42 @@ def launch(
     threads: int | None = None,
     allow_public_seeds: bool = False,
     network: str | None = None,
+    warm: bool | None = None,
 ) -> int:
     """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded).
 
     With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link.
+    `warm` (default: where `warm_start_possible`) starts two party processes before the config is read, one of which
+    reads it (`lvfl.commands.warm_start`); the others start once their names are known.
     """
     marks = {LAUNCH_STARTED: f"{time.time():.6f}"}  # the set-up report's first mark (`lvfl.commands.party.SetupReport`)
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
     if subcommand is not None:
         fit_args = fit_args[1:]
-    names, active, save_dir = _parties_and_logs(fit_args, allow_public_seeds, fits=subcommand in (None, "fit"))
-    if allow_public_seeds:
-        fit_args = ["--allow_public_seeds", *fit_args]
-    save_dir = save_dir or "runs"
-    pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
+    fits = subcommand in (None, "fit")
+    base_env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
+    pool = [WarmParty(base_env) for _ in range(2)] if (warm_start_possible() if warm is None else warm) else []
     try:
-        return _launch_parties(
-            names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks
-        )
+        question = {"do": "parties", "args": fit_args, "allow_public_seeds": allow_public_seeds, "fits": fits}
+        found = pool[0].ask(question) if pool else None
+        if found is None or "error" in found:  # read here: a refusal is the one this command has always given
+            names, active, save_dir = config_parties(fit_args, allow_public_seeds, fits)
+        else:
+            names, active, save_dir = found["names"], found["active"], found["save_dir"]
+        if allow_public_seeds:
+            fit_args = ["--allow_public_seeds", *fit_args]
+        save_dir = save_dir or "runs"
+        pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
+        try:
+            return _launch_parties(
+                names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks, pool
+            )
+        finally:
+            if pki is None:  # throw-away keys: nothing of them stays on the disk
+                shutil.rmtree(pki_dir, ignore_errors=True)
     finally:
-        if pki is None:  # throw-away keys: nothing of them stays on the disk
-            shutil.rmtree(pki_dir, ignore_errors=True)
+        for process in pool:  # those given no part end
+            process.close()
 
 
 def _launch_parties(
@@ -146,6 +177,7 @@ def _launch_parties(
     threads: int | None,
     network: str | None,
     marks: dict[str, str],
+    pool: list[WarmParty],
 ) -> int:
     """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
     write_test_pki(pki_dir, names, ca_key=None)
@@ -162,7 +194,7 @@ def _launch_parties(
         proxy.start()
     try:
         return _run_parties(
-            names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks
+            names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks, pool
         )
     finally:
         if proxy is not None:
@@ -184,24 +216,24 @@ def _run_parties(
     threads: int | None,
     network: str | None,
     marks: dict[str, str],
+    pool: list[WarmParty],
 ) -> int:
     """Start a process per party, each with its federation file, and wait for them all.
 
-    `marks` go into each party's environment, with when it was started: its set-up report's (`SetupReport`).
+    The warm processes of `pool` take the first parts (the active party's first); the rest start now. `marks` go
+    into each party's environment, with when its process was started: its set-up report's (`SetupReport`).
     """
     run_id = run_id or f"launch-{uuid.uuid4().hex[:12]}"
-    gpus = _gpu_count()
+    gpus = 0 if pool else _gpu_count()  # a warm launch sees at most one GPU (`warm_start_possible`)
     processes: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
     over = f", over a {network} network (lvfl.network.LINK_PRESETS)" if network else ""
     federation = files[active].parent / "federation.yaml"
     listed = f"{len(names)} parties ({', '.join(names)})"
     print(f"lvfl launch: {listed}, run {run_id}, federation {federation}{over}", flush=True)
-    for i, name in enumerate(names):
-        args = [
-            sys.executable,
-            "-m",
-            "lvfl",
+    warm = list(pool)
+    for i, name in sorted(enumerate(names), key=lambda item: item[1] != active):
+        argv = [
             "party",
             *([subcommand] if subcommand else []),
             "--party",
@@ -215,24 +247,24 @@ def _run_parties(
             *fit_args,
             f"--trainer.logger.init_args.save_dir={Path(save_dir) / name}",
         ]
-        env = {**os.environ, **marks, PARTY_STARTED: f"{time.time():.6f}"}
+        process = warm.pop(0) if warm else None
+        env = {**os.environ, **marks, PARTY_STARTED: f"{process.started if process else time.time():.6f}"}
+        env.pop(PARTY_IMPORTED, None)  # a warm process sets its own; no other has one
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
         if gpus > 1:
             env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
-        if name == active:
-            processes[name] = subprocess.Popen(args, env=env)  # noqa: S603 - lvfl's own command
-        else:
-            logs[name] = Path(save_dir) / f"{name}.log"
-            logs[name].parent.mkdir(parents=True, exist_ok=True)
-            with logs[name].open("a") as out:  # appended: an earlier launch's log stays, under its own header
+        log = None
+        if name != active:
+            argv.append("--trainer.enable_progress_bar=false")
+            log = logs[name] = Path(save_dir) / f"{name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as out:  # appended: an earlier launch's log stays, under its own header
                 out.write(
                     f"== lvfl launch {subcommand or 'fit'}, run {run_id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n"
                 )
-                out.flush()
-                processes[name] = subprocess.Popen(  # noqa: S603 - lvfl's own command
-                    [*args, "--trainer.enable_progress_bar=false"], env=env, stdout=out, stderr=subprocess.STDOUT
-                )
+        processes[name] = process.run(argv, env, log) if process else _start(argv, env, log)
+    processes = {name: processes[name] for name in names}  # the config's order, for the reports below
     if logs:
         shown = ", ".join(f"{name} -> {log}" for name, log in logs.items())
         print(f"lvfl launch: the other parties' output is appended to their logs ({shown})", flush=True)
@@ -245,6 +277,15 @@ def _run_parties(
         if where:
             print(f"lvfl launch: {name}: {', '.join(where)}", flush=True)
     return status
+
+
+def _start(argv: list[str], env: dict[str, str], log: Path | None) -> subprocess.Popen:
+    """`python -m lvfl ARGV` as a fresh process, its output appended to `log` (None: this console)."""
+    command = [sys.executable, "-m", "lvfl", *argv]
+    if log is None:
+        return subprocess.Popen(command, env=env)  # noqa: S603 - lvfl's own command
+    with log.open("a") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)  # noqa: S603 - lvfl's own
 
 
 def _newest_run(root: Path, since: float) -> Path | None:

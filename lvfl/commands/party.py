@@ -34,6 +34,7 @@ from lvfl.attacks import Attack, AttackRecord
 from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, TABLE_LISTS, check_public_seeds
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import main as fit_main
+from lvfl.commands.warm_start import LAUNCH_STARTED, PARTY_IMPORTED, PARTY_STARTED, SUBCOMMANDS
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import load_federation
 from lvfl.federation.link import SocketLink, StepClock
@@ -62,9 +63,6 @@ TRAINER_KEYS = (
     "gradient_clip_algorithm",
     "deterministic",
 )
-
-#: the subcommands a party runs (`lvfl party [SUBCOMMAND] ...`; fit by default)
-SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 PARTY_HELP = (
     "usage: lvfl party [fit|validate|test|predict] --party NAME --federation F.yaml [--run_id ID] [--timeout S] "
@@ -134,16 +132,14 @@ def _without_table_paths(data: Any) -> Any:
     return {**data, "init_args": {**init, **tables}}
 
 
-#: environment variables `lvfl launch` sets for each party: when the launch began, and when it started this party
-LAUNCH_STARTED, PARTY_STARTED = "LVFL_LAUNCH_STARTED", "LVFL_PARTY_STARTED"
-
-
 class SetupReport(Callback):
     """Prints, at a party's first training step, how long its set-up took and where the time went.
 
     The phases, each from the wall clock of this machine: the launcher's own work before it started this party (its
     config, the certificates: `lvfl launch` only), this process's start and imports, the config and the greetings
-    (`PartySession.join`), then the data, the PSI, the keys and the models up to the first step.
+    (`PartySession.join`), then the data, the PSI, the keys and the models up to the first step. A party started warm
+    (`lvfl.commands.warm_start`) began before the launcher read the config: its report has the launcher's start,
+    the imports, then the wait for its part (the config, which this process or another read, and the certificates).
     """
 
     def __init__(self, marks: Mapping[str, float]) -> None:
@@ -160,9 +156,11 @@ class SetupReport(Callback):
 
 def setup_line(marks: Mapping[str, float]) -> str:
     """``lvfl party: set-up took 9.1 s before the first step: ...`` from the times of the phases' ends."""
+    warm = "given its part" in marks
     names = {
-        "party started": "the launcher (config, certificates)",
+        "party started": "the launcher's start" if warm else "the launcher (config, certificates)",
         "imported": "process start and imports",
+        "given its part": "waiting for its part (config, certificates)",
         "joined": "config and greetings",
         "first step": "data, PSI, keys and models",
     }
@@ -321,12 +319,12 @@ def _federation_names(path: Path) -> list[str]:
     return list(load_federation(path).parties)
 
 
-_LAUNCH_MARKS = {"launch started": LAUNCH_STARTED, "party started": PARTY_STARTED}
+_LAUNCH_MARKS = {"launch started": LAUNCH_STARTED, "party started": PARTY_STARTED, "imported": PARTY_IMPORTED}
 
 
 def main(argv: list[str]) -> None:
     """`lvfl party`: parse its own options, then run `lvfl fit` with the rest as this party (`fit.main`)."""
-    imported = time.time()  # this module's imports (torch, Lightning, lvfl) are done
+    imported = time.time()  # this module's imports (torch, Lightning, lvfl) are done; warm: its part was given
     if not argv or argv[0] in ("-h", "--help"):
         print(PARTY_HELP, end="\n\n")
         print(party_parser().format_help().split("\n\n", 1)[1])  # argparse's own usage block, whole lines
@@ -347,5 +345,5 @@ def main(argv: list[str]) -> None:
         own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds
     )
     session.marks = {name: float(os.environ[var]) for name, var in _LAUNCH_MARKS.items() if var in os.environ}
-    session.marks["imported"] = imported
+    session.marks["given its part" if "imported" in session.marks else "imported"] = imported  # warm: imported before
     fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)
