@@ -11,8 +11,11 @@ For each profile (a `lvfl.network.LINK_PRESETS` name, every party on it), protoc
 - **measured**: `lvfl launch --network profile` of the same config: every party its own process, their connections
   through `lvfl.federation.link_proxy.LinkProxy`, which delays and paces them as the profile's links would; its epoch
   time is the active party's wall time from the start to the end of each training epoch;
-- their ratio (measured / simulated), the median over the epochs after the first (the first holds one-time work in
-  both runs: the proxy's TLS handshakes, the allocator's first pages);
+- the simulator twice: the links alone, and with each message's processing at both ends (`NetworkSimulator`'s
+  `message_ms`: `--message_ms`, or by default a quarter of lvfl's localhost round trip measured at the start of the
+  run, `benchmarks/transport_latency.py`'s lvfl pair on digits EASTER's 128 x 64 tensor);
+- their ratio (measured / simulated with processing), the median over the epochs after the first (the first holds
+  one-time work in both runs: the proxy's TLS handshakes, the allocator's first pages);
 - the bytes the proxy carried over the ledger's (`CommunicationMeter`'s payload bytes of the whole launch, set-up
   included): what TLS, HTTP/2, gRPC and lvfl's envelopes add.
 
@@ -57,7 +60,7 @@ class EpochClock(Callback):
 
     def __init__(self) -> None:
         self.epochs: list[float] = []
-        self.simulated: list[float] = []
+        self.simulated: dict[str, list[float]] = {}  # per simulator, by its message_ms
         self._started = 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:  # noqa: D102
@@ -69,7 +72,8 @@ class EpochClock(Callback):
         self.epochs.append(time.perf_counter() - self._started)
         for callback in trainer.callbacks:  # listed before this one: its epoch is closed
             if isinstance(callback, NetworkSimulator):
-                self.simulated.append(callback._epoch_s)  # noqa: SLF001 - the figure it logs as sim/epoch_time
+                at = self.simulated.setdefault(f"{callback.message_s * 1e3:g}", [])
+                at.append(callback._epoch_s)  # noqa: SLF001 - the figure it logs as sim/epoch_time
 
     def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
         wire = pl_module.wire
@@ -101,6 +105,13 @@ def main() -> None:
     parser.add_argument("--protocols", nargs="+", default=["easter", "splitnn"], choices=list(CONFIGS))
     parser.add_argument("--parties", nargs="+", type=int, default=[2, 4])
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument(
+        "--message_ms",
+        type=float,
+        default=None,
+        help="each message's processing at each end for the simulator (ms); default: measured in this run, a "
+        "quarter of lvfl's localhost round trip (benchmarks/transport_latency.py's lvfl pair)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "benchmarks"))
     from common import machine
@@ -109,6 +120,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        if args.message_ms is None:
+            args.message_ms = round(round_trip(tmp / "round_trip") * 1e3 / 4, 4)
+        print(f"# per-message processing at each end: {args.message_ms} ms", file=sys.stderr, flush=True)
         for protocol in args.protocols:
             for count in args.parties:
                 config = str(first_parties(Path(CONFIGS[protocol]), count, tmp))
@@ -122,12 +136,15 @@ def main() -> None:
                         "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
                         *OPTIONS.get(protocol, []),
                     ]  # fmt: skip
-                    simulator = {
-                        "class_path": "lvfl.callbacks.NetworkSimulator",
-                        "init_args": {"links": profile, "print_summary": False},
-                    }
+                    simulators = [  # the links alone, and with each message's processing
+                        {
+                            "class_path": "lvfl.callbacks.NetworkSimulator",
+                            "init_args": {"links": profile, "print_summary": False, "message_ms": message_ms},
+                        }
+                        for message_ms in (0.0, args.message_ms)
+                    ]
                     run(
-                        ["fit", *common, f"--trainer.callbacks+={json.dumps(simulator)}",
+                        ["fit", *common, *(f"--trainer.callbacks+={json.dumps(sim)}" for sim in simulators),
                          '--trainer.callbacks+={"class_path": "network_check.EpochClock"}',
                          f"--trainer.logger.init_args.save_dir={cell / 'fit_logs'}"],
                         fit_dir,
@@ -146,20 +163,39 @@ def main() -> None:
     report(args, rows, machine())
 
 
+def round_trip(folder: Path, messages: int = 300) -> float:
+    """lvfl's median round trip (s) of digits EASTER's message (128 x 64 float32) between two fresh processes."""
+    from transport_latency import pair
+
+    from lvfl.federation.federation_file import write_federation
+    from lvfl.federation.pki import write_test_pki
+
+    write_test_pki(folder, ["a", "b"])
+    federation = write_federation(folder / "federation.yaml", ["a", "b"])
+    shape = argparse.Namespace(messages=messages, rows=128, cols=64)
+    return pair("lvfl", federation.path, shape, folder / "times.json")
+
+
 def report(args: argparse.Namespace, rows: list, machine: str) -> None:
     """One row per profile, protocol and party count: measured and simulated epoch, their ratio, socket bytes."""
-    print(f"# NetworkSimulator against the link proxy: {args.epochs} epochs, validation off, one torch thread each")
+    print(f"# NetworkSimulator against the link proxy: {args.epochs} epochs, validation off, one torch thread each; "
+          f"per-message processing {args.message_ms} ms at each end")  # fmt: skip
     print(f"# {machine}")
     print()
-    print("| profile | protocol | parties | measured epoch (s) | simulated epoch (s) | measured / simulated "
+    print("| profile | protocol | parties | measured epoch (s) | simulated, links only (s) | ratio "
+          f"| simulated, + {args.message_ms} ms a message at each end (s) | measured / simulated "
           "| socket bytes / ledger |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for profile, protocol, count, fit, launched, socket_bytes, ledger in rows:
         measured = statistics.median(launched["epochs"][1:] or launched["epochs"])
-        simulated = statistics.median(fit["simulated"][1:] or fit["simulated"])
-        ratio = measured / simulated
+        links_only, processed = (
+            statistics.median(fit["simulated"][key][1:] or fit["simulated"][key])
+            for key in ("0", f"{args.message_ms:g}")
+        )
+        ratio = measured / processed
         mark = "ok" if abs(ratio - 1) <= 0.15 else "MISSED"
-        print(f"| {profile} | {protocol} | {count} | {measured:.3f} | {simulated:.3f} | {ratio:.3f} {mark} (15%) "
+        print(f"| {profile} | {protocol} | {count} | {measured:.3f} | {links_only:.3f} | {measured / links_only:.3f} "
+              f"| {processed:.3f} | {ratio:.3f} {mark} (15%) "
               f"| {socket_bytes / ledger:.3f} ({socket_bytes:,} / {ledger:,}) |")  # fmt: skip
 
 

@@ -16,6 +16,10 @@ The model (exact: `simulate` is checked against hand-computed schedules in tests
   earlier in the schedule (what it needs, conservatively: a party never sends on a message it has not received),
   then computes for its measured compute time (`Message.compute_s`, the wall time the in-process run spent on its
   code since the previous message) scaled by its device class (`DeviceClass.compute_scale`).
+- Each message may cost its two ends processing time (`simulate`'s `message_s`: serialization, TLS, the RPC stack):
+  the sender spends it before the message enters its uplink (after its compute), the receiver after the message
+  arrives, one message at a time, before the message counts as received. 0 by default (the links alone);
+  `benchmarks/transport_latency.py` measures lvfl's on a machine (a quarter of its localhost round trip).
 - A step is synchronous: every party starts it at 0; after the last message each party waits for its inbox and
   computes the step's tail (the code after the last message: e.g. the parties' optimizer steps, run in parallel);
   the step ends when the last party is done. Its communication time is the same schedule replayed with no compute.
@@ -128,9 +132,11 @@ def _replay(
     tail_s: float,
     compute: bool,
     rng: random.Random | None,
+    message_s: float = 0.0,
 ) -> tuple[float, list[float]]:
     ready: dict[str, float] = {}  # when each party has done its last computation
     inbox: dict[str, float] = {}  # the latest arrival of a message addressed to it
+    handled: dict[str, float] = {}  # when each party's receiving end is done with the messages so far
     up_free: dict[str, float] = {}
     down_free: dict[str, float] = {}
     arrivals = []
@@ -139,7 +145,7 @@ def _replay(
             if party not in links:
                 raise KeyError(f"party {party!r} has no link profile (profiles for {sorted(links)})")
         start_compute = max(ready.get(m.src, 0.0), inbox.get(m.src, 0.0))
-        ready[m.src] = start_compute + (m.compute_s * scale.get(m.src, 1.0) if compute else 0.0)
+        ready[m.src] = start_compute + (m.compute_s * scale.get(m.src, 1.0) if compute else 0.0) + message_s
         rate = min(links[m.src].up_mbps, links[m.dst].down_mbps) * 1e6
         start = max(ready[m.src], up_free.get(m.src, 0.0), down_free.get(m.dst, 0.0))
         done = start + 8.0 * m.nbytes / rate
@@ -148,6 +154,8 @@ def _replay(
         if rng is not None:
             delay += rng.uniform(0.0, links[m.src].jitter_ms) + rng.uniform(0.0, links[m.dst].jitter_ms)
         arrival = done + delay / 1e3
+        if message_s:  # the receiving end takes the messages one at a time
+            arrival = handled[m.dst] = max(arrival, handled.get(m.dst, 0.0)) + message_s
         inbox[m.dst] = max(inbox.get(m.dst, 0.0), arrival)
         arrivals.append(arrival)
     parties = set(ready) | set(inbox)
@@ -168,6 +176,7 @@ def simulate(
     compute_scale: Mapping[str, float] | None = None,
     tail_s: float = 0.0,
     seed: int | None = None,
+    message_s: float = 0.0,
 ) -> StepTime:
     """The simulated duration of one step's `schedule` over `links` (see the module docstring for the model).
 
@@ -177,12 +186,16 @@ def simulate(
         compute_scale: per party, the factor on its measured compute (its device class; default 1).
         tail_s: the compute after the last message, done by every party in parallel (scaled per party).
         seed: seeds the jitter draws (the same draws for the step's two replays); None: no jitter.
+        message_s: each message's processing at each end, in seconds (with compute and without: it is the stack's).
 
     Returns:
         `StepTime(step_s, comm_s, arrivals)`: with compute, with no compute, and each message's arrival (with compute).
     """
+    if not (math.isfinite(message_s) and message_s >= 0):
+        raise ValueError(f"message_s must be a finite time >= 0 (s), got {message_s!r}")
     scale = dict(compute_scale or {})
     jitter = seed is not None and any(link.jitter_ms for link in links.values())
-    step, arrivals = _replay(schedule, links, scale, tail_s, True, random.Random(seed) if jitter else None)  # noqa: S311 - jitter, not secrets
-    comm, _ = _replay(schedule, links, scale, 0.0, False, random.Random(seed) if jitter else None)  # noqa: S311 - jitter, not secrets
+    draws = (lambda: random.Random(seed)) if jitter else (lambda: None)  # noqa: S311 - jitter, not secrets
+    step, arrivals = _replay(schedule, links, scale, tail_s, True, draws(), message_s)
+    comm, _ = _replay(schedule, links, scale, 0.0, False, draws(), message_s)
     return StepTime(step_s=step, comm_s=comm, arrivals=tuple(arrivals))

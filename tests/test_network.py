@@ -42,6 +42,31 @@ def test_a_schedule_takes_exactly_the_hand_computed_time():
     assert timed.comm_s == pytest.approx(0.34, abs=1e-12)
 
 
+def test_each_message_costs_both_ends_its_processing_time():
+    """The schedule above with 0.01 s of processing per message at each end, worked by hand.
+
+    With compute: p1 computes 0.1 and processes 0.01, sends 0.11-0.27, arrives 0.285, handled 0.295. p2 is ready at
+    0.11, waits for the active downlink: 0.27-0.35, arrives 0.38, handled 0.39. The active party (0.39) computes 0.02
+    and processes 0.01: 0.42-0.44, arrives 0.455 at p1, handled 0.465; then processes 0.01 (0.43), waits for its
+    uplink: 0.44-0.46, arrives 0.49 at p2, handled 0.50. Tails: p1 0.475, p2 0.50 + 0.02 = 0.52, the step. Without
+    compute: 0.01-0.17 (handled 0.195), 0.17-0.25 (0.29), 0.30-0.32 (0.345), 0.32-0.34 (0.38): 0.38.
+    """
+    timed = simulate(SCHEDULE, LINKS, {"p2": 2.0}, tail_s=0.01, message_s=0.01)
+    assert timed.arrivals == pytest.approx((0.295, 0.39, 0.465, 0.50), abs=1e-12)
+    assert timed.step_s == pytest.approx(0.52, abs=1e-12)
+    assert timed.comm_s == pytest.approx(0.38, abs=1e-12)
+    # a receiving end takes one message at a time: two that arrive together are handled one after the other
+    links = {p: LinkProfile(1000.0, 1000.0, 0.0) for p in ("a", "b", "c")}
+    together = simulate([Message("a", "c", 0), Message("b", "c", 0)], links, message_s=0.01)
+    assert together.arrivals == pytest.approx((0.02, 0.03), abs=1e-12)
+    assert simulate(SCHEDULE, LINKS, {"p2": 2.0}, tail_s=0.01, message_s=0.0) == simulate(
+        SCHEDULE, LINKS, {"p2": 2.0}, tail_s=0.01
+    )
+    for bad in (-0.001, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="message_s"):
+            simulate(SCHEDULE, LINKS, message_s=bad)
+
+
 def test_messages_on_disjoint_links_travel_in_parallel_and_shared_ones_queue():
     links = {p: LinkProfile(10.0, 10.0, 0.0) for p in ("a", "b", "c", "d")}
     one = 1_250_000  # 1 s at 10 Mbps
@@ -78,6 +103,8 @@ def test_bad_profiles_and_configurations_are_refused_by_name():
         NetworkSimulator(links={"party1": "lan"}, devices={"party1": "low"})
     with pytest.raises(ValueError, match=r"parties \['party9'\] are not in this run"):
         NetworkSimulator(devices={"party9": "low"}).profiles(["party0", "party1"])
+    with pytest.raises(ValueError, match="NetworkSimulator message_ms must be a finite time >= 0"):
+        NetworkSimulator(message_ms=-0.5)
     with pytest.raises(KeyError, match="party 'x' has no link profile"):
         simulate([Message("x", "a", 1)], {"a": LINK_PRESETS["lan"]})
 
@@ -128,3 +155,19 @@ def test_a_slow_device_makes_the_step_longer(tmp_path):
     one_slow = sim.replay({**links, "party2": DEVICE_CLASSES["low"].link}, {"party2": 4.0})
     assert one_slow["wall"] > fast["wall"]
     assert one_slow["comm"] > fast["comm"]
+
+
+def test_the_simulator_charges_each_message_its_processing_on_the_run(tmp_path):
+    """`message_ms` times every phase of the run with that processing: the clock is the trace replayed with it, and
+    each step's critical path, a chain of messages each handled at both ends, grows by at least 2 x message_ms."""
+    torch.manual_seed(0)
+    sim = NetworkSimulator(links="lan", keep_trace=True, print_summary=False, message_ms=2.0)
+    fit(tmp_path, sim, epochs=1)
+    links = {p: LINK_PRESETS["lan"] for p in ("party0", "party1", "party2")}
+    wall = sum(simulate(p.schedule, links, None, p.tail_s, seed=sim.seed + i, message_s=0.002).step_s
+               for i, p in enumerate(sim.trace))  # fmt: skip
+    free = sum(simulate(p.schedule, links, None, p.tail_s, seed=sim.seed + i).step_s for i, p in enumerate(sim.trace))
+    assert sim.wall_s == pytest.approx(wall)
+    assert sim.replay(links)["wall"] == pytest.approx(wall)
+    steps = [p for p in sim.trace if p.kind == "step"]
+    assert wall - free >= 2 * 0.002 * len(steps) - 1e-9

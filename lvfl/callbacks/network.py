@@ -27,6 +27,7 @@ Example config (a low-performance device at party3, the others on 100 Mbps / 10 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ class NetworkSimulator(Callback):
         seed: seeds the jitter draws (only used when a link has jitter).
         keep_trace: keep every phase's schedule in `trace` for `replay`.
         print_summary: print the simulated times at the end of fit.
+        message_ms: each message's processing at each end (serialization, TLS, the RPC stack), in ms; 0 (default):
+            the links alone. It decides a LAN's step, where a message's half millisecond on the wire is no more than
+            its processing; `benchmarks/transport_latency.py` measures lvfl's on a machine (a quarter of the round
+            trip it prints).
     """
 
     def __init__(
@@ -92,7 +97,11 @@ class NetworkSimulator(Callback):
         seed: int = 0,
         keep_trace: bool = False,
         print_summary: bool = True,
+        message_ms: float = 0.0,
     ) -> None:
+        if not (isinstance(message_ms, int | float) and math.isfinite(message_ms) and message_ms >= 0):
+            raise ValueError(f"NetworkSimulator message_ms must be a finite time >= 0 (ms), got {message_ms!r}")
+        self.message_s = float(message_ms) / 1e3
         self.links_spec = links
         self.devices = dict(devices or {})
         for party, name in self.devices.items():
@@ -188,7 +197,9 @@ class NetworkSimulator(Callback):
         schedule, self._schedule = tuple(self._schedule), []
         if not schedule and kind != "step":
             return 0.0
-        timed = simulate(schedule, self._links, self._scale, tail_s, seed=self.seed + len(self.trace))
+        timed = simulate(
+            schedule, self._links, self._scale, tail_s, seed=self.seed + len(self.trace), message_s=self.message_s
+        )
         if self.keep_trace:
             self.trace.append(Phase(kind, schedule, tail_s, epoch))
         self.wall_s += timed.step_s
@@ -272,7 +283,9 @@ class NetworkSimulator(Callback):
             raise RuntimeError("NetworkSimulator.replay needs keep_trace=True (the run's schedules)")
         out = {"wall": 0.0, "comm": 0.0, "setup": 0.0}
         for i, phase in enumerate(self.trace):
-            timed = simulate(phase.schedule, links, compute_scale, phase.tail_s, seed=self.seed + i)
+            timed = simulate(
+                phase.schedule, links, compute_scale, phase.tail_s, seed=self.seed + i, message_s=self.message_s
+            )
             out["wall"] += timed.step_s
             out["comm"] += timed.comm_s if phase.kind == "step" else 0.0
             out["setup"] += timed.step_s if phase.kind == "setup" else 0.0
