@@ -17,7 +17,7 @@ The simulated epoch time is the simulator's (the median over epochs 2 on of the 
 the first holds the key agreement's set-up); the accuracy is the test accuracy (mean of the party models) at the
 best validation epoch, as every grid reports it. Time comes from the simulator (checked against a launch through the
 link proxy by `benchmarks/network_check.py`), accuracy from the real fits. Cells are `lvfl bench` cells under
-runs/bench/easter_schedule_wan, reused when finished.
+runs/bench/easter_schedule_wan/epochs<N>, reused when finished.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ CONFIGS = REPO / "configs"
 
 
 def grid_file(args: argparse.Namespace) -> Path:
-    """The grid of the two schedules (JSON is YAML), written under OUT."""
+    """The grid of the two schedules (JSON is YAML), written under OUT/epochs<N> (one folder per length of run)."""
+    out = OUT / f"epochs{args.epochs}"
     local = [
         "--model.init_args.schedule=local_updates",
         f"--model.init_args.local_updates={args.updates}",
@@ -56,10 +57,10 @@ def grid_file(args: argparse.Namespace) -> Path:
         "seeds": args.seeds,
         "overrides": [f"--trainer.max_epochs={args.epochs}"],
         "network": {"links": args.links},
-        "out": str(OUT),
-        "report": str(OUT / "report"),
+        "out": str(out),
+        "report": str(out / "report"),
     }
-    path = OUT / "grids" / f"epochs{args.epochs}_updates{args.updates}_{args.links}.yaml"
+    path = out / "grids" / f"updates{args.updates}_{args.links}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(grid, indent=1))
     return path
