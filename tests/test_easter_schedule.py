@@ -1,10 +1,10 @@
 """EASTER's `schedule: local_updates` (FedBCD-style local updates per exchange) against a hand-written reference.
 
-One exchange over the batch (shares up, E down, R_k up, dloss_k/dR_k down), then one update per sub-batch, each
-party recomputing its own E_k and R_k with its current parameters against the exchanged E and, for a passive party,
-the exchanged gradient. The reference below writes that out in plain torch, with no lvfl code; the ledger shows the
-same messages per sample as the synchronous step at a `local_updates`-th of the exchanges; bad options are refused
-by name. Parity of every party's view with the simulation is in tests/test_party_views.py.
+One exchange over the batch (shares up, E down, R_k up, dloss_k/dR_k down), then one update per sub-batch, each party
+recomputing its own E_k and R_k with its current parameters: its own part of E up to date, the others' as exchanged and,
+for a passive party, the exchanged gradient. The reference below writes that out in plain torch, with no lvfl code; the
+ledger shows the same messages per sample as the synchronous step at a `local_updates`-th of the exchanges; bad options
+are refused by name. Parity of every party's view with the simulation is in tests/test_party_views.py.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dic
     active, c, n = names[0], len(names), len(batch.ids)
     models = copy.deepcopy(models)
     with torch.no_grad():
-        e = sum(models[k].encoder(batch.features[k]) for k in names) / c
+        exchanged = {k: models[k].encoder(batch.features[k]) for k in names}
+        e = sum(exchanged.values()) / c
     stale = {}
     for k in names[1:]:  # each passive party's dloss_k/dR_k, computed once at the exchange
         r = models[k].head(e).detach().requires_grad_(True)
@@ -37,8 +38,8 @@ def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dic
         rows = slice(int(part[0]), int(part[-1]) + 1)
         for k in names:
             optimizers[k].zero_grad()
-            own = models[k].encoder(batch.features[k][rows])
-            r = models[k].head(e[rows] + (own - own.detach()) / c)
+            own = models[k].encoder(batch.features[k][rows])  # its own part of E at its current parameters
+            r = models[k].head(e[rows] + (own - exchanged[k][rows]) / c)
             if k == active:
                 F.cross_entropy(r, batch.labels[rows]).backward()
             else:

@@ -65,18 +65,18 @@ class EASTER(VFLModule):
             backpropagates through its own network with the received E in place of its embedding layer's output
             (a reading of Algorithm 1's "local model"; it equals scaling h_k's learning rate by C). Only the
             encoders' update differs; every message is the same.
-        schedule: when the parties exchange. ``"sync"`` (default): Algorithm 1, one exchange (four one-way trips:
-            shares up, E down, R_k up, gradients down) per update. ``"local_updates"``: one exchange per batch and
-            `local_updates` updates on it, after FedBCD (Liu et al., "FedBCD: A Communication-Efficient
-            Collaborative Learning Framework for Distributed Features", IEEE TSP 2022): the batch's E and every
-            party's dloss_k/dR_k cross once, then the batch is cut into `local_updates` consecutive sub-batches
-            and each party updates on each in turn, recomputing its own E_k and R_k with its current parameters
-            against the exchanged E and, for a passive party, the exchanged (so stale) dloss_k/dR_k, as FedBCD-p's
-            parties reuse the other parties' stale intermediate results. The first update is the synchronous one
-            on its sub-batch; the j-th trains on a gradient j-1 updates old. With a batch `local_updates` times
-            the synchronous one, an epoch has as many updates of as many samples, the same messages per sample
-            (so what each reveals is unchanged), and a `local_updates`-th of the exchanges, each waiting on the
-            network's latency four times.
+        schedule: when the parties exchange. ``"sync"`` (default): Algorithm 1, one exchange (four one-way trips: shares
+            up, E down, R_k up, gradients down) per update. ``"local_updates"``: one exchange per batch and
+            `local_updates` updates on it, after FedBCD (Liu et al., "FedBCD: A Communication-Efficient Collaborative
+            Learning Framework for Distributed Features", IEEE TSP 2022): the batch's E and every party's dloss_k/dR_k
+            cross once, then the batch is cut into `local_updates` consecutive sub-batches and each party updates on
+            each in turn, recomputing its own E_k and R_k with its current parameters: its own part of E is brought up
+            to date (E + (E_k now - E_k exchanged) / C), the other parties' parts are the exchanged ones, and a passive
+            party trains on the exchanged (so stale) dloss_k/dR_k, as FedBCD-p's parties reuse the other parties' stale
+            intermediate results with their own fresh ones. The first update is the synchronous one on its sub-batch;
+            the j-th trains on a gradient j-1 updates old. With a batch `local_updates` times the synchronous one, an
+            epoch has as many updates of as many samples, the same messages per sample (so what each reveals is
+            unchanged), and a `local_updates`-th of the exchanges, each waiting on the network's latency four times.
         local_updates: updates per exchange under ``schedule: local_updates`` (default 4; at least 2).
     """
 
@@ -169,7 +169,8 @@ class EASTER(VFLModule):
     def local_update_step(self, batch: VFLBatch) -> None:
         """One exchange over `batch`, then `local_updates` updates over its sub-batches (see `schedule`)."""
         with torch.no_grad():  # the exchange: nothing of it is differentiated, every update recomputes its own part
-            e_at = self.global_embedding(self.local_embeddings(batch))  # steps 1-3, the whole batch
+            local = self.local_embeddings(batch)  # step 1, the whole batch; each party keeps its own E_k
+            e_at = self.global_embedding(local)  # steps 2-3
             received, losses = {}, {}
             for k in self.passive:
                 if not self.involves(k, self.active):
@@ -193,10 +194,10 @@ class EASTER(VFLModule):
                 if not self.wire.holds(k):  # another party's update: its own process's
                     continue
                 embedding = self.party_call(k, "encoder", rows.features[k])  # E_k with k's current parameters
-                own = embedding - embedding.detach()
-                r_k = self.party_call(
-                    k, "head", e_at[k][start:stop] + (own / c if self.encoder_gradient == "mean_share" else own)
-                )
+                moved = (embedding.detach() - local[k][start:stop]) / c  # its own part of E, brought up to date
+                own = embedding - embedding.detach()  # value 0: carries h_k's gradient only
+                grad_path = own / c if self.encoder_gradient == "mean_share" else own
+                r_k = self.party_call(k, "head", e_at[k][start:stop] + moved + grad_path)
                 if k == self.active:
                     loss = self.task_loss(r_k, self.labels_for(k, batch)[start:stop])
                     surrogate.append(loss)
