@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -34,6 +35,16 @@ def test_a_launch_starts_warm_only_where_each_party_needs_no_gpu_of_its_own(monk
     assert warm_start_possible() is (warm and sys.platform != "win32")
 
 
+def test_a_warm_process_that_ended_before_its_part_answers_nothing_and_takes_no_part(tmp_path):
+    """One that could not start (here Python itself cannot) gives no answer and no process: the launcher then reads
+    the config itself and starts the part afresh (`launch._run_parties`)."""
+    broken = WarmParty({**os.environ, "PYTHONHOME": str(tmp_path / "no-python-here")})
+    broken.process.wait(timeout=60)
+    assert broken.ask({"do": "parties", "args": DIGITS, "allow_public_seeds": False, "fits": True}) is None
+    assert broken.run(["party", "--help"], os.environ, None) is None
+    broken.close()
+
+
 @pytest.mark.slow  # two Python processes that import PyTorch and Lightning
 def test_a_warm_party_answers_as_the_launcher_would_then_runs_its_part_or_ends(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
@@ -59,9 +70,13 @@ def test_a_warm_party_answers_as_the_launcher_would_then_runs_its_part_or_ends(t
     finally:
         first.close()
         second.close()
-    third = WarmParty(env)
+    third, fourth = WarmParty(env), WarmParty(env)
     third.close()  # given no part, it ends by itself, with success
     assert third.process.returncode == 0
+    assert fourth.ask(question) is not None  # imported, waiting for its part
+    fourth.process.send_signal(signal.SIGINT)  # Ctrl-C reaches the launcher's whole process group
+    assert fourth.process.wait(timeout=60) == 130  # the interrupted status, no traceback of its own
+    fourth.close()
 
 
 def _held(save_dir):

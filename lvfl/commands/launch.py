@@ -263,7 +263,8 @@ def _run_parties(
                 out.write(
                     f"== lvfl launch {subcommand or 'fit'}, run {run_id}, {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n"
                 )
-        processes[name] = process.run(argv, env, log) if process else _start(argv, env, log)
+        given = process.run(argv, env, log) if process is not None else None  # None: it ended before its part
+        processes[name] = given if given is not None else _start(argv, env, log)
     processes = {name: processes[name] for name in names}  # the config's order, for the reports below
     if logs:
         shown = ", ".join(f"{name} -> {log}" for name, log in logs.items())

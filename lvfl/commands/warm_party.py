@@ -16,7 +16,6 @@ import sys
 import time
 from typing import Any
 
-from lvfl.commands import entry, launch, party  # noqa: F401 - the imports this process is started early for
 from lvfl.commands.warm_start import PARTY_IMPORTED, REPLY_FD, needs_fresh_process
 
 
@@ -28,6 +27,8 @@ def answer(question: dict[str, Any]) -> dict[str, Any]:
     """
     if question.get("do") != "parties":
         return {"error": f"no question {question.get('do')!r}"}
+    from lvfl.commands import launch
+
     try:
         found = launch.config_parties(question["args"], question["allow_public_seeds"], question["fits"])
     except Exception as error:  # noqa: BLE001 - any refusal: the launcher repeats it in its own process
@@ -52,21 +53,34 @@ def become(part: dict[str, Any], imported: float) -> None:
     os.environ.clear()
     os.environ.update({**env, PARTY_IMPORTED: f"{imported:.6f}"})
     sys.argv = argv
+    from lvfl.commands import entry
+
     entry.main()
 
 
 def main() -> None:
-    """Answer the launcher until it gives this process a part (run it) or hangs up (end)."""
-    imported = time.time()
-    replies = os.fdopen(int(os.environ.pop(REPLY_FD)), "w")
-    for line in sys.stdin:
-        message = json.loads(line)
-        if message.get("do") == "run":
-            replies.close()
-            become(message, imported)
+    """Import, then answer the launcher until it gives this process a part (run it) or hangs up (end).
+
+    Interrupted before its part (Ctrl-C reaches the launcher's whole process group), it ends quietly with status
+    130: the launcher reports the interruption, as it did before any party had started.
+    """
+    try:
+        from lvfl.commands import entry, launch, party  # noqa: F401 - the imports this process is started early for
+
+        imported = time.time()
+        replies = os.fdopen(int(os.environ.pop(REPLY_FD)), "w")
+        for line in sys.stdin:
+            message = json.loads(line)
+            if message.get("do") == "run":
+                replies.close()
+                break
+            replies.write(json.dumps(answer(message)) + "\n")
+            replies.flush()
+        else:  # the launcher hung up: no part for this process
             return
-        replies.write(json.dumps(answer(message)) + "\n")
-        replies.flush()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    become(message, imported)
 
 
 if __name__ == "__main__":

@@ -103,13 +103,16 @@ class WarmParty:
         line = self.replies.readline()
         return json.loads(line) if line else None
 
-    def run(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> subprocess.Popen:
-        """Give the process its part: `python -m lvfl ARGV` with environment `env`.
+    def run(self, argv: list[str], env: Mapping[str, str], log: Path | None) -> subprocess.Popen | None:
+        """Give the process its part: `python -m lvfl ARGV` with environment `env`; None if it ended before.
 
         `env` is what a process started now would get, but for when it started; its output is appended to `log`
         (None: the launcher's console).
         """
-        self._send({"do": "run", "argv": argv, "env": dict(env), "log": None if log is None else str(log)})
+        try:
+            self._send({"do": "run", "argv": argv, "env": dict(env), "log": None if log is None else str(log)})
+        except (BrokenPipeError, OSError):  # it ended (a failed import): the launcher starts the part afresh
+            return None
         self.given = True
         self._hang_up()
         return self.process
