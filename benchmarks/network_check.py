@@ -22,7 +22,8 @@ For each profile (a `lvfl.network.LINK_PRESETS` name, every party on it), protoc
 Validation is off (`limit_val_batches=0`): the simulator times training traffic only. Every process has one torch
 thread (`OMP_NUM_THREADS=1`, as `benchmarks/federation_cost.py`). The configs: EASTER `configs/easter/digits.yaml`
 (DH masking), SplitNN `configs/splitnn/digits_dh_sum.yaml` (DH masking, sum), cut to their first N parties;
-`easter-local4` is EASTER under `schedule: local_updates` (4 updates per exchange, batch 4 x 128).
+`easter-local4` is EASTER under `schedule: local_updates` (4 updates per exchange, batch 4 x 128),
+`easter-pipelined4` under `schedule: pipelined` (the same, each exchange's halves riding with its neighbours').
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ CONFIGS = {
     "easter": "configs/easter/digits.yaml",
     "easter-local4": "configs/easter/digits.yaml",
     "splitnn": "configs/splitnn/digits_dh_sum.yaml",
+    "easter-pipelined4": "configs/easter/digits.yaml",
 }
 #: each protocol's options beyond its config: EASTER's latency-hiding schedule, 4 updates per exchange of 4 x 128
 OPTIONS = {
@@ -51,7 +53,12 @@ OPTIONS = {
         "--model.init_args.schedule=local_updates",
         "--model.init_args.local_updates=4",
         "--data.init_args.batch_size=512",
-    ]
+    ],
+    "easter-pipelined4": [
+        "--model.init_args.schedule=pipelined",
+        "--model.init_args.local_updates=4",
+        "--data.init_args.batch_size=512",
+    ],
 }
 
 

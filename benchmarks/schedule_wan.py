@@ -37,7 +37,7 @@ def grid_file(args: argparse.Namespace) -> Path:
     """The grid of the two schedules (JSON is YAML), written under OUT/epochs<N> (one folder per length of run)."""
     out = OUT / f"epochs{args.epochs}"
     local = [
-        "--model.init_args.schedule=local_updates",
+        f"--model.init_args.schedule={args.schedule}",
         f"--model.init_args.local_updates={args.updates}",
         f"--data.init_args.batch_size={128 * args.updates}",
     ]
@@ -46,7 +46,7 @@ def grid_file(args: argparse.Namespace) -> Path:
         "data": str(CONFIGS / "paper/data/{dataset}.yaml"),
         "protocols": {
             "sync": str(CONFIGS / "protocols/easter/{dataset}.yaml"),
-            f"local_updates {args.updates}": {
+            f"{args.schedule} {args.updates}": {
                 "config": str(CONFIGS / "protocols/easter/{dataset}.yaml"),
                 "overrides": local,
             },
@@ -60,7 +60,7 @@ def grid_file(args: argparse.Namespace) -> Path:
         "out": str(out),
         "report": str(out / "report"),
     }
-    path = out / "grids" / f"updates{args.updates}_{args.links}.yaml"
+    path = out / "grids" / f"{args.schedule}{args.updates}_{args.links}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(grid, indent=1))
     return path
@@ -77,6 +77,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=50)
     parser.add_argument("--updates", type=int, default=4, help="local updates per exchange (Q)")
+    parser.add_argument(
+        "--schedule",
+        default="local_updates",
+        choices=["local_updates", "pipelined"],
+        help="the latency-hiding schedule set beside sync",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--links", default="wan", help="a lvfl.network.LINK_PRESETS name")
     args = parser.parse_args()

@@ -17,35 +17,67 @@ import torch.nn.functional as F  # noqa: N812
 from helpers import make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits
+from lvfl.network import simulate
 from lvfl.privacy import DHMasking, Plain
 from lvfl.protocols import EASTER
 
 
-def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
-    """FedBCD-style local updates for EASTER, by hand: the exchange at the first parameters, then the sub-batches."""
-    names = list(models)
-    active, c, n = names[0], len(names), len(batch.ids)
-    models = copy.deepcopy(models)
+def exchange(models: dict, batch) -> tuple[dict, torch.Tensor]:
+    """The first half of an exchange: every party's E_k (at its current parameters) and their mean E."""
     with torch.no_grad():
-        exchanged = {k: models[k].encoder(batch.features[k]) for k in names}
-        e = sum(exchanged.values()) / c
+        exchanged = {k: models[k].encoder(batch.features[k]) for k in models}
+    return exchanged, sum(exchanged.values()) / len(models)
+
+
+def stale_gradients(models: dict, batch, e: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The second half: each passive party's R_k on E (its current head), and dloss_k/dR_k computed from it."""
     stale = {}
-    for k in names[1:]:  # each passive party's dloss_k/dR_k, computed once at the exchange
+    for k in list(models)[1:]:
         r = models[k].head(e).detach().requires_grad_(True)
         (stale[k],) = torch.autograd.grad(F.cross_entropy(r, batch.labels), r)
-    optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=lr) for k in names}
+    return stale
+
+
+def update_on(models, optimizers, batch, exchanged, e, stale, updates: int) -> None:
+    """The updates over `batch`'s sub-batches, each party's own part of E at its current parameters."""
+    names, c, n = list(models), len(models), len(batch.ids)
     for part in torch.arange(n).tensor_split(updates):
         rows = slice(int(part[0]), int(part[-1]) + 1)
         for k in names:
             optimizers[k].zero_grad()
             own = models[k].encoder(batch.features[k][rows])  # its own part of E at its current parameters
             r = models[k].head(e[rows] + (own - exchanged[k][rows]) / c)
-            if k == active:
+            if k == names[0]:
                 F.cross_entropy(r, batch.labels[rows]).backward()
             else:
                 (r * stale[k][rows]).sum().mul(n / len(part)).backward()
             optimizers[k].step()
-    return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in names}
+
+
+def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
+    """FedBCD-style local updates for EASTER, by hand: the exchange at the first parameters, then the sub-batches."""
+    models = copy.deepcopy(models)
+    optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=lr) for k in models}
+    exchanged, e = exchange(models, batch)
+    update_on(models, optimizers, batch, exchanged, e, stale_gradients(models, batch, e), updates)
+    return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in models}
+
+
+def pipelined_reference(models: dict, batches: list, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
+    """The pipelined schedule by hand, over one epoch's batches: batch t's first half-exchange at the parameters
+    before batch t-1's updates, batch t-1's second half (R_k at the parameters before its own updates) and updates
+    next; the last batch finished in the last step."""
+    models = copy.deepcopy(models)
+    optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=lr) for k in models}
+    pending = None
+    for t, batch in enumerate(batches):
+        exchanged, e = exchange(models, batch)
+        if pending is not None:
+            update_on(models, optimizers, *pending, stale_gradients(models, pending[0], pending[2]), updates)
+        pending = (batch, exchanged, e)
+        if t == len(batches) - 1:
+            update_on(models, optimizers, *pending, stale_gradients(models, batch, e), updates)
+    return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in models}
 
 
 @pytest.mark.parametrize(("aggregation", "updates", "batch_size"), [(Plain, 3, 64), (DHMasking, 4, 50)])
@@ -64,6 +96,54 @@ def test_one_exchange_and_its_updates_equal_the_hand_written_reference(tmp_path,
         for name, p in model.party_models[k].named_parameters():
             assert torch.allclose(p.detach(), expected[k][name], atol=atol), f"{k}.{name}"
     assert model.trainer.global_step == updates * len(model.party_names)  # every party stepped once per sub-batch
+
+
+@pytest.mark.parametrize(("aggregation", "updates"), [(Plain, 3), (DHMasking, 2)])
+def test_a_pipelined_epoch_equals_the_hand_written_reference(tmp_path, aggregation, updates):
+    torch.manual_seed(0)
+    dm = Digits(num_parties=3, batch_size=40)
+    model = recording(EASTER, snapshot=True)(
+        parties=mlp_parties(3, lr=0.5), aggregation=aggregation(), embedding_dim=8, schedule="pipelined",
+        local_updates=updates,
+    )  # fmt: skip
+    make_trainer(tmp_path, max_epochs=1, limit_train_batches=4, limit_val_batches=0).fit(model, datamodule=dm)
+    expected = pipelined_reference(model.before, model.batches, lr=0.5, updates=updates)
+    atol = 1e-6 if aggregation is Plain else 1e-4  # DHMasking's fixed point perturbs E by 2^-16 at most
+    for k in model.party_names:
+        for name, p in model.party_models[k].named_parameters():
+            assert torch.allclose(p.detach(), expected[k][name], atol=atol), f"{k}.{name}"
+    # not the local schedule: the same batches, each exchanged at the parameters its own updates start from, differ
+    models = copy.deepcopy(model.before)
+    optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=0.5) for k in models}
+    for batch in model.batches:
+        exchanged, e = exchange(models, batch)
+        update_on(models, optimizers, batch, exchanged, e, stale_gradients(models, batch, e), updates)
+    apart = max(
+        (p.detach() - expected[k][n]).abs().max().item() for k in models for n, p in models[k].named_parameters()
+    )
+    assert apart > 10 * atol, apart
+    assert model.trainer.global_step == 4 * updates * len(model.party_names)  # every batch's updates, in the epoch
+
+
+def test_a_pipelined_step_waits_on_two_one_way_trips_where_local_updates_wait_on_four(tmp_path):
+    """The messages of a pipelined step in the order they leave: shares and the previous R_k up together, then E
+    and the previous gradients down; `NetworkSimulator` times them as two trips."""
+    from lvfl.callbacks import NetworkSimulator
+
+    trips = {}
+    for schedule in ("local_updates", "pipelined"):
+        torch.manual_seed(0)
+        model = EASTER(parties=mlp_parties(3), embedding_dim=8, schedule=schedule, local_updates=2)
+        dm = Digits(num_parties=3, batch_size=64)
+        sim = NetworkSimulator(links={"up_mbps": 1e6, "down_mbps": 1e6, "latency_ms": 50.0}, keep_trace=True,
+                               print_summary=False)  # fmt: skip
+        make_trainer(
+            tmp_path / schedule, max_epochs=1, limit_train_batches=4, limit_val_batches=0, callbacks=[sim]
+        ).fit(model, datamodule=dm)
+        steps = [p for p in sim.trace if p.kind == "step"]
+        trips[schedule] = [round(simulate(p.schedule, sim._links).comm_s / 0.1, 3) for p in steps]
+    assert trips["local_updates"] == [4.0] * 4  # 100 ms a one-way trip between two parties
+    assert trips["pipelined"] == [2.0, 2.0, 2.0, 4.0]  # the last step finishes its own batch too
 
 
 def test_the_references_first_update_is_algorithm_1_on_its_sub_batch() -> None:
@@ -113,8 +193,11 @@ def test_an_epoch_sends_what_sync_sends_per_sample_in_a_quarter_of_the_exchanges
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"schedule": "pipelined"}, "model.schedule must be one of ['sync', 'local_updates'], got 'pipelined'"),
-        ({"local_updates": 4}, "model.local_updates=4 applies to model.schedule: local_updates only"),
+        (
+            {"schedule": "stale"},
+            "model.schedule must be one of ['sync', 'local_updates', 'pipelined'], got 'stale'",
+        ),
+        ({"local_updates": 4}, "model.local_updates=4 applies to model.schedule: local_updates or pipelined only"),
         ({"schedule": "local_updates", "local_updates": 1}, "model.local_updates must be an integer >= 2, got 1"),
     ],
 )

@@ -57,6 +57,14 @@ def protocols() -> dict[str, Callable[..., VFLModule]]:
             schedule="local_updates",
             local_updates=3,
         ),
+        # the pipelined schedule: the same messages, each batch's first half with the previous batch's second
+        "easter_pipelined": lambda mech: EASTER(
+            parties=mlp_parties(PARTIES),
+            embedding_dim=8,
+            label_mechanism=mech,
+            schedule="pipelined",
+            local_updates=2,
+        ),
         "splitnn_concat": lambda mech: SplitNN(
             parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, top_hidden=8, label_mechanism=mech
         ),
@@ -143,7 +151,9 @@ def test_passive_view_does_not_depend_on_true_labels(protocol, mechanism, tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", ["easter", "easter_local_updates", "splitnn_concat", "cvfl", "aggvfl_mean"])
+@pytest.mark.parametrize(
+    "protocol", ["easter", "easter_local_updates", "easter_pipelined", "splitnn_concat", "cvfl", "aggvfl_mean"]
+)
 def test_without_a_mechanism_the_passive_view_changes_with_the_labels(protocol, tmp_path):
     """Negative control: with no label mechanism the same counterfactual must change the passive inbox."""
 

@@ -86,6 +86,10 @@ PROTOCOLS = {
     "EASTER local updates": lambda backend: recording(EASTER)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, schedule="local_updates", local_updates=3
     ),
+    # pipelined: each batch's shares travel with the previous batch's predictions; the last step finishes its own
+    "EASTER pipelined": lambda backend: recording(EASTER)(
+        parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, schedule="pipelined", local_updates=2
+    ),
     "AggVFL": lambda backend: recording(AggVFL)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
     "AggVFL weighted": lambda backend: recording(AggVFL)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
@@ -149,6 +153,8 @@ def rehearse(tmp_path, model, views, links=None):
         ("EASTER", DHMasking, socket_views),
         ("EASTER local updates", DHMasking, memory_views),
         ("EASTER local updates", DHMasking, socket_views),
+        ("EASTER pipelined", DHMasking, memory_views),
+        ("EASTER pipelined", DHMasking, socket_views),
         ("SplitNN", Plain, memory_views),
         ("SplitNN mean", DHMasking, memory_views),
         ("C_VFL", Plain, memory_views),

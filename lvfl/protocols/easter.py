@@ -49,7 +49,7 @@ from lvfl.protocols.party_config import PartyConfig
 #: how party k's loss gradient at E reaches its embedding network h_k (see `EASTER`)
 ENCODER_GRADIENTS = ("mean_share", "whole")
 #: when the parties exchange (see `EASTER`): every update, or once per `local_updates` updates
-SCHEDULES = ("sync", "local_updates")
+SCHEDULES = ("sync", "local_updates", "pipelined")
 #: sub-batches of a batch under ``schedule: local_updates`` when `local_updates` is not given
 DEFAULT_LOCAL_UPDATES = 4
 
@@ -77,7 +77,17 @@ class EASTER(VFLModule):
             the j-th trains on a gradient j-1 updates old. With a batch `local_updates` times the synchronous one, an
             epoch has as many updates of as many samples, the same messages per sample (so what each reveals is
             unchanged), and a `local_updates`-th of the exchanges, each waiting on the network's latency four times.
-        local_updates: updates per exchange under ``schedule: local_updates`` (default 4; at least 2).
+            ``"pipelined"``: the same updates, with each exchange's second half (R_k up, dloss_k/dR_k down)
+            travelling with the next batch's first half (shares up, E down), so that an exchange waits on the latency
+            twice, in the spirit of one-step-stale pipelined VFL (PubSub-VFL; delayed-gradient VFL): step t sends
+            batch t's shares and batch t-1's R_k up together, E_t and batch t-1's gradients down together, then
+            runs batch t-1's updates; the epoch's last step finishes its own batch as well (four trips). Batch t's
+            E is computed before batch t-1's updates, so in its updates the other parties' parts of E are
+            `local_updates` updates staler than under ``local_updates``; each party's R_k and own part are as fresh.
+            It needs a training loader of known length; a checkpoint taken inside an epoch does not hold the batch
+            in flight (the epoch-end checkpoints hold everything).
+        local_updates: updates per exchange under ``schedule: local_updates`` or ``pipelined`` (default 4; at
+            least 2).
     """
 
     passive_inbox = {
@@ -94,7 +104,7 @@ class EASTER(VFLModule):
         label_mechanism: LabelMechanism | None = None,
         gradient_defense: GradientDefense | None = None,
         encoder_gradient: Literal["mean_share", "whole"] = "mean_share",
-        schedule: Literal["sync", "local_updates"] = "sync",
+        schedule: Literal["sync", "local_updates", "pipelined"] = "sync",
         local_updates: int | None = None,
     ) -> None:
         if encoder_gradient not in ENCODER_GRADIENTS:
@@ -105,8 +115,8 @@ class EASTER(VFLModule):
             raise ValueError(f"model.schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
         if schedule == "sync" and local_updates is not None:
             raise ValueError(
-                f"model.local_updates={local_updates} applies to model.schedule: local_updates only; the schedule "
-                "is sync (one update per exchange)"
+                f"model.local_updates={local_updates} applies to model.schedule: local_updates or pipelined only; the "
+                "schedule is sync (one update per exchange)"
             )
         if local_updates is not None and not (isinstance(local_updates, int) and local_updates >= 2):
             raise ValueError(f"model.local_updates must be an integer >= 2, got {local_updates!r}")
@@ -119,7 +129,8 @@ class EASTER(VFLModule):
         )
         self.encoder_gradient = encoder_gradient
         self.schedule = schedule
-        self.local_updates = (local_updates or DEFAULT_LOCAL_UPDATES) if schedule == "local_updates" else 1
+        self.local_updates = (local_updates or DEFAULT_LOCAL_UPDATES) if schedule != "sync" else 1
+        self._pipelined: tuple | None = None  # the pipelined schedule's batch in flight: (batch, its E_k, its E)
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Build the parties (base); with a label mechanism, also the active party's private head (p_a's design)."""
@@ -137,6 +148,9 @@ class EASTER(VFLModule):
         """One EASTER step (Algorithm 1, lines 2-14); under ``schedule: local_updates``, `local_update_step`."""
         if self.schedule == "local_updates":
             self.local_update_step(batch)
+            return
+        if self.schedule == "pipelined":
+            self.pipelined_step(batch, batch_idx)
             return
         optimizers = self.begin_step()
         local = self.local_embeddings(batch)  # step 1
@@ -171,17 +185,71 @@ class EASTER(VFLModule):
         with torch.no_grad():  # the exchange: nothing of it is differentiated, every update recomputes its own part
             local = self.local_embeddings(batch)  # step 1, the whole batch; each party keeps its own E_k
             e_at = self.global_embedding(local)  # steps 2-3
-            received, losses = {}, {}
-            for k in self.passive:
-                if not self.involves(k, self.active):
-                    continue
-                r_k = self.wire.send(k, self.active, self.party_call(k, "head", e_at[k]), "predictions")  # step 4
-                with torch.enable_grad():
-                    r_k.requires_grad_(True)
-                    loss = self.task_loss(r_k, self.labels_for(k, batch))  # step 5, Eq. 8, at the active party
-                    (grad,) = torch.autograd.grad(loss, r_k)
-                received[k] = self.send_gradient(k, grad)
-                losses[k] = loss.detach()
+            received, losses = self.predictions_and_gradients(batch, e_at)  # steps 4-5
+        self.update_on(batch, local, e_at, received, losses)
+
+    def pipelined_step(self, batch: VFLBatch, batch_idx: int) -> None:
+        """The pipelined schedule's step (see `schedule`).
+
+        This batch's first half-exchange travels with the previous batch's second, then the previous batch's
+        `local_updates` updates run; the epoch's last step also finishes its own batch.
+        """
+        last = self.trainer.num_training_batches
+        if not isinstance(last, int):
+            raise ValueError("model.schedule: pipelined needs a training loader of known length (it finishes each "
+                             "epoch's last batch in its last step)")  # fmt: skip
+        held = self._pipelined if batch_idx > 0 else None  # an epoch starts with nothing pending
+        with torch.no_grad():
+            local = self.local_embeddings(batch)  # this batch's E_k, at the parameters before the updates below
+            e = self.aggregate_embeddings(local) / self.num_parties  # its shares up, with ...
+            replies = self.predictions_up(held[0], held[2]) if held is not None else {}  # ... the previous R_k
+            e_at = {
+                k: (e if k == self.active else self.wire.send(self.active, k, e, "global_embedding")) for k in local
+            }  # E down, with the previous batch's gradients
+            received, losses = self.gradients_down(replies)
+        self._pipelined = (batch, local, e_at)
+        if held is not None:
+            self.update_on(*held, received, losses)
+        if batch_idx == last - 1:  # the epoch's last batch: its second half-exchange and its updates now
+            self._pipelined = None
+            with torch.no_grad():
+                received, losses = self.predictions_and_gradients(batch, e_at)
+            self.update_on(batch, local, e_at, received, losses)
+
+    def predictions_and_gradients(
+        self, batch: VFLBatch, e_at: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Steps 4-5 over the whole batch: each passive R_k up, its dloss_k/dR_k down; (received, losses)."""
+        return self.gradients_down(self.predictions_up(batch, e_at))
+
+    def predictions_up(self, batch: VFLBatch, e_at: dict[str, torch.Tensor]) -> dict[str, tuple]:
+        """Step 4 and, at the active party, step 5: each passive party's R_k on E, sent up, and its loss gradient."""
+        replies = {}
+        for k in self.passive:
+            if not self.involves(k, self.active):
+                continue
+            r_k = self.wire.send(k, self.active, self.party_call(k, "head", e_at[k]), "predictions")  # step 4
+            with torch.enable_grad():
+                r_k.requires_grad_(True)
+                loss = self.task_loss(r_k, self.labels_for(k, batch))  # step 5, Eq. 8, at the active party
+                (grad,) = torch.autograd.grad(loss, r_k)
+            replies[k] = (grad, loss.detach())
+        return replies
+
+    def gradients_down(self, replies: dict[str, tuple]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """Each passive party's dloss_k/dR_k sent down; (what each received, the losses)."""
+        received = {k: self.send_gradient(k, grad) for k, (grad, _) in replies.items()}
+        return received, {k: loss for k, (_, loss) in replies.items()}
+
+    def update_on(
+        self,
+        batch: VFLBatch,
+        local: dict[str, torch.Tensor],
+        e_at: dict[str, torch.Tensor],
+        received: dict[str, torch.Tensor],
+        losses: dict[str, Any],
+    ) -> None:
+        """`local_updates` updates over `batch`'s sub-batches, from its exchange (`local`, `e_at`, `received`)."""
         c, size = self.num_parties, len(batch)
         for part in torch.arange(size).tensor_split(self.local_updates):
             if not len(part):
