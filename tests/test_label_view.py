@@ -49,22 +49,22 @@ def protocols() -> dict[str, Callable[..., VFLModule]]:
         "easter_dh": lambda mech: EASTER(
             parties=mlp_parties(PARTIES), embedding_dim=8, aggregation=DHMasking(), label_mechanism=mech
         ),
-        # the local-updates schedule: the same messages, exchanged once per three updates
-        "easter_local_updates": lambda mech: EASTER(
-            parties=mlp_parties(PARTIES),
-            embedding_dim=8,
-            label_mechanism=mech,
-            schedule="local_updates",
-            local_updates=3,
-        ),
-        # the pipelined schedule: the same messages, each batch's first half with the previous batch's second
-        "easter_pipelined": lambda mech: EASTER(
-            parties=mlp_parties(PARTIES),
-            embedding_dim=8,
-            label_mechanism=mech,
-            schedule="pipelined",
-            local_updates=2,
-        ),
+        # the latency-hiding schedules: the same messages, exchanged once per three (two) updates; pipelined, each
+        # batch's first half-exchange with the previous batch's second
+        **{
+            f"easter_{schedule}": partial(
+                lambda mech, schedule, updates: EASTER(
+                    parties=mlp_parties(PARTIES),
+                    embedding_dim=8,
+                    label_mechanism=mech,
+                    schedule=schedule,
+                    local_updates=updates,
+                ),
+                schedule=schedule,
+                updates=updates,
+            )
+            for schedule, updates in (("local_updates", 3), ("pipelined", 2))
+        },
         "splitnn_concat": lambda mech: SplitNN(
             parties=mlp_parties(PARTIES), top_model=top, embedding_dim=8, top_hidden=8, label_mechanism=mech
         ),
