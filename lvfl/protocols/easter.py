@@ -48,7 +48,8 @@ from lvfl.protocols.party_config import PartyConfig
 
 #: how party k's loss gradient at E reaches its embedding network h_k (see `EASTER`)
 ENCODER_GRADIENTS = ("mean_share", "whole")
-#: when the parties exchange (see `EASTER`): every update, or once per `local_updates` updates
+#: when the parties exchange (see `EASTER`): every update, or once per `local_updates` updates (pipelined: half an
+#: exchange riding with the next batch's)
 SCHEDULES = ("sync", "local_updates", "pipelined")
 #: sub-batches of a batch under ``schedule: local_updates`` when `local_updates` is not given
 DEFAULT_LOCAL_UPDATES = 4
