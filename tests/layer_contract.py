@@ -34,6 +34,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"warm_party"},
         {"entry"},
         {"export", "launch", "bench", "pki", "serve", "score", "attack_score", "early_checks"},
+        {"launch_parties"},
         {"party"},
         {"fit"},
         {"predict", "console", "twin", "config_files", "interrupts", "lead_help", "warm_start"},

@@ -14,7 +14,7 @@ import torch
 from helpers import REPO, checkpoints_of, lvfl
 
 from lvfl.checkpoints import load_checkpoint
-from lvfl.commands.launch import config_parties
+from lvfl.commands.launch_parties import config_parties
 from lvfl.commands.warm_start import IMPORT_TIME, WarmParty, needs_fresh_process, warm_start_possible
 
 DIGITS = ["--config", "configs/easter/digits.yaml"]

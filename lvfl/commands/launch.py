@@ -85,40 +85,6 @@ def launch_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def config_parties(
-    fit_args: list[str], allow_public_seeds: bool = False, fits: bool = True
-) -> tuple[list[str], str, str | None]:
-    """The config's party names, its active party and its logger's save_dir (None: none), without loading data.
-
-    Before a fit (`fits`), refuses privacy noise seeded by the config (`check_public_seeds`), before any party starts.
-    It loads PyTorch and Lightning (LightningCLI reads the config): a warm launch asks a party process for it.
-    """
-    from lvfl.commands.config_files import check_public_seeds
-    from lvfl.commands.fit import build_cli
-    from lvfl.commands.party import coordinator_of
-    from lvfl.parties import party_name
-
-    config_args, skip = [], False
-    own = ("--ckpt_path", "--output", "--ids", "--oblivious")  # the subcommand's own options are not the config's
-    for arg in fit_args:
-        if skip or arg.split("=", 1)[0] in own:
-            skip = arg in own
-            continue
-        config_args.append(arg)
-    cli = build_cli(config_args, run=False, exit_on_error=False)
-    participants = getattr(cli.datamodule, "participants", None)
-    if participants is None:
-        raise ValueError("lvfl launch needs a VerticalDataModule (data:) to know the parties")
-    if len(participants) < 2:
-        raise ValueError(f"lvfl launch needs at least two parties; the config has {len(participants)}")
-    if fits:
-        check_public_seeds(cli.model, allow_public_seeds, "lvfl launch")
-    logger = cli.trainer.logger
-    coordinator = coordinator_of(cli.model)  # an HE backend's key holder runs as a process of its own
-    names = [party_name(i) for i in participants] + ([coordinator] if coordinator else [])
-    return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None)
-
-
 def launch(
     fit_args: list[str],
     pki: Path | None = None,
@@ -146,6 +112,9 @@ def launch(
         question = {"do": "parties", "args": fit_args, "allow_public_seeds": allow_public_seeds, "fits": fits}
         found = pool[0].ask(question) if pool else None
         if found is None or "error" in found:  # read here: a refusal is the one this command has always given
+            # loaded only here, on a cold start or a refusal: the launcher's own imports stay free of PyTorch
+            from lvfl.commands.launch_parties import config_parties
+
             names, active, save_dir = config_parties(fit_args, allow_public_seeds, fits)
         else:
             names, active, save_dir = found["names"], found["active"], found["save_dir"]

@@ -12,25 +12,32 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from typing import Any
 
-from lvfl.commands.warm_start import PARTY_IMPORTED, REPLY_FD, needs_fresh_process
+# interrupted before its part (Ctrl-C reaches the launcher's whole process group), it ends quietly with status 130,
+# its imports included: the launcher reports the interruption, as it did before any party had started
+signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+
+from lvfl.commands import entry  # noqa: E402 - after the handler: the imports this process is started early for
+from lvfl.commands.launch_parties import config_parties  # noqa: E402
+from lvfl.commands.warm_start import PARTY_IMPORTED, REPLY_FD, needs_fresh_process  # noqa: E402
+
+IMPORTED = time.time()
 
 
 def answer(question: dict[str, Any]) -> dict[str, Any]:
-    """The answer to one question of the launcher: the config's parties (`launch.config_parties`).
+    """The answer to one question of the launcher: the config's parties (`launch_parties.config_parties`).
 
     On a refusal, only the error's name: the launcher then reads the config itself, to refuse it with the error the
     command has always given.
     """
     if question.get("do") != "parties":
         return {"error": f"no question {question.get('do')!r}"}
-    from lvfl.commands import launch
-
     try:
-        found = launch.config_parties(question["args"], question["allow_public_seeds"], question["fits"])
+        found = config_parties(question["args"], question["allow_public_seeds"], question["fits"])
     except Exception as error:  # noqa: BLE001 - any refusal: the launcher repeats it in its own process
         return {"error": type(error).__name__}
     return dict(zip(("names", "active", "save_dir"), found, strict=True))
@@ -53,34 +60,21 @@ def become(part: dict[str, Any], imported: float) -> None:
     os.environ.clear()
     os.environ.update({**env, PARTY_IMPORTED: f"{imported:.6f}"})
     sys.argv = argv
-    from lvfl.commands import entry
-
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # the party's own: as `python -m lvfl party` has it
     entry.main()
 
 
 def main() -> None:
-    """Import, then answer the launcher until it gives this process a part (run it) or hangs up (end).
-
-    Interrupted before its part (Ctrl-C reaches the launcher's whole process group), it ends quietly with status
-    130: the launcher reports the interruption, as it did before any party had started.
-    """
-    try:
-        from lvfl.commands import entry, launch, party  # noqa: F401 - the imports this process is started early for
-
-        imported = time.time()
-        replies = os.fdopen(int(os.environ.pop(REPLY_FD)), "w")
-        for line in sys.stdin:
-            message = json.loads(line)
-            if message.get("do") == "run":
-                replies.close()
-                break
-            replies.write(json.dumps(answer(message)) + "\n")
-            replies.flush()
-        else:  # the launcher hung up: no part for this process
+    """Answer the launcher until it gives this process a part (run it) or hangs up (end)."""
+    replies = os.fdopen(int(os.environ.pop(REPLY_FD)), "w")
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message.get("do") == "run":
+            replies.close()
+            become(message, IMPORTED)
             return
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
-    become(message, imported)
+        replies.write(json.dumps(answer(message)) + "\n")
+        replies.flush()
 
 
 if __name__ == "__main__":
