@@ -547,6 +547,22 @@ def test_an_envelope_is_split_without_copying_or_parsing_its_payload() -> None:
         parse_envelope(twice, sender="party2")
 
 
+def test_an_envelope_that_does_not_walk_is_refused_by_name() -> None:
+    """Each fault the split finds on the bytes, before protobuf parses anything, in its own words."""
+    data = encode_envelope(HEADER, torch.arange(4.0))
+    long_head = pb.EnvelopeHead(run_id="r" * (64 * 1024)).SerializeToString() + data
+    cases = {
+        "a header of more than 65536 bytes": long_head,
+        "a truncated or overlong varint": data + b"\x50",  # a varint field's key (field 10), then nothing
+        "a field runs past the end": data + b"\x12\x05ab",  # a 5-byte run_id with 2 bytes
+        "wire type 3": data + b"\x0b",
+    }
+    for why, bad in cases.items():
+        with pytest.raises(FederationError, match=re.escape(f"not an lvfl envelope ({why})")):
+            parse_envelope(bad, sender="party2")
+    assert parse_envelope(data + b"\x50\x81\x01", sender="party2")[0] == HEADER  # an unknown field 10: kept aside
+
+
 @pytest.mark.parametrize(
     "tensor",
     [

@@ -24,6 +24,7 @@ bytes, not a view into the protobuf message).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -346,14 +347,27 @@ class Header:
 
 def encode_envelope(header: Header, payload: Any, records: RecordRegistry = RECORDS) -> bytes:
     """The serialized envelope carrying `payload` under `header`."""
-    fields = {field.name: getattr(header, field.name) for field in dataclasses.fields(header)}  # `asdict` deep-copies
     if type(payload) is torch.Tensor:  # most messages: one tensor, joined by hand where it can be (`_tensor_envelope`)
-        data = _tensor_envelope(pb.EnvelopeHead(schema=SCHEMA, **fields).SerializeToString(), payload)
+        data = _tensor_envelope(_head(pb.EnvelopeHead, header).SerializeToString(), payload)
         if data is not None:
             return data
-    envelope = pb.Envelope(schema=SCHEMA, **fields)  # Header's fields are Envelope's
+    envelope = _head(pb.Envelope, header)  # Header's fields are Envelope's
     _encode(payload, envelope.payload, records, "", 0)
     return envelope.SerializeToString()
+
+
+def _head(message: type, header: Header) -> Any:
+    """An `Envelope` or `EnvelopeHead` holding `header`'s fields (named one by one: `asdict` deep-copies)."""
+    return message(
+        schema=SCHEMA,
+        run_id=header.run_id,
+        src=header.src,
+        dst=header.dst,
+        tag=header.tag,
+        step=header.step,
+        seq=header.seq,
+        fingerprint=header.fingerprint,
+    )
 
 
 def _tensor_envelope(head: bytes, tensor: torch.Tensor) -> bytes | None:
@@ -361,23 +375,29 @@ def _tensor_envelope(head: bytes, tensor: torch.Tensor) -> bytes | None:
 
     The common case: a tensor `_plain_array` reads in place; the bytes are tested to be protobuf's own. Why by hand:
     a launched step is a chain of messages each party waits on, and protobuf's way copies the tensor's bytes into a
-    message and out again; this copies them once, with two torch calls.
+    message and out again; this copies them once, with two torch calls, behind the fields before them (the same
+    for every message of a dtype and shape, so built once).
     """
     name = _DTYPE_NAMES.get(tensor.dtype)
     data = _plain_array(tensor, name)
     if data is None:
         return None
-    size = data.nbytes
+    return b"".join((head, _tensor_prefix(name, tensor.shape), data))
+
+
+@functools.lru_cache(maxsize=256)
+def _tensor_prefix(name: str, shape: tuple[int, ...]) -> bytes:
+    """The bytes of an envelope's payload field holding a tensor of dtype `name` and `shape`, up to its data."""
+    size = math.prod(shape) * _ITEMSIZE[name]
     fields = _field_key(1, _LEN) + _varint_bytes(len(name)) + name.encode()  # Tensor.dtype
-    if tensor.dim():  # proto3 leaves out an empty repeated field, and empty bytes
-        shape = b"".join(_varint_bytes(n) for n in tensor.shape)
-        fields += _field_key(2, _LEN) + _varint_bytes(len(shape)) + shape  # Tensor.shape, packed
+    if shape:  # proto3 leaves out an empty repeated field, and empty bytes
+        packed = b"".join(_varint_bytes(n) for n in shape)
+        fields += _field_key(2, _LEN) + _varint_bytes(len(packed)) + packed  # Tensor.shape, packed
     if size:
         fields += _field_key(3, _LEN) + _varint_bytes(size)  # Tensor.data, then its bytes
     tensor_size = len(fields) + size
     value = _field_key(1, _LEN) + _varint_bytes(tensor_size)  # Value.tensor
-    payload = _field_key(9, _LEN) + _varint_bytes(len(value) + tensor_size)  # Envelope.payload
-    return b"".join((head, payload, value, fields, data if size else b""))
+    return _field_key(9, _LEN) + _varint_bytes(len(value) + tensor_size) + value + fields  # Envelope.payload
 
 
 def _field_key(number: int, wire_type: int) -> bytes:
@@ -412,7 +432,8 @@ def parse_envelope(data: bytes, *, sender: str) -> tuple[Header, memoryview]:
         raise FederationError(f"{sender} sent {len(data)} bytes that are not an lvfl envelope ({what})")
     if start is None:
         raise FederationError(f"{sender} sent {envelope.tag!r} without a payload")
-    header = Header(**{field.name: getattr(envelope, field.name) for field in dataclasses.fields(Header)})
+    e = envelope
+    header = Header(e.run_id, e.src, e.dst, e.tag, e.step, e.seq, e.fingerprint)
     return header, memoryview(data)[start:end]
 
 
@@ -441,46 +462,58 @@ def _split_envelope(data: bytes, sender: str) -> tuple[bytes, int | None, int | 
     """The envelope's fields other than the payload, as bytes, and where the payload's bytes start and end.
 
     Refuses bytes that do not walk as a protobuf message, a payload given twice (protobuf would merge the two), and
-    header fields longer than `_MAX_HEAD_BYTES` together (names, a run ID and a fingerprint are short).
+    header fields longer than `_MAX_HEAD_BYTES` together (names, a run ID and a fingerprint are short). Written for
+    speed (a party waits on every message): a one-byte varint (every key and header length here) is read inline.
     """
-    view, size = memoryview(data), len(data)
-    head, start, end, pos = bytearray(), None, None, 0
+    size = len(data)
+    start = end = key_at = None
+    pos = 0
 
     def refuse(why: str) -> FederationError:
         return FederationError(f"{sender} sent {size} bytes that are not an lvfl envelope ({why})")
 
-    def varint() -> int:
-        nonlocal pos
-        value, pos = _varint(view, pos, lambda: refuse("a truncated or overlong varint"))
-        return value
+    def truncated() -> FederationError:
+        return refuse("a truncated or overlong varint")
 
+    view = memoryview(data)
     while pos < size:
         field_start = pos
-        key = varint()
-        field, wire_type = key >> 3, key & 7
+        key = data[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(view, pos, truncated)
+        wire_type = key & 7
         if wire_type == _LEN:
-            length = varint()
+            if pos >= size:
+                raise truncated()
+            length = data[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = _varint(view, pos, truncated)
             if pos + length > size:
                 raise refuse("a field runs past the end")
-            if field == _PAYLOAD_FIELD:
+            if key >> 3 == _PAYLOAD_FIELD:
                 if start is not None:
                     raise refuse("two payloads")
-                start, end = pos, pos + length
-                pos = end
-                continue
+                key_at, start, end = field_start, pos, pos + length
             pos += length
         elif wire_type == _VARINT:
-            varint()
+            if pos < size and data[pos] < 0x80:
+                pos += 1
+            else:
+                _, pos = _varint(view, pos, truncated)
         elif wire_type in (_I64, _I32):
             pos += 8 if wire_type == _I64 else 4
+            if pos > size:
+                raise refuse("a field runs past the end")
         else:
             raise refuse(f"wire type {wire_type}")
-        if pos > size:
-            raise refuse("a field runs past the end")
-        head += view[field_start:pos]
-        if len(head) > _MAX_HEAD_BYTES:
-            raise refuse(f"a header of more than {_MAX_HEAD_BYTES} bytes")
-    return bytes(head), start, end
+    if size - (0 if start is None else end - key_at) > _MAX_HEAD_BYTES:
+        raise refuse(f"a header of more than {_MAX_HEAD_BYTES} bytes")
+    head = bytes(data) if start is None else b"".join((view[:key_at], view[end:]))
+    return head, start, end
 
 
 def decode_envelope(
@@ -523,11 +556,12 @@ def _tensor_fields(view: memoryview) -> tuple[str, tuple[int, ...], memoryview] 
     """A payload of one tensor in the form lvfl and protobuf write it: its dtype name, shape and data (a view).
 
     None for anything else (another value, a field out of order, given twice or unknown, bytes that do not walk),
-    which protobuf's parser then reads, and refuses in its own words.
+    which protobuf's parser then reads, and refuses in its own words. Written for speed, as `_split_envelope` is.
     """
+    size = len(view)
     try:
-        pos, end = _expect_field(view, 0, len(view), 1)  # Value.tensor
-        if end != len(view):
+        pos, end = _expect_field(view, 0, size, 1)  # Value.tensor
+        if end != size:
             return None
         pos, name_end = _expect_field(view, pos, end, 1)  # Tensor.dtype
         name = bytes(view[pos:name_end]).decode("ascii")
@@ -537,8 +571,12 @@ def _tensor_fields(view: memoryview) -> tuple[str, tuple[int, ...], memoryview] 
             if shape_end - pos > 10 * MAX_DIMS:
                 return None
             while pos < shape_end:
-                size, pos = _varint(view, pos, ValueError)
-                shape.append(size)
+                dim = view[pos]
+                if dim < 0x80:
+                    pos += 1
+                else:
+                    dim, pos = _varint(view, pos, ValueError)
+                shape.append(dim)
             if pos != shape_end:
                 return None
         if pos < end:  # Tensor.data
@@ -551,9 +589,11 @@ def _tensor_fields(view: memoryview) -> tuple[str, tuple[int, ...], memoryview] 
 
 def _expect_field(view: memoryview, pos: int, end: int, number: int) -> tuple[int, int]:
     """Where the LEN field `number` at `pos` starts and ends; ValueError unless it is there and within `end`."""
-    if pos >= end or view[pos] != number << 3 | _LEN:
+    if pos + 1 >= end or view[pos] != number << 3 | _LEN:
         raise ValueError
-    length, start = _varint(view, pos + 1, ValueError)
+    length, start = view[pos + 1], pos + 2
+    if length >= 0x80:
+        length, start = _varint(view, pos + 1, ValueError)
     if start + length > end:
         raise ValueError
     return start, start + length

@@ -189,7 +189,7 @@ class Inbox:
             request = next(requests, None)
             if request is None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{sender} called {self.me} without an envelope")
-            return self._accept(request, sender, context)
+            return pb.Ack(seq=self._accept(request, sender, context)).SerializeToString()
         finally:
             self._leave(sender, stream=False)
 
@@ -231,6 +231,8 @@ class Inbox:
         The first keeps its reason; the second is a peer this party has not greeted that has sent its greeting
         already (a greeting is all such a peer may send).
         """
+        if sender not in self._refusals and (not self.greetings or sender in self._expected):
+            return  # the common case, read without the lock (each message of a run passes here)
         with self._cond:
             earlier = self._refusals.get(sender)
             if earlier is None and self.greetings and sender not in self._expected and sender in self._hello_from:
@@ -247,8 +249,8 @@ class Inbox:
         with self._cond:
             (self._open_streams_in if stream else self._open_calls_in)[sender] -= 1
 
-    def _accept(self, request: bytes, sender: str, context: grpc.ServicerContext) -> bytes:
-        """Check one envelope from `sender` and file it; its acknowledgement, or the call aborted with the reason.
+    def _accept(self, request: bytes, sender: str, context: grpc.ServicerContext) -> int:
+        """Check one envelope from `sender` and file it; its sequence number, or the call aborted with the reason.
 
         In order, each before anything costs more: `sender` was not refused before; the header (who, for whom,
         which configuration and run, `_check_header`); whether this party will hold it (`_reserve`: the greeting,
@@ -271,7 +273,7 @@ class Inbox:
                     if self._aborted is None:
                         self._aborted = f"{sender} stopped: {reason}"
                     self._cond.notify_all()
-                return pb.Ack(seq=header.seq).SerializeToString()
+                return header.seq
             if header.tag == HELLO_TAG:
                 if payload != b"":
                     raise FederationError(f"{sender} sent a greeting that is not empty")
@@ -312,7 +314,7 @@ class Inbox:
                 self._refusals.setdefault(sender, reason)
                 self._cond.notify_all()
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
-        return pb.Ack(seq=header.seq).SerializeToString()
+        return header.seq
 
     def _reserve(self, header: Header, sender: str, size: int) -> bool:
         """Hold room for a `size`-byte message from `sender`, or refuse it; whether room was held (an abort's is not).

@@ -63,7 +63,7 @@ class Outbox:
     def _init_outbox(self) -> None:
         """No channel yet (`_dial` opens them), no message queued or numbered."""
         self._next_out: Counter[tuple[str, str]] = Counter()
-        self._outbox: dict[str, queue.Queue] = {}  # per peer, messages queued by `send(wait=False)`
+        self._outbox: dict[str, queue.SimpleQueue] = {}  # per peer, messages queued by `send(wait=False)`
         self._pending = 0  # queued messages not yet delivered (or dropped after a failure)
         self._send_failure: str | None = None  # the first failure of a queued message
         self._channels: dict[str, grpc.Channel] = {}
@@ -131,8 +131,7 @@ class Outbox:
                 self.flush()
             self._deliver_to(dst, tag, seq, data, nbytes)
         else:
-            self._meter(dst, tag, len(data), nbytes)
-            self._outbox_of(dst).put((tag, data))
+            self._outbox_of(dst, tag, len(data), nbytes).put((tag, data))
 
     def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
         try:
@@ -151,17 +150,25 @@ class Outbox:
 
     def _meter(self, dst: str, tag: str, size: int, nbytes: int) -> None:
         """Count a message to `dst`: `nbytes` of payload as the Wire counts it, `size` bytes of envelope."""
-        key = (self.me, dst, tag)
         with self._cond:
-            self.payload_bytes[key] += nbytes
-            self.envelope_bytes[key] += size
-            self.messages[key] += 1
+            self._count(dst, tag, size, nbytes)
 
-    def _outbox_of(self, dst: str) -> queue.Queue:
-        """`dst`'s queue for its stream, and the stream's thread (opened on first use); counts one pending."""
+    def _count(self, dst: str, tag: str, size: int, nbytes: int) -> None:
+        """`_meter`'s count, for a caller holding the lock."""
+        key = (self.me, dst, tag)
+        self.payload_bytes[key] += nbytes
+        self.envelope_bytes[key] += size
+        self.messages[key] += 1
+
+    def _outbox_of(self, dst: str, tag: str, size: int, nbytes: int) -> queue.SimpleQueue:
+        """`dst`'s queue for its stream, and the stream's thread (opened on first use); meters one message for it.
+
+        One lock for the ledger and the pending count (a party waits on each message: every lock costs).
+        """
         with self._cond:
+            self._count(dst, tag, size, nbytes)
             if dst not in self._outbox:
-                self._outbox[dst] = queue.Queue()
+                self._outbox[dst] = queue.SimpleQueue()  # C: a put and a get cost a fraction of Queue's
                 thread = threading.Thread(
                     target=self._sender, args=(dst, self._outbox[dst]), name=f"lvfl-{self.me}-to-{dst}", daemon=True
                 )
@@ -169,7 +176,7 @@ class Outbox:
             self._pending += 1
             return self._outbox[dst]
 
-    def _sender(self, dst: str, outbox: queue.Queue) -> None:
+    def _sender(self, dst: str, outbox: queue.SimpleQueue) -> None:
         """Carry `dst`'s queued messages on one stream, in order, until `flush` or `close` ends it.
 
         gRPC's own thread takes the messages from `requests`; this thread waits for the stream's one answer, the
