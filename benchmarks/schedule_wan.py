@@ -11,7 +11,8 @@ DH masking, plain SGD at lr 0.01). Two entries, every cell with a `NetworkSimula
 
 - `sync`: the config as it is: one exchange (four one-way trips) per update;
 - `local_updates Q`: `schedule: local_updates`, `local_updates: Q` and a batch of Q x 128: one exchange per Q updates
-  of 128 samples each (the same updates per epoch, of as many samples, and the same bytes).
+  of 128 samples each (the same updates per epoch, of as many samples, and the same bytes); `--schedule pipelined`
+  for the pipelined schedule, `--compensate` for `delay_compensation: true`.
 
 The simulated epoch time is the simulator's (the median over epochs 2 on of the simulated wall time's increments:
 the first holds the key agreement's set-up); the accuracy is the test accuracy (mean of the party models) at the
@@ -40,13 +41,15 @@ def grid_file(args: argparse.Namespace) -> Path:
         f"--model.init_args.schedule={args.schedule}",
         f"--model.init_args.local_updates={args.updates}",
         f"--data.init_args.batch_size={128 * args.updates}",
+        *(["--model.init_args.delay_compensation=true"] if args.compensate else []),
     ]
+    name = f"{args.schedule} {args.updates}" + (" compensated" if args.compensate else "")
     grid = {
         "name": "easter_schedule_wan",
         "data": str(CONFIGS / "paper/data/{dataset}.yaml"),
         "protocols": {
             "sync": str(CONFIGS / "protocols/easter/{dataset}.yaml"),
-            f"{args.schedule} {args.updates}": {
+            name: {
                 "config": str(CONFIGS / "protocols/easter/{dataset}.yaml"),
                 "overrides": local,
             },
@@ -60,7 +63,7 @@ def grid_file(args: argparse.Namespace) -> Path:
         "out": str(out),
         "report": str(out / "report"),
     }
-    path = out / "grids" / f"{args.schedule}{args.updates}_{args.links}.yaml"
+    path = out / "grids" / f"{args.schedule}{args.updates}{'_compensated' * args.compensate}_{args.links}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(grid, indent=1))
     return path
@@ -82,6 +85,11 @@ def main() -> None:
         default="local_updates",
         choices=["local_updates", "pipelined"],
         help="the latency-hiding schedule set beside sync",
+    )
+    parser.add_argument(
+        "--compensate",
+        action="store_true",
+        help="model.delay_compensation: passive parties move the stale gradient to their current R_k",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--links", default="wan", help="a lvfl.network.LINK_PRESETS name")

@@ -18,7 +18,8 @@ from helpers import make_trainer, mlp_parties, recording
 
 from lvfl.datamodules import Digits
 from lvfl.network import simulate
-from lvfl.privacy import DHMasking, Plain
+from lvfl.parties import TaskInfo
+from lvfl.privacy import DHMasking, LaplaceLabels, Plain
 from lvfl.protocols import EASTER
 
 
@@ -38,8 +39,10 @@ def stale_gradients(models: dict, batch, e: torch.Tensor) -> dict[str, torch.Ten
     return stale
 
 
-def update_on(models, optimizers, batch, exchanged, e, stale, updates: int) -> None:
-    """The updates over `batch`'s sub-batches, each party's own part of E at its current parameters."""
+def update_on(models, optimizers, batch, exchanged, e, stale, updates: int, fresh: bool = False) -> None:
+    """The updates over `batch`'s sub-batches, each party's own part of E at its current parameters; with `fresh`, a
+    passive party trains on dloss_k/dR_k taken from the labels at its current R_k (what delay compensation gives it
+    without them), the loss still the batch's mean."""
     names, c, n = list(models), len(models), len(batch.ids)
     for part in torch.arange(n).tensor_split(updates):
         rows = slice(int(part[0]), int(part[-1]) + 1)
@@ -49,21 +52,29 @@ def update_on(models, optimizers, batch, exchanged, e, stale, updates: int) -> N
             r = models[k].head(e[rows] + (own - exchanged[k][rows]) / c)
             if k == names[0]:
                 F.cross_entropy(r, batch.labels[rows]).backward()
+            elif fresh:
+                now = r.detach().requires_grad_(True)
+                (gradient,) = torch.autograd.grad(F.cross_entropy(now, batch.labels[rows], reduction="sum") / n, now)
+                (r * gradient).sum().mul(n / len(part)).backward()
             else:
                 (r * stale[k][rows]).sum().mul(n / len(part)).backward()
             optimizers[k].step()
 
 
-def local_updates_reference(models: dict, batch, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
+def local_updates_reference(
+    models: dict, batch, lr: float, updates: int, fresh: bool = False
+) -> dict[str, dict[str, torch.Tensor]]:
     """FedBCD-style local updates for EASTER, by hand: the exchange at the first parameters, then the sub-batches."""
     models = copy.deepcopy(models)
     optimizers = {k: torch.optim.SGD(models[k].parameters(), lr=lr) for k in models}
     exchanged, e = exchange(models, batch)
-    update_on(models, optimizers, batch, exchanged, e, stale_gradients(models, batch, e), updates)
+    update_on(models, optimizers, batch, exchanged, e, stale_gradients(models, batch, e), updates, fresh)
     return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in models}
 
 
-def pipelined_reference(models: dict, batches: list, lr: float, updates: int) -> dict[str, dict[str, torch.Tensor]]:
+def pipelined_reference(
+    models: dict, batches: list, lr: float, updates: int, fresh: bool = False
+) -> dict[str, dict[str, torch.Tensor]]:
     """The pipelined schedule by hand, over one epoch's batches: batch t's first half-exchange at the parameters
     before batch t-1's updates, batch t-1's second half (R_k at the parameters before its own updates) and updates
     next; the last batch finished in the last step."""
@@ -73,10 +84,10 @@ def pipelined_reference(models: dict, batches: list, lr: float, updates: int) ->
     for t, batch in enumerate(batches):
         exchanged, e = exchange(models, batch)
         if pending is not None:
-            update_on(models, optimizers, *pending, stale_gradients(models, pending[0], pending[2]), updates)
+            update_on(models, optimizers, *pending, stale_gradients(models, pending[0], pending[2]), updates, fresh)
         pending = (batch, exchanged, e)
         if t == len(batches) - 1:
-            update_on(models, optimizers, *pending, stale_gradients(models, batch, e), updates)
+            update_on(models, optimizers, *pending, stale_gradients(models, batch, e), updates, fresh)
     return {k: {name: p.detach() for name, p in models[k].named_parameters()} for k in models}
 
 
@@ -123,6 +134,63 @@ def test_a_pipelined_epoch_equals_the_hand_written_reference(tmp_path, aggregati
     )
     assert apart > 10 * atol, apart
     assert model.trainer.global_step == 4 * updates * len(model.party_names)  # every batch's updates, in the epoch
+
+
+def parameters_of(model) -> dict[str, dict[str, torch.Tensor]]:
+    return {k: {n: p.detach().clone() for n, p in model.party_models[k].named_parameters()} for k in model.party_names}
+
+
+def largest_difference(a: dict, b: dict) -> float:
+    return max((a[k][n] - b[k][n]).abs().max().item() for k in a for n in a[k])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "aggregation", "updates"),
+    [("local_updates", Plain, 3), ("pipelined", Plain, 3), ("pipelined", DHMasking, 2)],
+)
+def test_delay_compensation_trains_a_passive_party_on_the_fresh_gradient(tmp_path, schedule, aggregation, updates):
+    """With delay compensation each passive update equals one on dloss_k/dR_k taken from the labels at the current
+    R_k (the reference's `fresh`), which the party never holds; without it the same run differs from that."""
+    runs = {}
+    for compensate in (True, False):
+        torch.manual_seed(0)
+        dm = Digits(num_parties=3, batch_size=48)
+        model = recording(EASTER, snapshot=True)(
+            parties=mlp_parties(3, lr=0.5), aggregation=aggregation(), embedding_dim=8, schedule=schedule,
+            local_updates=updates, delay_compensation=compensate,
+        )  # fmt: skip
+        steps = 1 if schedule == "local_updates" else 4
+        make_trainer(tmp_path / str(compensate), max_epochs=1, limit_train_batches=steps, limit_val_batches=0).fit(
+            model, datamodule=dm
+        )
+        runs[compensate] = parameters_of(model)
+    if schedule == "local_updates":
+        expected = local_updates_reference(model.before, model.batches[0], lr=0.5, updates=updates, fresh=True)
+    else:
+        expected = pipelined_reference(model.before, model.batches, lr=0.5, updates=updates, fresh=True)
+    atol = 1e-6 if aggregation is Plain else 1e-4  # DHMasking's fixed point perturbs E by 2^-16 at most
+    assert largest_difference(runs[True], expected) < atol
+    assert largest_difference(runs[False], expected) > 10 * atol  # the option changes the updates
+
+
+def test_the_gradient_shift_is_the_change_of_the_labelled_gradient() -> None:
+    """`task_loss_gradient_shift` against autograd of the loss with its labels, for classes and for a regression."""
+    torch.manual_seed(0)
+    old, new = torch.randn(6, 4), torch.randn(6, 4)
+    model = EASTER(parties=mlp_parties(2), embedding_dim=8)
+    for task, labels in ((TaskInfo(4), torch.randint(0, 4, (6,))), (TaskInfo(0, "regression"), torch.randn(6))):
+        model.task = task
+        if task.is_regression:
+            old, new = old[:, :1], new[:, :1]
+
+        def gradient(logits, labels=labels):
+            at = logits.clone().requires_grad_(True)
+            (g,) = torch.autograd.grad(model.task_loss(at, labels) * len(labels) / 10, at)  # a mean over 10 rows
+            return g
+
+        shift = model.task_loss_gradient_shift(new, old, rows=10)
+        assert torch.allclose(shift, gradient(new) - gradient(old), atol=1e-6), task.kind
+        assert torch.allclose(gradient(old) + shift, gradient(new), atol=1e-6)
 
 
 def test_a_pipelined_step_waits_on_two_one_way_trips_where_local_updates_wait_on_four(tmp_path):
@@ -199,6 +267,15 @@ def test_an_epoch_sends_what_sync_sends_per_sample_in_a_quarter_of_the_exchanges
         ),
         ({"local_updates": 4}, "model.local_updates=4 applies to model.schedule: local_updates or pipelined only"),
         ({"schedule": "local_updates", "local_updates": 1}, "model.local_updates must be an integer >= 2, got 1"),
+        (
+            {"delay_compensation": True},
+            "model.delay_compensation applies to model.schedule: local_updates or pipelined only",
+        ),  # fmt: skip
+        ({"schedule": "pipelined", "delay_compensation": "yes"}, "model.delay_compensation must be true or false"),
+        (
+            {"schedule": "pipelined", "delay_compensation": True, "label_mechanism": LaplaceLabels(1.0, seed=0)},
+            "model.delay_compensation needs a loss whose gradient in R_k is a function of R_k minus one of the label",
+        ),
     ],
 )
 def test_a_bad_schedule_is_refused_by_name(kwargs, message):

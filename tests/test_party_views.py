@@ -90,6 +90,15 @@ PROTOCOLS = {
     "EASTER pipelined": lambda backend: recording(EASTER)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, schedule="pipelined", local_updates=2
     ),
+    # ... with delay compensation: each passive party moves the stale gradient to its current R_k, in its own process
+    "EASTER pipelined compensated": lambda backend: recording(EASTER)(
+        parties=mlp_parties(4),
+        aggregation=backend(),
+        embedding_dim=8,
+        schedule="pipelined",
+        local_updates=2,
+        delay_compensation=True,
+    ),  # fmt: skip
     "AggVFL": lambda backend: recording(AggVFL)(parties=mlp_parties(4), aggregation=backend(), embedding_dim=8),
     "AggVFL weighted": lambda backend: recording(AggVFL)(
         parties=mlp_parties(4), aggregation=backend(), embedding_dim=8, aggregate="weighted"
@@ -155,6 +164,7 @@ def rehearse(tmp_path, model, views, links=None):
         ("EASTER local updates", DHMasking, socket_views),
         ("EASTER pipelined", DHMasking, memory_views),
         ("EASTER pipelined", DHMasking, socket_views),
+        ("EASTER pipelined compensated", DHMasking, socket_views),
         ("SplitNN", Plain, memory_views),
         ("SplitNN mean", DHMasking, memory_views),
         ("C_VFL", Plain, memory_views),

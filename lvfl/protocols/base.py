@@ -552,6 +552,18 @@ class VFLModule(
             return 0.5 * (logits.softmax(-1) - labels.to(logits.dtype)).pow(2).sum(-1).mean()
         return F.cross_entropy(logits, labels)
 
+    def task_loss_gradient_shift(self, new: torch.Tensor, old: torch.Tensor, rows: int) -> torch.Tensor:
+        """How `task_loss`'s gradient in the logits moves from `old` logits to `new`, the loss a mean over `rows` rows.
+
+        Why no labels are needed: against class indices the gradient is (softmax(R) - onehot(y)) / N, and a
+        regression's MSE has 2 (R - y) / N, so the labels cancel in the difference. A party holding the gradient at
+        `old` (and not the labels) so has the one at `new` exactly. Soft labels (`LaplaceLabels`) mix labels and logits
+        in their gradient; callers refuse them (`EASTER`'s `delay_compensation`).
+        """
+        if self.task is not None and self.task.is_regression:
+            return 2 * (new - old) / rows
+        return (new.softmax(-1) - old.softmax(-1)) / rows
+
     # ------------------------------------------------------------------------------------------------ fit start
     def on_fit_start(self) -> None:
         """Give every party's dropout its own generator; draw the label release once (a resume keeps its own)."""
