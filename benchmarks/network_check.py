@@ -2,7 +2,7 @@
 simulator's prediction for the same profile and config, in one run.
 
     .venv/bin/python benchmarks/network_check.py [--profiles lan wan] [--protocols easter splitnn easter-local4]
-        [--parties 2 4] [--epochs 3]
+        [--parties 2 4] [--epochs 5] [--repeats 3]
 
 For each profile (a `lvfl.network.LINK_PRESETS` name, every party on it), protocol and party count:
 
@@ -14,8 +14,17 @@ For each profile (a `lvfl.network.LINK_PRESETS` name, every party on it), protoc
 - the simulator twice: the links alone, and with each message's processing at both ends (`NetworkSimulator`'s
   `message_ms`: `--message_ms`, or by default a quarter of lvfl's localhost round trip measured at the start of the
   run, `benchmarks/transport_latency.py`'s lvfl pair on digits EASTER's 128 x 64 tensor);
-- their ratio (measured / simulated with processing), the median over the epochs after the first (the first holds
-  one-time work in both runs: the proxy's TLS handshakes, the allocator's first pages);
+- the simulator a third time with the compute of the launch: a launched process runs the whole protocol (the other
+  parties' parts as shadows) and its own Lightning loop, on cores it shares with the other parties, which the
+  in-process fit that the simulator times compute from does not; and the proxy's own hops (two localhost
+  connections and its threads' hand-offs for each chunk) cost time no network model holds. So the script also
+  launches the config through the proxy on `unlimited` links (1 Tbps, no latency: the launch and the proxy, no
+  network), finds the factor on the fit's measured compute (`compute_scale`, every party alike) at which the
+  simulator on those links with the same processing gives that launch's epoch, and replays the fit's trace over
+  the profile's links with it: the simulator's network model, on the deployment's compute;
+- their ratios (measured / simulated): a launch's epoch is the median over its epochs after the first (the first
+  holds one-time work in both runs: the proxy's TLS handshakes, the allocator's first pages), and a cell's the median
+  over `--repeats` launches (on this 2-core machine one launch's epochs can all be 40% slower than the next's);
 - the bytes the proxy carried over the ledger's (`CommunicationMeter`'s payload bytes of the whole launch, set-up
   included): what TLS, HTTP/2, gRPC and lvfl's envelopes add.
 
@@ -62,12 +71,17 @@ OPTIONS = {
 }
 
 
+#: the factors on the fit's measured compute that the simulator is replayed at, to match a localhost launch's epoch
+SCALES = tuple(round(0.5 * 1.1**i, 4) for i in range(40))  # 0.5 to 20.6, 10% apart
+
+
 class EpochClock(Callback):
     """Writes this process's training epoch times, the simulator's, and its ledger to $LVFL_CHECK_DIR/<party>.json."""
 
     def __init__(self) -> None:
         self.epochs: list[float] = []
         self.simulated: dict[str, list[float]] = {}  # per simulator, by its message_ms
+        self.scaled: list[dict[str, list[float]]] = []  # per epoch: free links and the profile's at each of SCALES
         self._started = 0.0
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:  # noqa: D102
@@ -81,23 +95,37 @@ class EpochClock(Callback):
             if isinstance(callback, NetworkSimulator):
                 self.simulated.setdefault("processed", []).append(callback._epoch_s)  # noqa: SLF001 - sim/epoch_time
                 self.simulated.setdefault("links only", []).append(self.replayed(callback, trainer.current_epoch))
+                self.scaled.append(self.rescaled(callback, trainer.current_epoch))
 
     @staticmethod
-    def replayed(simulator, epoch: int, message_s: float = 0.0) -> float:  # noqa: ANN001
-        """The simulator's epoch replayed from its trace with `message_s` of processing a message."""
+    def replayed(simulator, epoch: int, message_s: float = 0.0, factor: float = 1.0, links=None) -> float:  # noqa: ANN001
+        """The simulator's epoch replayed from its trace with `message_s` of processing a message, its compute
+        times `factor`, over `links` (default the run's)."""
         from lvfl.network import simulate
 
-        links, scale = simulator._links, simulator._scale  # noqa: SLF001 - the run's own profiles
+        links = links or simulator._links  # noqa: SLF001 - the run's own profiles
+        scale = {party: factor * simulator._scale.get(party, 1.0) for party in links}  # noqa: SLF001
         return sum(
             simulate(p.schedule, links, scale, p.tail_s, seed=simulator.seed + i, message_s=message_s).step_s
             for i, p in enumerate(simulator.trace)
             if p.epoch == epoch and p.kind != "setup"
         )
 
+    def rescaled(self, simulator, epoch: int) -> dict[str, list[float]]:  # noqa: ANN001
+        """The epoch replayed at each of SCALES, on `unlimited` links and on the run's, with the run's processing."""
+        from lvfl.network import LINK_PRESETS
+
+        free = dict.fromkeys(simulator._links, LINK_PRESETS["unlimited"])  # noqa: SLF001
+        message_s = simulator.message_s
+        return {
+            "free": [self.replayed(simulator, epoch, message_s, f, free) for f in SCALES],
+            "links": [self.replayed(simulator, epoch, message_s, f) for f in SCALES],
+        }
+
     def on_fit_end(self, trainer, pl_module) -> None:  # noqa: D102
         wire = pl_module.wire
         sent = sum(n for (src, _, _), n in wire.bytes.items() if wire.here in (None, src))  # a party: what it sent
-        record = {"epochs": self.epochs, "simulated": self.simulated, "ledger": sent}
+        record = {"epochs": self.epochs, "simulated": self.simulated, "scaled": self.scaled, "ledger": sent}
         Path(os.environ["LVFL_CHECK_DIR"], f"{wire.here or 'fit'}.json").write_text(json.dumps(record))
 
 
@@ -123,7 +151,11 @@ def main() -> None:
     parser.add_argument("--profiles", nargs="+", default=["lan", "wan"])
     parser.add_argument("--protocols", nargs="+", default=["easter", "splitnn"], choices=list(CONFIGS))
     parser.add_argument("--parties", nargs="+", type=int, default=[2, 4])
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="launches of each cell (the median is taken: a launch's epochs move "
+        "together with the machine's state)"
+    )  # fmt: skip
     parser.add_argument(
         "--message_ms",
         type=float,
@@ -145,16 +177,16 @@ def main() -> None:
         for protocol in args.protocols:
             for count in args.parties:
                 config = str(first_parties(Path(CONFIGS[protocol]), count, tmp))
+                common = [
+                    "--config", config, f"--trainer.max_epochs={args.epochs}", "--trainer.limit_val_batches=0",
+                    "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
+                    *OPTIONS.get(protocol, []),
+                ]  # fmt: skip
+                unlimited, _, _ = launch_epoch("unlimited", common, tmp / f"{protocol}_{count}_unlimited", args.repeats)
                 for profile in args.profiles:
                     cell = tmp / f"{protocol}_{count}_{profile}"
-                    fit_dir, launch_dir = cell / "fit", cell / "launch"
+                    fit_dir = cell / "fit"
                     fit_dir.mkdir(parents=True)
-                    launch_dir.mkdir()
-                    common = [
-                        "--config", config, f"--trainer.max_epochs={args.epochs}", "--trainer.limit_val_batches=0",
-                        "--trainer.enable_progress_bar=false", "--trainer.enable_checkpointing=false",
-                        *OPTIONS.get(protocol, []),
-                    ]  # fmt: skip
                     simulator = {  # with each message's processing; the trace gives the links alone too
                         "class_path": "lvfl.callbacks.NetworkSimulator",
                         "init_args": {
@@ -167,18 +199,30 @@ def main() -> None:
                          f"--trainer.logger.init_args.save_dir={cell / 'fit_logs'}"],
                         fit_dir,
                     )  # fmt: skip
-                    stdout = run(
-                        ["launch", "--network", profile, *common,
-                         '--trainer.callbacks+={"class_path": "network_check.EpochClock"}',
-                         f"--trainer.logger.init_args.save_dir={cell / 'launch_logs'}"],
-                        launch_dir,
-                    )  # fmt: skip
+                    measured, socket_bytes, ledger = launch_epoch(profile, common, cell / "launch", args.repeats)
                     fit = json.loads((fit_dir / "fit.json").read_text())
-                    launched = json.loads((launch_dir / "party0.json").read_text())
-                    ledger = sum(json.loads(p.read_text())["ledger"] for p in launch_dir.glob("*.json"))
-                    rows.append((profile, protocol, count, fit, launched, carried(stdout), ledger))
+                    rows.append((profile, protocol, count, fit, measured, socket_bytes, ledger, unlimited))
                     print(f"# done: {profile} {protocol} {count} parties", file=sys.stderr, flush=True)
     report(args, rows, machine())
+
+
+def launch_epoch(network: str, common: list[str], folder: Path, repeats: int) -> tuple[float, int, int]:
+    """The median over `repeats` launches through the proxy on `network` of each one's median epoch (the epochs
+    after the first), and the last launch's socket bytes and ledger."""
+    epochs = []
+    for i in range(repeats):
+        out = folder / f"launch{i}"
+        out.mkdir(parents=True)
+        stdout = run(
+            ["launch", "--network", network, *common,
+             '--trainer.callbacks+={"class_path": "network_check.EpochClock"}',
+             f"--trainer.logger.init_args.save_dir={out / 'logs'}"],
+            out,
+        )  # fmt: skip
+        record = json.loads((out / "party0.json").read_text())
+        epochs.append(statistics.median(record["epochs"][1:] or record["epochs"]))
+        ledger = sum(json.loads(p.read_text())["ledger"] for p in out.glob("*.json"))
+    return statistics.median(epochs), carried(stdout), ledger
 
 
 def round_trip(folder: Path, messages: int = 300) -> float:
@@ -202,18 +246,36 @@ def report(args: argparse.Namespace, rows: list, machine: str) -> None:
     print()
     print("| profile | protocol | parties | measured epoch (s) | simulated, links only (s) | ratio "
           f"| simulated, + {args.message_ms} ms a message at each end (s) | measured / simulated "
+          "| launched on `unlimited` (s) | compute factor | simulated, launch's compute (s) | measured / simulated "
           "| socket bytes / ledger |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for profile, protocol, count, fit, launched, socket_bytes, ledger in rows:
-        measured = statistics.median(launched["epochs"][1:] or launched["epochs"])
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for profile, protocol, count, fit, measured, socket_bytes, ledger, unlimited in rows:
         links_only, processed = (
             statistics.median(fit["simulated"][key][1:] or fit["simulated"][key]) for key in ("links only", "processed")
         )
         ratio = measured / processed
-        mark = "ok" if abs(ratio - 1) <= 0.15 else "MISSED"
+        factor, deployed = launch_compute(fit["scaled"][1:] or fit["scaled"], unlimited)
         print(f"| {profile} | {protocol} | {count} | {measured:.3f} | {links_only:.3f} | {measured / links_only:.3f} "
-              f"| {processed:.3f} | {ratio:.3f} {mark} (15%) "
+              f"| {processed:.3f} | {ratio:.3f} {mark(ratio)} | {unlimited:.3f} | {factor:.2f} | {deployed:.3f} "
+              f"| {measured / deployed:.3f} {mark(measured / deployed)} "
               f"| {socket_bytes / ledger:.3f} ({socket_bytes:,} / {ledger:,}) |")  # fmt: skip
+
+
+def mark(ratio: float) -> str:
+    return "ok" if abs(ratio - 1) <= 0.15 else "MISSED"
+
+
+def launch_compute(scaled: list[dict[str, list[float]]], unlimited: float) -> tuple[float, float]:
+    """The factor on the fit's compute at which the simulator on `unlimited` links gives the launch's epoch there
+    (interpolated between SCALES, the epochs' curves averaged), and the simulator's epoch on the profile's at it."""
+    free, links = ([statistics.mean(curve) for curve in zip(*(e[key] for e in scaled), strict=True)]
+                   for key in ("free", "links"))  # fmt: skip
+    if not free[0] <= unlimited <= free[-1]:
+        raise SystemExit(f"the launch's epoch on unlimited links, {unlimited:.3f} s, is outside the simulator's range "
+                         f"at factors {SCALES[0]}-{SCALES[-1]} ({free[0]:.3f}-{free[-1]:.3f} s)")  # fmt: skip
+    i = next(i for i in range(1, len(SCALES)) if free[i] >= unlimited)
+    w = (unlimited - free[i - 1]) / (free[i] - free[i - 1])
+    return SCALES[i - 1] + w * (SCALES[i] - SCALES[i - 1]), links[i - 1] + w * (links[i] - links[i - 1])
 
 
 if __name__ == "__main__":

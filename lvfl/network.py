@@ -34,7 +34,8 @@ Presets (`LINK_PRESETS`), each a party's access link, so that two parties on one
 (1 Gbps, 0.25 ms: 0.5 ms one way between two parties), `wan` (100 Mbps, 25 ms: 50 ms one way), `100mbps_10ms`,
 `50mbps_50ms`, and the EASTER paper's latency
 bands at its fixed 50 Mbps (Sec. V-C: low 1-30 ms, medium 30-50 ms, high 50-100 ms; each preset is the band's
-midpoint, `paper_low` 15.5 ms, `paper_medium` 40 ms, `paper_high` 75 ms). Device classes (`DEVICE_CLASSES`): the
+midpoint, `paper_low` 15.5 ms, `paper_medium` 40 ms, `paper_high` 75 ms), and `unlimited` (1 Tbps, no latency:
+under `lvfl launch --network` it measures what the proxy itself costs). Device classes (`DEVICE_CLASSES`): the
 paper's high-performance (high bandwidth, low latency) and low-performance (low bandwidth, high latency) devices of
 Table VII, whose rates the paper does not state: lvfl's `high` is 1 Gbps / 5 ms at compute scale 1, `low` 20 Mbps /
 80 ms at compute scale 4 (a device four times slower).
@@ -98,6 +99,7 @@ LINK_PRESETS: dict[str, LinkProfile] = {
     "paper_low": LinkProfile(50.0, 50.0, 15.5),
     "paper_medium": LinkProfile(50.0, 50.0, 40.0),
     "paper_high": LinkProfile(50.0, 50.0, 75.0),
+    "unlimited": LinkProfile(1e6, 1e6, 0.0),
 }
 
 DEVICE_CLASSES: dict[str, DeviceClass] = {

@@ -105,6 +105,9 @@ def test_bad_profiles_and_configurations_are_refused_by_name():
         NetworkSimulator(devices={"party9": "low"}).profiles(["party0", "party1"])
     with pytest.raises(ValueError, match="NetworkSimulator message_ms must be a finite time >= 0"):
         NetworkSimulator(message_ms=-0.5)
+    for bad in (0, -1.0, float("inf"), "2"):
+        with pytest.raises(ValueError, match="NetworkSimulator compute_scale must be a finite factor > 0"):
+            NetworkSimulator(compute_scale=bad)
     with pytest.raises(KeyError, match="party 'x' has no link profile"):
         simulate([Message("x", "a", 1)], {"a": LINK_PRESETS["lan"]})
 
@@ -155,6 +158,18 @@ def test_a_slow_device_makes_the_step_longer(tmp_path):
     one_slow = sim.replay({**links, "party2": DEVICE_CLASSES["low"].link}, {"party2": 4.0})
     assert one_slow["wall"] > fast["wall"]
     assert one_slow["comm"] > fast["comm"]
+
+
+def test_a_compute_scale_stretches_every_partys_compute_on_the_run(tmp_path):
+    """`compute_scale` multiplies each party's factor (its device class's too), and the run's clock is the trace
+    replayed at those factors."""
+    sim = NetworkSimulator(links="lan", devices={"party2": "low"}, compute_scale=2.5, keep_trace=True,
+                           print_summary=False)  # fmt: skip
+    assert sim.profiles(["party0", "party1", "party2"])[1] == {"party0": 2.5, "party1": 2.5, "party2": 10.0}
+    model, _ = fit(tmp_path, sim, epochs=1)
+    links = {**{p: LINK_PRESETS["lan"] for p in model.party_names}, "party2": DEVICE_CLASSES["low"].link}
+    assert sim.replay(links, {"party0": 2.5, "party1": 2.5, "party2": 10.0})["wall"] == pytest.approx(sim.wall_s)
+    assert sim.replay(links, {"party0": 1.0, "party1": 1.0, "party2": 4.0})["wall"] < sim.wall_s
 
 
 def test_the_simulator_charges_each_message_its_processing_on_the_run(tmp_path):

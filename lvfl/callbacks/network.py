@@ -88,6 +88,10 @@ class NetworkSimulator(Callback):
             the links alone. It decides a LAN's step, where a message's half millisecond on the wire is no more than
             its processing; `benchmarks/transport_latency.py` measures lvfl's on a machine (a quarter of the round
             trip it prints).
+        compute_scale: a factor on every party's measured compute (times its device class's), for compute that runs
+            slower where the parties are than in this fit: a launched party process also runs the other parties'
+            parts as shadows and its own training loop, on cores it may share. `benchmarks/network_check.py` measures
+            a launch's factor on this machine (1.0-3.0 on the digits configs). Default 1.
     """
 
     def __init__(
@@ -98,9 +102,13 @@ class NetworkSimulator(Callback):
         keep_trace: bool = False,
         print_summary: bool = True,
         message_ms: float = 0.0,
+        compute_scale: float = 1.0,
     ) -> None:
         if not (isinstance(message_ms, int | float) and math.isfinite(message_ms) and message_ms >= 0):
             raise ValueError(f"NetworkSimulator message_ms must be a finite time >= 0 (ms), got {message_ms!r}")
+        if not (isinstance(compute_scale, int | float) and math.isfinite(compute_scale) and compute_scale > 0):
+            raise ValueError(f"NetworkSimulator compute_scale must be a finite factor > 0, got {compute_scale!r}")
+        self.compute_scale = float(compute_scale)
         self.message_s = float(message_ms) / 1e3
         self.links_spec = links
         self.devices = dict(devices or {})
@@ -148,10 +156,10 @@ class NetworkSimulator(Callback):
         """`party`'s link and compute scale under this configuration (a party nobody named: the default link)."""
         if party in self.devices:
             device: DeviceClass = DEVICE_CLASSES[self.devices[party]]
-            return device.link, device.compute_scale
+            return device.link, device.compute_scale * self.compute_scale
         spec = self.links_spec
         own = spec.get(party, spec.get("default", "lan")) if self._per_party() else spec
-        return link_profile(own, f"NetworkSimulator links for {party!r}"), 1.0
+        return link_profile(own, f"NetworkSimulator links for {party!r}"), self.compute_scale
 
     def profiles(self, parties: list[str]) -> tuple[dict[str, LinkProfile], dict[str, float]]:
         """Each party's link and compute scale; a party named in the configuration but not in `parties` is refused."""

@@ -18,14 +18,18 @@ one read returns (at most `CHUNK` bytes), so pacing is per chunk; sleeps are the
 It counts the bytes each direction carried (`socket_bytes`: TLS records, HTTP/2 frames and all).
 
 Threads, not asyncio: `time.sleep` wakes within tens of microseconds where an event loop's timers round to a
-millisecond, which is the whole of a LAN's latency. Every loop ends when the proxy closes.
+millisecond, which is the whole of a LAN's latency. On Linux each writer thread asks for a timer slack of 1 us
+(`prctl`; the default 50 us made each delivery about 75 us late, a sixth of a LAN's trip), and a reader hands
+chunks to its writer through a C queue. Every loop ends when the proxy closes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import queue
 import socket
+import sys
 import threading
 import time
 from collections import Counter
@@ -39,6 +43,15 @@ __all__ = ["CHUNK", "LinkProxy"]
 CHUNK = 64 * 1024
 #: seconds an accept waits before it looks whether the proxy is closing
 _POLL = 0.2
+#: prctl's option that sets the calling thread's timer slack, in ns (linux/prctl.h)
+_PR_SET_TIMERSLACK = 29
+
+
+def _precise_sleeps() -> None:
+    """Ask Linux to wake this thread's sleeps within 1 us of their time (default: 50 us); elsewhere, nothing."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_TIMERSLACK, 1000, 0, 0, 0)
 
 
 class LinkProxy:
@@ -138,7 +151,7 @@ class LinkProxy:
 
     def _pump(self, source: socket.socket, sink: socket.socket, src: str, dst: str) -> None:
         """Read `source` (bytes from `src` to `dst`), pace and delay each chunk, and hand it to a writer."""
-        pending: queue.Queue = queue.Queue()
+        pending: queue.SimpleQueue = queue.SimpleQueue()
         self._spawn(self._write, sink, pending)
         delay, rate = self.delay_s(src, dst), self.rate_bps(src, dst)
         try:
@@ -157,8 +170,9 @@ class LinkProxy:
         finally:
             pending.put(None)
 
-    def _write(self, sink: socket.socket, pending: queue.Queue) -> None:
+    def _write(self, sink: socket.socket, pending: queue.SimpleQueue) -> None:
         """Deliver each chunk at its time, in order; then end the write side (the peer sees the end of the stream)."""
+        _precise_sleeps()
         try:
             while (item := pending.get()) is not None:
                 at, data = item
