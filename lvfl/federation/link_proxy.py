@@ -19,8 +19,8 @@ It counts the bytes each direction carried (`socket_bytes`: TLS records, HTTP/2 
 
 Threads, not asyncio: `time.sleep` wakes within tens of microseconds where an event loop's timers round to a
 millisecond, which is the whole of a LAN's latency. On Linux each writer thread asks for a timer slack of 1 us
-(`prctl`; the default 50 us made each delivery about 75 us late, a sixth of a LAN's trip), and a reader hands
-chunks to its writer through a C queue. Every loop ends when the proxy closes.
+(`prctl`; the default, 50 us, is a tenth of a LAN's trip), and a reader hands chunks to its writer through a C
+queue. Every loop ends when the proxy closes.
 """
 
 from __future__ import annotations
