@@ -1,6 +1,6 @@
 """One message's round trip between two processes: lvfl's `Transport` beside bare gRPC (sync and asyncio), in one run.
 
-    .venv/bin/python benchmarks/transport_latency.py [--messages 400] [--rows 128] [--cols 64] [--repeats 3]
+    .venv/bin/python benchmarks/transport_latency.py [--messages 400] [--rows 128] [--cols 64] [--repeats 3] [--pin]
 
 Why: a launched EASTER step is a chain of messages (embeddings up, the global embedding down, predictions up,
 gradients down), each party waiting on the other's, so a message's latency is paid four times a step. This
@@ -16,7 +16,9 @@ mailbox) rather than gRPC's and TLS's:
 
 The three kinds alternate for `--repeats` rounds (a shared machine's slow spells hit each), each pair of
 processes fresh; the medians over the rounds of each round's median round trip are printed side by side, and the
-median of the rounds' ratios to bare gRPC (each ratio taken within one round).
+median of the rounds' ratios to bare gRPC (each ratio taken within one round). With ``--pin`` (Linux) process "a"
+runs on the first CPU and "b" on the second, as two parties on two machines would each have their own: unpinned on
+a 2-CPU machine, a pair's round trips fall into one of two modes, whichever way the scheduler places the threads.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def play(kind: str, me: str, federation_path: str, messages: int, rows: int, col
     import torch
 
     other = "b" if me == "a" else "a"
+    if os.environ.get("LVFL_BENCH_PIN"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[0] if me == "a" else cpus[1]})
     tensor = torch.randn(rows, cols)
     if kind == "lvfl":
         from lvfl.federation.transport import Transport
@@ -173,6 +178,8 @@ def pair(kind: str, federation_path: Path, args: argparse.Namespace, out: Path) 
     common = [str(federation_path), str(args.messages), str(args.rows), str(args.cols), str(out)]
     command = [sys.executable, __file__, "--play", kind]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as in the launch benchmark: one torch thread per process
+    if args.pin:
+        env["LVFL_BENCH_PIN"] = "1"
     b = subprocess.Popen([*command, "b", *common], cwd=REPO, env=env)  # noqa: S603 - this script
     a = subprocess.run([*command, "a", *common], cwd=REPO, env=env, check=False)  # noqa: S603 - this script
     if a.returncode != 0 or b.wait(timeout=120) != 0:
@@ -212,7 +219,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=128, help="the tensor's rows (digits EASTER: the batch, 128)")
     parser.add_argument("--cols", type=int, default=64, help="the tensor's columns (digits EASTER: embedding_dim, 64)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the kinds; medians are reported")
+    parser.add_argument("--pin", action="store_true", help="each process of a pair on a CPU of its own (Linux)")
     args = parser.parse_args()
+    if args.pin and len(getattr(os, "sched_getaffinity", lambda _: ())(0)) < 2:
+        parser.error("--pin needs Linux and at least 2 CPUs this process may run on")
     sys.path.insert(0, str(REPO / "benchmarks"))
     from common import machine
 
@@ -230,7 +240,8 @@ def main() -> None:
     encode, decode = codec_cost(args.rows, args.cols)
     size = args.rows * args.cols * 4
     print(f"# one round trip of a {args.rows}x{args.cols} float32 tensor ({size:,} bytes) between two processes on "
-          f"localhost, mutual TLS; {args.messages} round trips per pair, {args.repeats} rounds, medians")  # fmt: skip
+          f"localhost, mutual TLS; {args.messages} round trips per pair, {args.repeats} rounds, medians"
+          + ("; each process on a CPU of its own" if args.pin else ""))  # fmt: skip
     print(f"# {machine()}")
     print()
     base = statistics.median(medians["grpc-sync"])

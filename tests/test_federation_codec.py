@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lvfl.compression import CompressedTensor, Compressor
-from lvfl.federation import FederationError
+from lvfl.federation import FederationError, codec
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.codec import (
     DTYPES,
@@ -39,6 +39,7 @@ from lvfl.federation.codec import (
 )
 from lvfl.privacy.ckks import CKKSShare
 from lvfl.privacy.paillier import PaillierShare
+from lvfl.wire import payload_nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = Header(run_id="run-1", src="party2", dst="party0", tag="embeddings", step=7, seq=0)
@@ -563,6 +564,86 @@ def test_an_envelope_that_does_not_walk_is_refused_by_name() -> None:
     assert parse_envelope(data + b"\x50\x81\x01", sender="party2")[0] == HEADER  # an unknown field 10: kept aside
 
 
+def _walked(data: bytes) -> tuple[Header, bytes] | str:
+    """What the walk of every field reads in `data` (the reference for the payload-first fast path), or its refusal."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "_payload_first", lambda data: None)
+        try:
+            header, payload = parse_envelope(data, sender="party2")
+        except FederationError as err:
+            return str(err)
+    return header, bytes(payload)
+
+
+def test_an_envelope_written_payload_first_reads_as_the_walk_reads_it() -> None:
+    """The fast path (payload first, the header behind it parsed in one call) finds what walking every field finds.
+
+    Each variant is one the fast path must hand to the walk, which accepts or refuses it in its own words.
+    """
+    tensor = torch.randn(3, 4)
+    data = encode_envelope(HEADER, tensor)
+    payload_field = pb.Envelope(payload=encode_value(tensor)).SerializeToString()
+    head = data[len(payload_field) :]
+    assert data == payload_field + head  # lvfl writes a tensor's envelope payload first
+    assert codec._payload_first(data) is not None
+    variants = {
+        "as written": data,
+        "an unknown field behind": data + b"\x50\x81\x01",
+        "a header field twice": data + pb.EnvelopeHead(tag="other").SerializeToString(),
+        "a default written out": data + b"\x38\x00",  # seq = 0, which protobuf leaves out
+        "a second payload": data + pb.EnvelopeHead(payload=b"\x12\x00").SerializeToString(),
+        "a known field of another wire type": data + b"\x28\x01",  # tag (a string) as a varint
+        "a truncated header": data[:-1],
+        "a group behind": data + b"\x0b",
+        "an overlong payload length": b"\x4a" + b"\x80" * 6 + b"\x00" + head,
+        "a payload past the end": payload_field[:1] + b"\xff\xff\x03" + payload_field[4:] + head,
+        "a header of 64 kB": data + pb.EnvelopeHead(fingerprint="f" * 65536).SerializeToString(),
+    }
+    for name, variant in variants.items():
+        want = _walked(variant)
+        try:
+            header, payload = parse_envelope(variant, sender="party2")
+            got: tuple[Header, bytes] | str = (header, bytes(payload))
+        except FederationError as err:
+            got = str(err)
+        assert got == want, name
+    assert _walked(variants["a header field twice"])[0].tag == "other"  # protobuf's rule: the last one
+    assert "two payloads" in _walked(variants["a second payload"])
+    for fallen in ("an unknown field behind", "a header field twice", "a default written out", "a second payload"):
+        assert codec._payload_first(variants[fallen]) is None, fallen
+
+
+def test_a_tensor_of_a_form_read_before_is_read_alike_and_a_near_miss_is_checked() -> None:
+    """A payload with the length and leading bytes of one read before skips the walk; any other is walked again."""
+    codec._LAYOUTS.clear()
+    first = torch.randn(6, 4)
+    _, payload = parse_envelope(encode_envelope(HEADER, first), sender="party2")
+    assert decode_payload(payload, sender="party2", tag="t").equal(first)
+    assert len(codec._LAYOUTS) == 1
+    again = torch.randn(6, 4)  # the same form: read off the remembered layout, an owned and writable tensor
+    data = encode_envelope(HEADER, again)
+    _, payload = parse_envelope(data, sender="party2")
+    got = decode_payload(payload, sender="party2", tag="t")
+    assert got.equal(again)
+    assert got.shape == (6, 4)
+    got.add_(1)
+    assert decode_payload(payload, sender="party2", tag="t").equal(again)
+    deferred = decode_payload(payload, sender="party2", tag="t", deferred=True)
+    assert isinstance(deferred, codec.TensorBytes)
+    assert payload_nbytes(deferred) == payload_nbytes(again) == 96
+    assert deferred.tensor().equal(again)
+    transposed = torch.randn(4, 6)  # the same length, another shape
+    _, payload = parse_envelope(encode_envelope(HEADER, transposed), sender="party2")
+    assert decode_payload(payload, sender="party2", tag="t", deferred=True).shape == (4, 6)
+    as_int = torch.arange(24, dtype=torch.int32).reshape(6, 4)
+    body = bytes(parse_envelope(encode_envelope(HEADER, as_int), sender="party2")[1])
+    assert decode_payload(body, sender="party2", tag="t", deferred=True).equal(as_int)  # a new form: walked, a tensor
+    forged = body.replace(b"int32", b"intXX")  # the remembered length, another dtype name: walked and refused
+    with pytest.raises(FederationError, match="a tensor of unknown dtype 'intXX'"):
+        decode_payload(forged, sender="party2", tag="t")
+    assert len(codec._LAYOUTS) <= codec._MAX_LAYOUTS
+
+
 @pytest.mark.parametrize(
     "tensor",
     [
@@ -580,15 +661,23 @@ def test_an_envelope_that_does_not_walk_is_refused_by_name() -> None:
     ids=lambda t: f"{str(t.dtype)[6:]}{list(t.shape)}",
 )
 def test_a_tensor_envelope_is_protobufs_own_bytes(tensor: torch.Tensor) -> None:
-    """The hand-joined envelope of one tensor is byte for byte what protobuf serializes, and decodes to the tensor."""
-    fields = {field.name: getattr(HEADER, field.name) for field in dataclasses.fields(HEADER)}
+    """The hand-joined envelope of one tensor is what protobuf serializes, payload first, and decodes to the tensor.
+
+    Payload first: protobuf's own parser reads it as the same envelope, of the same size; field by field it holds
+    protobuf's own bytes, the payload's, then the header's.
+    """
+    fields = HEADER._asdict()
     reference = pb.Envelope(schema=SCHEMA, **fields)
     reference.payload.tensor.dtype = str(tensor.dtype).removeprefix("torch.")
     reference.payload.tensor.shape.extend(tensor.shape)
     flat = tensor.detach().resolve_conj().contiguous().reshape(-1)
     reference.payload.tensor.data = flat.view(torch.uint8).numpy().tobytes()
     data = encode_envelope(HEADER, tensor)
-    assert data == reference.SerializeToString()
+    assert pb.Envelope.FromString(data) == reference
+    assert len(data) == reference.ByteSize()
+    payload_field = pb.Envelope(payload=reference.payload).SerializeToString()
+    head = pb.EnvelopeHead(schema=SCHEMA, **fields).SerializeToString()
+    assert data in (payload_field + head, reference.SerializeToString())  # by hand, or protobuf's way off the fast path
     _, got = decode_envelope(data, sender="party2")
     assert got.dtype == tensor.dtype
     assert got.shape == tensor.shape

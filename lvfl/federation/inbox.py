@@ -42,7 +42,15 @@ from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
 from lvfl.federation.channels import PinnedCaller
-from lvfl.federation.codec import Header, RecordRegistry, conform, decode_payload, parse_envelope, printable
+from lvfl.federation.codec import (
+    Header,
+    RecordRegistry,
+    TensorBytes,
+    conform,
+    decode_payload,
+    parse_envelope,
+    printable,
+)
 from lvfl.federation.federation_file import Federation
 from lvfl.wire import payload_nbytes
 
@@ -173,6 +181,8 @@ class Inbox:
                 self._cond.wait(remaining)
         if header.step != step:
             raise FederationError(f"{src} sent {tag!r} for step {header.step}; {self.me} expected step {step}")
+        if type(payload) is TensorBytes:  # checked by the server's thread, copied in this one (see TensorBytes)
+            payload = payload.tensor()
         conform(payload, expected, sender=src, tag=tag)
         return payload
 
@@ -263,7 +273,9 @@ class Inbox:
             self._check_header(header, sender)
             reserved = self._reserve(header, sender, size)
             tag = header.tag
-            payload = decode_payload(data, sender=sender, tag=tag, records=self.records, max_nodes=self.max_nodes)
+            payload = decode_payload(
+                data, sender=sender, tag=tag, records=self.records, max_nodes=self.max_nodes, deferred=True
+            )
             if tag == ABORT_TAG:  # out of band: no sequence, fails every receive from now on
                 if not isinstance(payload, bytes) or len(payload) > MAX_REASON_BYTES:
                     raise FederationError(f"{sender} sent an abort that is not bytes of at most {MAX_REASON_BYTES}")
@@ -291,7 +303,10 @@ class Inbox:
                         "(a message was lost or replayed)"
                     )
                 self._next_in[(sender, header.tag)] += 1
-                self._inbox.setdefault((sender, header.tag), deque()).append((header, payload, size))
+                filed = self._inbox.get((sender, header.tag))
+                if filed is None:
+                    filed = self._inbox[(sender, header.tag)] = deque()
+                filed.append((header, payload, size))
                 reserved = False  # filed: `receive` releases it
                 key = (sender, self.me, header.tag)
                 self.payload_bytes[key] += nbytes

@@ -114,9 +114,10 @@ class Outbox:
         if dst in self._refusals:  # this party refused `dst`'s messages: that, not silence, is why they stop
             raise FederationError(self._refusals[dst])
         nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
-        with self._cond:
-            seq = self._next_out[(dst, tag)]
-            self._next_out[(dst, tag)] += 1
+        # no lock: the sends to one (peer, tag) come from one thread at a time (`Transport`'s contract), and a
+        # dict's get and set are each atomic
+        seq = self._next_out[(dst, tag)]
+        self._next_out[(dst, tag)] = seq + 1
         # the configuration's fingerprint rides on single calls (the greeting checks it); a stream's messages carry the
         # run ID only, from a peer whose greeting was checked and whose certificate identifies each connection
         header = Header(self.run_id, self.me, dst, tag, int(step), seq, self.fingerprint if wait else "")
