@@ -27,7 +27,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"datamodules", "compression"},
         {"privacy", "models"},
         {"federation", "observing", "checkpoints", "runs"},
-        {"wire", "network", "loggers", "messages", "checks", "parties"},
+        {"wire", "network", "loggers", "messages", "checks", "parties", "progress"},
         {"shadows", "crypto"},
     ],
     "lvfl.commands": [

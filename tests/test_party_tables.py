@@ -130,6 +130,29 @@ def test_fit_prints_and_logs_the_psis_counts(bank_retailer, tmp_path: Path, caps
     }
 
 
+def test_each_phase_of_the_set_up_reports_as_it_runs_and_keeps_its_figures(bank_retailer, capsys) -> None:
+    """Reading, each PSI step, the split and encoding: a line each on standard error (no terminal here), in order."""
+    dm = tables(bank_retailer)
+    dm.setup("fit")
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("party")]
+    want = [
+        ("party0: reading its table", 900, "rows"),
+        ("party1: reading its table", 900, "rows"),
+        ("party0: PSI, hashing and blinding its IDs", 900, "IDs"),
+        ("party1: PSI, blinding party0's IDs again", 900, "IDs"),
+        ("party1: PSI, hashing and blinding its IDs", 900, "IDs"),
+        ("party0: PSI, blinding party1's IDs again", 900, "IDs"),
+        ("party0: drawing the split", 900, "rows"),
+        ("party0: encoding its columns", 2, "columns"),
+        ("party1: encoding its columns", 2, "columns"),
+    ]
+    assert [(p.name, p.count, p.unit) for p in dm.phases] == want
+    assert lines == [
+        f"{p.name}: {p.count:,} {p.unit} in {p.seconds:.1f} s, peak memory {p.peak_mb:,.0f} MB" for p in dm.phases
+    ]
+    assert all(p.peak_mb > 0 for p in dm.phases)
+
+
 def corrupt(path: str, line: int, column: int, value: str) -> None:
     """Set one field of a CSV (line numbers as an editor shows them, the header on line 1)."""
     with Path(path).open(newline="") as f:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -112,12 +112,15 @@ class PSIKey:
         self._secret = key.private_bytes_raw()
         self.pool = pool
 
-    def blind(self, ids: Sequence[bytes]) -> bytes:
-        """k·H(x) for every ID (byte strings), as one message of 32-byte points in the same order."""
-        return self._map(_hash_and_blind, list(ids), lambda chunk: chunk)
+    def blind(self, ids: Sequence[bytes], done: Callable[[int], None] | None = None) -> bytes:
+        """k·H(x) for every ID (byte strings), as one message of 32-byte points in the same order.
 
-    def reblind(self, points: bytes) -> bytes:
-        """k·P for every 32-byte point P of a message, in the same order.
+        `done(n)` is told each time n more are ready (a chunk of `CHUNK` on the workers; all at once here).
+        """
+        return self._map(_hash_and_blind, list(ids), lambda chunk: chunk, done)
+
+    def reblind(self, points: bytes, done: Callable[[int], None] | None = None) -> bytes:
+        """k·P for every 32-byte point P of a message, in the same order (`done` as for `blind`).
 
         Raises:
             ValueError: a point of small order (X25519 gives all zeros), which an honest peer never sends.
@@ -125,10 +128,17 @@ class PSIKey:
         if len(points) % POINT_BYTES:
             raise ValueError(f"a PSI message of {len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
         items = split_points(points)
-        return self._map(_reblind, items, join_points)
+        return self._map(_reblind, items, join_points, done)
 
-    def _map(self, fn, items: list, pack) -> bytes:
+    def _map(self, fn, items: list, pack, done: Callable[[int], None] | None) -> bytes:
+        done = done or (lambda n: None)
         if self.pool is None or len(items) < PARALLEL_FROM:
-            return fn(self._secret, pack(items))
+            out = fn(self._secret, pack(items))
+            done(len(items))
+            return out
         chunks = [pack(items[i : i + CHUNK]) for i in range(0, len(items), CHUNK)]
-        return b"".join(self.pool.map(fn, [self._secret] * len(chunks), chunks))
+        out = []
+        for result in self.pool.map(fn, [self._secret] * len(chunks), chunks):
+            out.append(result)  # in order, as each chunk is ready
+            done(len(result) // POINT_BYTES)
+        return b"".join(out)

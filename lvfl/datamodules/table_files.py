@@ -16,7 +16,7 @@ import difflib
 import itertools
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ __all__ = ["MISSING", "POLICIES", "SUFFIXES", "PartyTable", "Table", "read_table
 SUFFIXES = (".csv", ".parquet")  #: the table formats (a directory holds files of one of them)
 MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
 POLICIES = ("refuse", "mean", "median", "mode", "level")  #: the `missing` options (see `PartyTable`)
+PROGRESS_ROWS = 10_000  #: rows read between two reports of `read_table`'s progress
 
 
 @dataclass
@@ -351,10 +352,11 @@ def _feature_columns(source: PartyTable, file: Path, header: list[str]) -> list[
     return columns
 
 
-def read_table(source: PartyTable) -> Table:
+def read_table(source: PartyTable, done: Callable[[int], None] | None = None) -> Table:
     """Read one party's table: CSV (the `csv` module) or Parquet (pyarrow), a file or a directory of them.
 
-    What cannot be used is refused naming the file, the column and the line (Parquet: the row).
+    What cannot be used is refused naming the file, the column and the line (Parquet: the row). `done(n)` is told
+    as each `PROGRESS_ROWS` more rows (and the last ones) are read.
     """
     path = Path(source.path)
     limit = source.max_levels
@@ -364,6 +366,7 @@ def read_table(source: PartyTable) -> Table:
     files = _files(path)
     header: list[str] | None = None
     ids, rows, labels, origins, first = [], [], [], [], {}
+    done = done or (lambda n: None)
     for file in files:
         own_header, records = _records(file, source, codec)
         if header is None:
@@ -382,6 +385,8 @@ def read_table(source: PartyTable) -> Table:
                 raise ValueError(f"{origin}: ID {key!r} occurs twice (first at {first[key]}); IDs must be unique")
             first[key] = origin
             ids.append(key)
+            if len(ids) % PROGRESS_ROWS == 0:
+                done(PROGRESS_ROWS)
             origins.append(origin)
             rows.append([fields[where[c]].strip() for c in columns])
             if source.label_column:
@@ -391,4 +396,5 @@ def read_table(source: PartyTable) -> Table:
                 labels.append(label)
     if not ids:
         raise ValueError(f"{path}: no rows below the header")
+    done(len(ids) % PROGRESS_ROWS)
     return Table(path, ids, columns, rows, origins, labels if source.label_column else None)

@@ -75,6 +75,7 @@ from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric
 from lvfl.datamodules.table_files import PartyTable, read_table
 from lvfl.parties import TaskInfo, party_name
 from lvfl.privacy.psi import private_intersection
+from lvfl.progress import Phase
 from lvfl.runs import digest_array, digest_json
 from lvfl.wire import Absent, Wire, shadow
 
@@ -160,6 +161,8 @@ class PartyTables(VerticalDataModule):
         self.label_names: list[str] = []
         #: the wall time of the training rows' PSI (both sides, in this process), once loaded
         self.psi_seconds: float | None = None
+        #: the set-up's phases run in this process (reading, each PSI step, the split, encoding), once loaded
+        self.phases: list[Phase] = []
         super().__init__(**kwargs)
 
     def default_partitioner(self) -> Partitioner:
@@ -193,6 +196,12 @@ class PartyTables(VerticalDataModule):
             raise RuntimeError("PartyTables.add_key_holder must come before the data is loaded")
         self._key_holders.append(name)
 
+    def _phase(self, name: str, total: int | None = None, unit: str = "rows") -> Phase:
+        """A phase of the set-up, kept in `phases` (its time, count and the process's peak memory at its end)."""
+        phase = Phase(name, total=total, unit=unit)
+        self.phases.append(phase)
+        return phase
+
     def _holders(self, names: list[str]) -> list[str]:
         return [h for h in self._key_holders if h not in names]
 
@@ -208,7 +217,12 @@ class PartyTables(VerticalDataModule):
         active = names[self.active_party]
         live = self._party_wire is not None
         wire = self._party_wire if live else Wire()
-        tables = {n: read_table(source) for n, source in zip(names, self.tables, strict=True) if wire.holds(n)}
+        self.phases = []
+        tables = {}
+        for name, source in zip(names, self.tables, strict=True):
+            if wire.holds(name):
+                with self._phase(f"{name}: reading its table") as phase:
+                    tables[name] = read_table(source, phase.advance)
         passive = [names[k] for k in self.participants if k != self.active_party]
         holders = self._holders(names)
         holder_here = live and wire.here in holders  # a key holder's own process: no table, no part in the PSI
@@ -219,12 +233,17 @@ class PartyTables(VerticalDataModule):
             shared_count = num_rows = 0
             if not holder_here:
                 alignment = private_intersection(
-                    {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire
+                    {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire, phase=self._phase
                 )
                 if not alignment.ids:
                     raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
                 shared_count, num_rows = len(alignment.ids), alignment.sizes[active]
-            y, perm, payload, task = self._active_part(tables.get(active), alignment, shared_count)
+            if active in tables:
+                with self._phase(f"{active}: drawing the split", total=len(tables[active].ids)) as phase:
+                    y, perm, payload, task = self._active_part(tables[active], alignment, shared_count)
+                    phase.advance(len(y))
+            else:
+                y, perm, payload, task = self._active_part(None, alignment, shared_count)
             received: dict[str, np.ndarray] = {}
             for name in [*passive, *holders]:  # the split each fits on (or loops over), the task its model learns
                 if name in holders:  # a key holder knows no count from the PSI: the active party tells it
@@ -255,13 +274,18 @@ class PartyTables(VerticalDataModule):
             else:
                 own, at = alignment.rows[name], shared_order
                 fit_rows = own[received["train"]]
-            encoders = fit_encoders(table, self.tables[names.index(name)], fit_rows, onehot=self.encoding == "onehot")
-            self.encoders[name] = encoders
-            self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
-            origins = [table.origins[r] for r in own]
-            block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
-            parts = [e.encode([table.values[r][j] for r in own], origins) for j, e in enumerate(encoders)]
-            block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
+            with self._phase(f"{name}: encoding its columns", total=len(table.columns), unit="columns") as phase:
+                source = self.tables[names.index(name)]
+                encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
+                self.encoders[name] = encoders
+                self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
+                origins = [table.origins[r] for r in own]
+                block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
+                parts = []
+                for j, encoder in enumerate(encoders):
+                    parts.append(encoder.encode([table.values[r][j] for r in own], origins))
+                    phase.advance()
+                block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
             blocks[name] = block
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
         columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
@@ -393,9 +417,11 @@ class PartyTables(VerticalDataModule):
         names = [party_name(k) for k in range(len(self.tables))]
         live = self._party_wire is not None
         wire = self._party_wire if live else Wire()
-        tables = {
-            n: read_table(source) for n, source in zip(names, self.new_row_tables or [], strict=True) if wire.holds(n)
-        }
+        tables = {}
+        for name, source in zip(names, self.new_row_tables or [], strict=True):
+            if wire.holds(name):
+                with self._phase(f"{name}: reading its new rows") as phase:
+                    tables[name] = read_table(source, phase.advance)
         for name, table in tables.items():
             trained = [e.name for e in self.encoders[name]]
             if table.columns != trained:
@@ -407,7 +433,12 @@ class PartyTables(VerticalDataModule):
             alignment = None
             if not holder_here:
                 alignment = private_intersection(
-                    {n: t.ids for n, t in tables.items()}, parties=names, active=active, wire=wire, tag="psi_new"
+                    {n: t.ids for n, t in tables.items()},
+                    parties=names,
+                    active=active,
+                    wire=wire,
+                    tag="psi_new",
+                    phase=self._phase,
                 )
             told = None
             for name in holders:  # it loops over the new rows' batches too: the active party tells it their number
@@ -430,7 +461,12 @@ class PartyTables(VerticalDataModule):
         for name, table in tables.items():
             rows = np.arange(len(table.ids)) if name == active else alignment.rows[name]
             origins = [table.origins[r] for r in rows]
-            parts = [e.encode([table.values[r][j] for r in rows], origins) for j, e in enumerate(self.encoders[name])]
+            encoders = self.encoders[name]
+            with self._phase(f"{name}: encoding its new rows", total=len(encoders), unit="columns") as phase:
+                parts = []
+                for j, encoder in enumerate(encoders):
+                    parts.append(encoder.encode([table.values[r][j] for r in rows], origins))
+                    phase.advance()
             features[name] = self._scale(name, np.concatenate(parts, axis=1))
         first = len(self._ids)
         here = next(iter(tables))  # the party this process holds (every party in simulation: the first)

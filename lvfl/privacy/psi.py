@@ -27,13 +27,14 @@ the active party could redo it and recover k's row of every shared ID. Neither k
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points, worker_pool
+from lvfl.progress import Phase
 from lvfl.wire import Absent, Wire
 
 __all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
@@ -88,6 +89,7 @@ def private_intersection(
     shuffle_keys: Mapping[str, bytes] | None = None,
     workers: int | None = None,
     parties: Sequence[str] | None = None,
+    phase: Callable[..., Phase] = Phase,
 ) -> Alignment:
     """Align the parties' IDs by ECDH-PSI (see the module docstring for the messages and what each party learns).
 
@@ -105,6 +107,7 @@ def private_intersection(
             (`os.urandom`). There is deliberately no seed: a config's seed is public.
         workers: processes for large lists (`PSIKey`); None: every CPU core.
         parties: every party's name, in order (default: the keys of `ids`, which then hold every party's list).
+        phase: makes the `lvfl.progress.Phase` that reports each step's progress (its name, total and unit).
 
     Raises:
         ValueError: a party holds no IDs, or one ID twice (named); a party held here is missing from `ids`.
@@ -123,7 +126,7 @@ def private_intersection(
 
     pool = worker_pool(workers) if sum(len(t) for t in texts.values()) >= PARALLEL_FROM else None
     try:
-        return _run(texts, active, passive, wire, tag, keys, shuffle_keys, pool)
+        return _run(texts, active, passive, wire, tag, keys, shuffle_keys, pool, phase)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -138,13 +141,23 @@ def _run(
     keys: Mapping[str, bytes],
     shuffle_keys: Mapping[str, bytes],
     pool: ProcessPoolExecutor | None,
+    phase: Callable[..., Phase],
 ) -> Alignment:
     """Each party's part where the wire holds it; what crosses between parties goes on `wire` only."""
     held = wire.holds
     unknown = Absent("PSI points")  # a message another party computes: its size is its sender's
+
+    def blind(key: PSIKey, party: str, ids: list[str]) -> bytes:
+        with phase(f"{party}: PSI, hashing and blinding its IDs", total=len(ids), unit="IDs") as step:
+            return key.blind([t.encode() for t in ids], step.advance)
+
+    def reblind(key: PSIKey, party: str, other: str, points: bytes) -> bytes:
+        with phase(f"{party}: PSI, blinding {other}'s IDs again", total=len(points) // POINT_BYTES, unit="IDs") as step:
+            return key.reblind(points, step.advance)
+
     # the active party blinds its IDs once; every passive party gets the same message
     mine = PSIKey(keys.get(active), pool) if held(active) else None
-    blinded = mine.blind([t.encode() for t in texts[active]]) if mine else unknown
+    blinded = blind(mine, active, texts[active]) if mine else unknown
     matched: dict[str, dict[int, int]] = {}  # the active party's view: k -> {its row: position in k's message 3}
     shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
     sizes = {party: len(rows) for party, rows in texts.items()}
@@ -153,17 +166,19 @@ def _run(
         incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
         if theirs:
             sizes[active] = len(split_points(incoming))  # what the passive party learns: the active list's size
-        reblinded = wire.send(party, active, theirs.reblind(incoming) if theirs else unknown, f"{tag}/reblinded")
+        reblinded = wire.send(
+            party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
+        )
         reblinded = _bytes(reblinded, party, f"{tag}/reblinded", mine)
         if theirs:
             shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
-        own = theirs.blind([texts[party][row].encode() for row in shuffles[party]]) if theirs else unknown
+        own = blind(theirs, party, [texts[party][row] for row in shuffles[party]]) if theirs else unknown
         peer = _bytes(wire.send(party, active, own, f"{tag}/peer"), party, f"{tag}/peer", mine)
         if mine:
             row_of = {point: row for row, point in enumerate(split_points(reblinded))}
             if len(row_of) != len(texts[active]):
                 raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
-            both = enumerate(split_points(mine.reblind(peer)))
+            both = enumerate(split_points(reblind(mine, active, party, peer)))
             matched[party] = {row_of[point]: position for position, point in both if point in row_of}
             sizes[party] = len(peer) // POINT_BYTES
 
