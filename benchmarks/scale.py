@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py [--rows 1000000] [--parties 3] [--numeric 100] [--categorical 10]
         [--overlap 0.7] [--new-rows 100000] [--part-rows 250000] [--batch-size 1024] [--skip-launch] [--out DIR]
+    .venv/bin/python benchmarks/scale.py --rows N --from-logs   # the tables again, from the last run's logs
 
 Writes its own data first (`--out`, default `runs/bench/scale/<rows>`; kept, and reused when the same options wrote
 it): per party, `--rows` customers as Parquet parts of `--part-rows` rows, `--numeric` numeric and `--categorical`
@@ -15,8 +16,8 @@ rest each party's own; the active party (party0) holds a binary label that depen
    party's console, the others' logs), so each figure is that party's process alone.
 
 Printed: one table per command, a row per phase and party (seconds, peak memory in MB), with the command's wall
-time and, for a fit, the epoch as its line states it. One torch thread per process (`OMP_NUM_THREADS=1`), so that
-the launched parties do not share the cores twice over.
+time and, for a fit, the epoch as its line states it and the fit as its summary does (set-up included). One torch
+thread per process (`OMP_NUM_THREADS=1`), so that the launched parties do not share the cores twice over.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 LEVELS = 20  #: levels of each categorical column
 #: a phase's closing line, as `lvfl.progress.Phase` prints it where no bar draws
 PHASE = re.compile(r"^(party\d+): (.+): ([\d,]+) (\w+) in ([\d.]+) s, peak memory ([\d,]+) MB$")
-EPOCH = re.compile(r"^lvfl fit: 1 epoch in ([\d.]+) s")  #: the fit's summary line
+EPOCH = re.compile(r"^epoch 1/1\b.*\s([\d.]+) s$")  #: the epoch's line: from the fit's start, after the set-up
+FIT = re.compile(r"^lvfl fit: 1 epoch in ([\d.]+) s")  #: the fit's summary line: the set-up and the epoch
 
 
 def customer_ids(rows: int, overlap: float, party: int) -> np.ndarray:
@@ -160,16 +162,21 @@ def phases(text: str) -> list[tuple[str, str, str, float, float]]:
     return found
 
 
-def report(title: str, seconds: float, text: str) -> None:
-    print(f"### {title}: {seconds:.1f} s, the whole command")
+def report(title: str, seconds: float | None, text: str) -> None:
+    whole = f"{seconds:.1f} s, the whole command" if seconds is not None else "from its log"
+    print(f"### {title}: {whole}")
     print()
     print("| party | phase | count | seconds | peak memory (MB) |")
     print("|---|---|---|---|---|")
     for party, name, count, took, peak in phases(text):
         print(f"| {party} | {name} | {count} | {took:.1f} | {peak:,.0f} |")
-    epoch = next((m.group(1) for line in text.splitlines() if (m := EPOCH.match(line.strip()))), None)
-    if epoch is not None:
-        print(f"| | training: one epoch (the fit's summary line) | | {float(epoch):.1f} | |")
+    for pattern, what in (
+        (EPOCH, "one epoch of training (its line)"),
+        (FIT, "the fit, set-up and epoch (its summary)"),
+    ):
+        found = next((m.group(1) for line in text.splitlines() if (m := pattern.match(line.strip()))), None)
+        if found is not None:
+            print(f"| | {what} | | {float(found):.1f} | |")
     print()
 
 
@@ -185,6 +192,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--skip-launch", action="store_true", help="simulation only")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/bench/scale/<rows>")
+    parser.add_argument("--from-logs", action="store_true", help="print the tables of the last run's logs in --out")
     options = parser.parse_args()
     if not 0 < options.overlap <= 1 or options.parties < 2 or options.rows < 1:
         parser.error("--overlap must be in (0, 1], --parties at least 2, --rows at least 1")
@@ -192,6 +200,14 @@ def main() -> None:
     from common import machine
 
     out = options.out or REPO / "runs" / "bench" / "scale" / str(options.rows)
+    if options.from_logs:  # the whole commands' times are in the run's own printout, not in the logs
+        for log, title in (("fit", "lvfl fit (simulation)"), ("predict", "lvfl predict (simulation)")):
+            if (out / f"{log}.log").exists():
+                report(title, None, (out / f"{log}.log").read_text())
+        if (out / "launch.log").exists():
+            logs = "".join(p.read_text() for p in sorted((out / "launch").glob("party*.log")))
+            report("lvfl launch (a process per party)", None, (out / "launch.log").read_text() + "\n" + logs)
+        return
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "data.json"
     wanted = {k: v for k, v in vars(options).items() if k not in ("skip_launch", "out", "batch_size")}
