@@ -281,11 +281,9 @@ class PartyTables(VerticalDataModule):
                 self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
                 origins = [table.origins[r] for r in own]
                 block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
-                parts = []
-                for j, encoder in enumerate(encoders):
-                    parts.append(encoder.encode([table.values[r][j] for r in own], origins))
-                    phase.advance()
-                block[at] = np.concatenate(parts, axis=1)  # a passive party's other rows are never served
+                block[at] = _encoded(
+                    table, encoders, own, origins, phase
+                )  # a passive party's other rows are never served
             blocks[name] = block
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
         columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
@@ -463,11 +461,8 @@ class PartyTables(VerticalDataModule):
             origins = [table.origins[r] for r in rows]
             encoders = self.encoders[name]
             with self._phase(f"{name}: encoding its new rows", total=len(encoders), unit="columns") as phase:
-                parts = []
-                for j, encoder in enumerate(encoders):
-                    parts.append(encoder.encode([table.values[r][j] for r in rows], origins))
-                    phase.advance()
-            features[name] = self._scale(name, np.concatenate(parts, axis=1))
+                encoded = _encoded(table, encoders, rows, origins, phase)
+            features[name] = self._scale(name, encoded)
         first = len(self._ids)
         here = next(iter(tables))  # the party this process holds (every party in simulation: the first)
         count = len(alignment.rows[active] if active in tables else alignment.rows[here])
@@ -599,6 +594,17 @@ ROWS_TAG = "rows"  #: the wire tag of the counts a key holder is told: the activ
 NEW_ROWS_TAG = "rows_new"  #: the wire tag of the number of new rows every party holds, told to a key holder
 _UNKNOWN = Absent("another party's message")
 _INT = np.dtype(">i8")
+
+
+def _encoded(
+    table: Any, encoders: list[ColumnEncoder], rows: np.ndarray, origins: list[str], phase: Phase
+) -> np.ndarray:
+    """`rows` of `table` through its fitted `encoders`, side by side; `phase` counts each column as it is done."""
+    parts = []
+    for j, encoder in enumerate(encoders):
+        parts.append(encoder.encode([table.values[r][j] for r in rows], origins))
+        phase.advance()
+    return np.concatenate(parts, axis=1)
 
 
 def _encode_inputs(parties: list[list[int]]) -> bytes:
