@@ -41,6 +41,10 @@ LEVELS = 20  #: levels of each categorical column
 PHASE = re.compile(r"^(party\d+): (.+): ([\d,]+) (\w+) in ([\d.]+) s, peak memory ([\d,]+) MB$")
 EPOCH = re.compile(r"^epoch 1/1\b.*\s([\d.]+) s$")  #: the epoch's line: from the fit's start, after the set-up
 FIT = re.compile(r"^lvfl fit: 1 epoch in ([\d.]+) s")  #: the fit's summary line: the set-up and the epoch
+#: the fit summary's memory line: the process's peak, the features and the model parameters it holds
+MEMORY = re.compile(
+    r"^memory: peak ([\d,]+) MB in this process; it holds ([\d.,]+ [kM]B) of features and ([\d.,]+ [kM]B)"
+)
 
 
 def customer_ids(rows: int, overlap: float, party: int) -> np.ndarray:
@@ -162,7 +166,9 @@ def phases(text: str) -> list[tuple[str, str, str, float, float]]:
     return found
 
 
-def report(title: str, seconds: float | None, text: str) -> None:
+def report(title: str, seconds: float | None, texts: dict[str, str]) -> None:
+    """The phases' table of a command's output (`texts`: each process's, by who it holds), then each process's peak."""
+    text = "\n".join(texts.values())
     whole = f"{seconds:.1f} s, the whole command" if seconds is not None else "from its log"
     print(f"### {title}: {whole}")
     print()
@@ -178,6 +184,25 @@ def report(title: str, seconds: float | None, text: str) -> None:
         if found is not None:
             print(f"| | {what} | | {float(found):.1f} | |")
     print()
+    rows = [
+        (who, m.groups())
+        for who, out in texts.items()
+        for line in out.splitlines()
+        if (m := MEMORY.match(line.strip()))
+    ]
+    if rows:
+        print("| process | peak memory, the whole fit (MB) | before the data's set-up (MB) | features it holds "
+              "| model parameters |")  # fmt: skip
+        print("|---|---|---|---|---|")
+        for who, (peak, before, features, params) in rows:
+            print(f"| {who} | {peak} | {before} | {features} | {params} |")
+        print()
+
+
+def launched(out: Path, console: str) -> dict[str, str]:
+    """Each launched party's output: the active party's is the launch's console, the others' their logs."""
+    logs = {p.stem: p.read_text() for p in sorted((out / "launch").glob("party*.log"))}
+    return {"party0": console, **logs}
 
 
 def main() -> None:
@@ -203,10 +228,9 @@ def main() -> None:
     if options.from_logs:  # the whole commands' times are in the run's own printout, not in the logs
         for log, title in (("fit", "lvfl fit (simulation)"), ("predict", "lvfl predict (simulation)")):
             if (out / f"{log}.log").exists():
-                report(title, None, (out / f"{log}.log").read_text())
+                report(title, None, {"every party": (out / f"{log}.log").read_text()})
         if (out / "launch.log").exists():
-            logs = "".join(p.read_text() for p in sorted((out / "launch").glob("party*.log")))
-            report("lvfl launch (a process per party)", None, (out / "launch.log").read_text() + "\n" + logs)
+            report("lvfl launch (a process per party)", None, launched(out, (out / "launch.log").read_text()))
         return
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "data.json"
@@ -228,13 +252,13 @@ def main() -> None:
     print(f"# {machine()}; one torch thread per process")
     print()
     seconds, text = run(["fit", "--config", str(config)], out / "fit.log")
-    report("lvfl fit (simulation)", seconds, text)
+    report("lvfl fit (simulation)", seconds, {"every party": text})
     seconds, text = run(
         ["predict", "--config", str(config), "--config", str(new_rows), "--ckpt_path", "last",
          "--output", str(out / "predictions.csv")],
         out / "predict.log",
     )  # fmt: skip
-    report(f"lvfl predict of {options.new_rows:,} new customers per party (simulation)", seconds, text)
+    report(f"lvfl predict of {options.new_rows:,} new customers per party (simulation)", seconds, {"every party": text})
     if not options.skip_launch:
         save = out / "launch"
         for old in save.glob("party*.log"):  # a launch appends to its parties' logs: this run's lines only
@@ -243,8 +267,7 @@ def main() -> None:
             ["launch", "--threads", "1", "--config", str(config), f"--trainer.logger.init_args.save_dir={save}"],
             out / "launch.log",
         )
-        logs = "".join(p.read_text() for p in sorted(save.glob("party*.log")))
-        report("lvfl launch (a process per party)", seconds, text + "\n" + logs)
+        report("lvfl launch (a process per party)", seconds, launched(out, text))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,30 @@ from lvfl.protocols import EASTER, PartyConfig
 REPO = Path(__file__).resolve().parents[1]
 
 
+def each_in_a_thread(run: Any, names: list[str], timeout: float = 120) -> dict[str, Any]:
+    """`run(name)` for every name at once, a thread each (as separate processes would run); their results by name.
+
+    An exception in any thread fails the caller with every thread's error.
+    """
+    import threading
+
+    results, errors = {}, []
+
+    def one(name: str) -> None:
+        try:
+            results[name] = run(name)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append((name, err))
+
+    threads = [threading.Thread(target=one, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    assert not errors, errors
+    return results
+
+
 def lvfl(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m lvfl ARGS` from the repository root, output captured."""
     return subprocess.run(  # noqa: S603 - our own command

@@ -90,6 +90,15 @@ def test_fit_ends_with_a_summary_of_the_run(summary):
         f"  PSI: {len(bank & retailer):,} IDs every party holds (of party0 {len(bank):,}, party1 {len(retailer):,})"
         in (block)
     )
+    (memory,) = [line for line in block if line.startswith("  memory: ")]
+    peak, before, features, params = re.match(
+        r"  memory: peak ([\d,]+) MB in this process \(([\d,]+) MB before the data's set-up\); "
+        r"it holds ([\d.]+) kB of features and ([\d.]+) kB of model parameters$",
+        memory,
+    ).groups()
+    assert float(peak.replace(",", "")) >= float(before.replace(",", "")) > 0
+    assert float(peak.replace(",", "")) * 1e3 > float(features) > 0
+    assert float(params) > 0
     means = [float(r["val/auroc/mean"]) for r in rows]
     best_epoch = means.index(max(means)) + 1
     assert f"  best: {folder / 'best.ckpt'} (epoch {best_epoch}, val/auroc/mean {max(means):.4f})" in block

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers import each_in_a_thread
 
 from lvfl.datamodules import PartyTable, PartyTables
 from lvfl.models import MLP
@@ -47,7 +48,7 @@ def tables(data: dict, **kwargs) -> PartyTables:
         PartyTable(data["bank"], id_column="customer_id", label_column="status"),
         PartyTable(data["retailer"], id_column="client", columns=["spend", "visits"]),
     ]
-    return PartyTables(parties, batch_size=32, scale=False, **kwargs)
+    return PartyTables(parties, batch_size=32, **{"scale": False, **kwargs})
 
 
 def test_rows_line_up_by_business_id_and_the_intersection_is_what_every_party_holds(bank_retailer) -> None:
@@ -518,3 +519,38 @@ def test_a_numeric_label_of_many_values_is_refused_as_a_quantity_not_read_as_cla
     small = PartyTables(_labelled(tmp_path, ["0", "1", "2"]), batch_size=32)  # a few integer codes pass as they are
     small.setup("fit")
     assert small.task.num_classes == 3
+
+
+def test_a_partys_own_process_holds_its_slices_once_and_the_others_as_shadows_from_the_start(bank_retailer) -> None:
+    """Each party in its own wire view (threads over a `MemoryTransport`, as `lvfl launch`'s processes): its slices
+    are the simulation's, bit for bit; the other party's are shadows before `hold_only` runs, so their columns of
+    `load()`'s array are never read; the active party's VFL view of a split is a view of its own slice, no copy."""
+    from lvfl.federation.rehearsal import MemoryTransport
+    from lvfl.shadows import Shadow
+    from lvfl.wire import Wire
+
+    whole = tables(bank_retailer, scale=True)
+    whole.setup()
+    transport = MemoryTransport(timeout=60)
+    own = {name: tables(bank_retailer, scale=True) for name in ("party0", "party1")}
+
+    def run(name: str) -> None:
+        own[name].exchange_on(Wire(here=name, transport=transport))
+        own[name].setup()
+
+    each_in_a_thread(run, list(own))
+    for name, dm in own.items():
+        other = "party1" if name == "party0" else "party0"
+        for split in ("train", "val", "test"):
+            stored = dm._prepared.splits[split].stored
+            assert torch.equal(stored[name], whole._prepared.splits[split].stored[name]), (name, split)
+            assert isinstance(stored[other], Shadow)
+            assert stored[other].shape == whole._prepared.splits[split].stored[other].shape
+    active = own["party0"]._prepared
+    for split in ("train", "val", "test"):  # the shared rows lead each split: the VFL slice is the first of them
+        vfl, alone = active.splits[split].stored["party0"], active.active_splits[split].stored["party0"]
+        assert vfl.data_ptr() == alone.data_ptr()
+        assert len(vfl) < len(alone)
+    width = 4 * 2  # float32, two feature columns each: the bank's 900 rows, the retailer's 604 shared ones
+    assert (own["party0"].held_feature_bytes(), own["party1"].held_feature_bytes()) == (900 * width, 604 * width)
+    assert whole.held_feature_bytes() == (900 + 604) * width  # in simulation: every party's, each once

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
+from helpers import each_in_a_thread
 
 from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
 from lvfl.crypto.psi import DST, PSIKey, secret_permutation, split_points
@@ -232,8 +235,6 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
     gets the simulation's rows for itself, nothing for the others; a passive party learns the bank's list size and
     the intersection, not the pairwise counts; each party's ledger is its share of the simulation's."""
-    import threading
-
     from lvfl.federation.rehearsal import MemoryTransport
 
     ids = parties()
@@ -243,22 +244,13 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE)
     transport = MemoryTransport(timeout=60)
     views = {name: Wire(here=name, transport=transport) for name in names}
-    results, errors = {}, []
 
-    def run(name: str) -> None:
-        try:
-            results[name] = private_intersection(
-                {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
-            )
-        except Exception as err:  # noqa: BLE001 - reported below
-            errors.append((name, err))
+    def run(name: str) -> Any:
+        return private_intersection(
+            {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
+        )
 
-    threads = [threading.Thread(target=run, args=(name,)) for name in names]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    results = each_in_a_thread(run, names)
     for name in names:
         got = results[name]
         assert list(got.rows) == [name]

@@ -5,7 +5,8 @@ A progress bar is for a terminal: redirected to a file it is hundreds of kilobyt
 `trainer.enable_progress_bar`), and `EpochLines` prints one line per epoch instead. `EpochLines` also records every
 epoch's validation figures, from which `fit_summary` writes the summary `lvfl fit` ends with: the best and the last
 value of the task's main validation metric per party (and the epoch of each party's best), the epoch `best.ckpt` holds,
-the megabytes on the wire, the PSI's intersection (own tables), and where the checkpoints and logs are.
+the megabytes on the wire, the PSI's intersection (own tables), the process's peak memory beside the features and
+model parameters it holds, and where the checkpoints and logs are.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lvfl.parties import TaskInfo, party_name
+from lvfl.progress import peak_memory_mb
 from lvfl.protocols.task_metrics import BEST_EPOCHS_METRIC, main_validation_metric
 
 __all__ = ["EpochLines", "describe_task", "fit_summary"]
@@ -185,6 +188,27 @@ def describe_task(task: TaskInfo, names: list[str] | None = None) -> str:
     return f"{task.num_classes} classes{kind}{listed}"
 
 
+def _size(nbytes: float) -> str:
+    """A byte count as a person reads it: kB below a megabyte, else MB."""
+    return f"{nbytes / 1e3:,.1f} kB" if nbytes < 1e6 else f"{nbytes / 1e6:,.1f} MB"
+
+
+def _memory(model: Any, datamodule: Any) -> str:
+    """The process's peak resident memory, beside the features its datamodule holds and its model's parameters."""
+    held = getattr(datamodule, "held_feature_bytes", None)
+    features = held() if callable(held) else 0
+    params = 0
+    if isinstance(model, torch.nn.Module):
+        tensors = [*model.parameters(), *model.buffers()]
+        params = sum(t.nbytes for t in tensors if t.device.type != "meta")  # another party's: shadows
+    before = getattr(datamodule, "peak_mb_before_setup", None)
+    before = f" ({before:,.0f} MB before the data's set-up)" if before is not None else ""
+    return (
+        f"  memory: peak {peak_memory_mb():,.0f} MB in this process{before}; it holds {_size(features)} of features "
+        f"and {_size(params)} of model parameters"
+    )
+
+
 def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | None = None) -> str:
     """The lines `lvfl fit` ends with (see the module docstring); only what this process knows."""
     record = next((cb for cb in trainer.callbacks if isinstance(cb, EpochLines)), None)
@@ -217,6 +241,7 @@ def fit_summary(trainer: Trainer, model: Any, datamodule: Any, seconds: float | 
     psi = _psi(dict(getattr(datamodule, "psi_counts", None) or {}))
     if psi is not None:
         lines.append(f"  PSI: {psi}")
+    lines.append(_memory(model, datamodule))
     for keeper in (cb for cb in trainer.checkpoint_callbacks if isinstance(cb, ModelCheckpoint)):
         best, last = keeper.best_model_path, keeper.last_model_path
         if best and Path(best).is_file():

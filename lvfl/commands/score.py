@@ -64,7 +64,7 @@ def _read_rows(path: Path, id_column: str | None) -> tuple[dict[str, list[str]],
         else:
             with path.open(newline="", encoding="utf-8-sig") as f:
                 id_column = f.readline().split(",")[0].strip().strip('"')
-    table = read_table(PartyTable(str(path), id_column))
+    table = read_table(PartyTable(str(path), id_column), as_text=True)  # values as written
     return dict(zip(table.ids, table.values, strict=True)), table.columns
 
 

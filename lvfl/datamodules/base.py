@@ -49,6 +49,8 @@ from lvfl.datamodules.samplers import EpochShuffle, batch_loader
 from lvfl.datamodules.scaling import pixel_slices, scaled_slices
 from lvfl.datamodules.splitting import SPLITS, check_fractions, draw_split, overlap_masks, split_messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
+from lvfl.progress import peak_memory_mb
+from lvfl.shadows import empty_shadow
 
 __all__ = ["VerticalDataModule"]
 
@@ -300,6 +302,14 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         """
         return None
 
+    def parties_held_here(self) -> set[str] | None:
+        """The parties whose features `load()` holds in this process; None (the default): every party's.
+
+        A datamodule that loads in a party's own process only that party's data says so, and the others' slices
+        are made shadows straight away: their columns of `load()`'s array are never read (nor given memory).
+        """
+        return None
+
     def categories(self, num_columns: int) -> list[int] | None:
         """Per feature column: 0 for a numeric column, c > 0 for a categorical one coded 0..c-1. Default: all numeric.
 
@@ -344,6 +354,17 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
             prepared, splits=splits, active_splits=active_splits, overlap=overlap, messages=()
         )
         self.scaling = {k: v for k, v in self.scaling.items() if k == party}
+
+    def held_feature_bytes(self) -> int:
+        """Bytes of feature memory this process holds once set up (0 before): each storage once, shadows none."""
+        if self._prepared is None:
+            return 0
+        views = [*self._prepared.splits.values(), *self._prepared.active_splits.values()]
+        storages = {}
+        for x in (x for view in views for x in view.stored.values()):
+            if x.device.type != "meta":
+                storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        return sum(storages.values())
 
     def describe(self) -> tuple[list[PartySpec], TaskInfo]:
         """The participating parties and the task, loading the data if needed (protocols call this in `setup`)."""
@@ -573,6 +594,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def _prepare(self) -> _Prepared:
         if self._prepared is not None:
             return self._prepared
+        self.peak_mb_before_setup = peak_memory_mb()  # the imports' and the process's own, before any data
         x, y = self.load()
         x, y, is_image = checked_arrays(x, y, type(self).__name__)
         num_columns = x.shape[-1]
@@ -587,8 +609,10 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         if cats is not None and len(cats) != num_columns:
             raise ValueError(f"categories() gives {len(cats)} entries for {num_columns} feature columns")
         named = {party_name(k): columns[k] for k in self.participants}  # the participants' columns, by name
+        here = self.parties_held_here()
+        held_here = {n: c for n, c in named.items() if here is None or n in here}  # whose columns hold data here
         if not pixels:
-            x = finite_numbers(x, named)
+            x = finite_numbers(x, held_here)
 
         rows = self._split(len(y), self.split_key(y))
         known = self.task_from_peers()
@@ -617,6 +641,11 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         party_cats: dict[str, tuple[int, ...]] = {}
         for name, cols in named.items():  # each party's slice of the rows it holds, scaled by its own training rows
             held = rows if name == active or vfl_all else shared
+            if name not in held_here:  # another party's, in a party's own process: shapes only
+                slices[name] = {split: empty_shadow((len(idx), len(cols))) for split, idx in held.items()}
+                own = None if cats is None else [int(cats[c]) for c in cols]
+                party_cats[name] = tuple(own) if own is not None and any(own) else ()
+                continue
             if pixels:
                 slices[name], decoders[name] = pixel_slices(x, cols, held, self.scale)
             else:

@@ -177,7 +177,8 @@ def split_views(
         for name, party_slices in slices.items():
             part = party_slices[split]
             if name == active and positions is not None:  # the active slice holds every row: keep the shared ones
-                part = part.index_select(0, positions)
+                prefix = len(positions) == 0 or int(positions[-1]) == len(positions) - 1
+                part = part[: len(positions)] if prefix else part.index_select(0, positions)  # a view, not a copy
             features[name] = part
         splits[split] = VerticalTensorDataset(
             ids=torch.from_numpy(vidx.copy()),

@@ -21,6 +21,7 @@ from sklearn.preprocessing import StandardScaler
 __all__ = ["PixelNormalizer", "apply_scaling", "pixel_slices", "scaled_slices"]
 
 _MAX_LISTED = 10  # bad values quoted in an error message
+_FIT_ROWS = 65_536  # rows a scaler takes at a time (its float64 temporaries stay this size, not the table's)
 
 
 class PixelNormalizer:
@@ -122,7 +123,10 @@ def scaled_slices(
         The slice per split, and the fitted standardization (`{"columns": ..., "mean": ..., "scale": ...}`, the
         entry of `VerticalDataModule.scaling`), or None where nothing was scaled.
     """
-    part = {split: x[idx][..., cols] for split, idx in rows.items()}
+    if x.ndim == 2:  # only the party's columns of only its rows are copied, never a whole row of every party
+        part = {split: np.ascontiguousarray(x[np.ix_(idx, cols)]) for split, idx in rows.items()}
+    else:
+        part = {split: x[idx][..., cols] for split, idx in rows.items()}
     if cats is not None and any(cats):
         return _mixed_slices(part, cats, party, scale)
     fitted = None
@@ -134,10 +138,23 @@ def scaled_slices(
         part = {split: (p - mean) / std for split, p in part.items()}
         fitted = {"columns": "all", "mean": [mean], "scale": [std]}
     elif scale:
-        scaler = StandardScaler().fit(part["train"])
-        part = {split: scaler.transform(p) for split, p in part.items()}
+        scaler = _fitted(part["train"])
+        part = {split: scaler.transform(p, copy=False) for split, p in part.items()}  # the slices are copies
         fitted = {"columns": "all", "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
     return {split: torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32)) for split, p in part.items()}, fitted
+
+
+def _fitted(train: np.ndarray) -> StandardScaler:
+    """A `StandardScaler` fitted on `train`; a large one `_FIT_ROWS` rows at a time (`partial_fit`).
+
+    Chunked, the statistics equal one fit's up to float rounding, and sklearn's float64 temporaries stay a chunk's size.
+    """
+    if len(train) <= _FIT_ROWS:
+        return StandardScaler().fit(train)
+    scaler = StandardScaler()
+    for start in range(0, len(train), _FIT_ROWS):
+        scaler.partial_fit(train[start : start + _FIT_ROWS])
+    return scaler
 
 
 def _mixed_slices(
@@ -158,10 +175,10 @@ def _mixed_slices(
                     f"{party}'s column {j} is categorical with {c} categories, so its values must be codes "
                     f"0..{c - 1}; found {col[bad][:_MAX_LISTED].tolist()} in the {split} split"
                 )
-    out = {split: p.astype(np.float32, copy=True) for split, p in part.items()}
+    out = {split: p.astype(np.float32, copy=False) for split, p in part.items()}  # the slices are copies
     fitted = None
     if scale and numeric:
-        scaler = StandardScaler().fit(part["train"][:, numeric])
+        scaler = _fitted(part["train"][:, numeric])
         for split, p in part.items():
             out[split][:, numeric] = scaler.transform(p[:, numeric])
         fitted = {"columns": numeric, "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}

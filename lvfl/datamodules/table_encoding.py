@@ -7,25 +7,18 @@ missing-value policies); `ColumnEncoder` is kept after fitting, for prediction o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from lvfl.datamodules.table_files import MISSING, PartyTable, Table
+from lvfl.datamodules.table_columns import MISSING, Column
+from lvfl.datamodules.table_files import PartyTable, Table
 
 __all__ = ["MISSING_LEVEL", "UNSEEN", "ColumnEncoder", "fit_encoders", "numeric_labels"]
 
 MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
 UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
-
-
-def _number(text: str) -> float | None:
-    """The finite number a field holds, None if it holds no number."""
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 @dataclass
@@ -60,46 +53,63 @@ class ColumnEncoder:
 
     def encode(self, texts: list[str], origins: list[str]) -> np.ndarray:
         """(rows, len(output_names)) float32 for the column's texts (`origins`: where each is, for messages)."""
+        column = Column.of_texts(texts, as_text=self.kind == "categorical")
+        return self.encode_column(column, np.arange(len(texts)), origins.__getitem__)
+
+    def encode_column(
+        self, column: Column, rows: np.ndarray, origin: Callable[[int], str], out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The column's `rows` as (len(rows), len(output_names)) float32, written into `out` where given.
+
+        `origin(row)` says where a row is, for the message that refuses it.
+        """
+        width = len(self.output_names)
+        out = np.zeros((len(rows), width), dtype=np.float32) if out is None else out
+        part = column.take(rows)
+        absent = part.missing()
         if self.kind == "numeric":
-            out = np.zeros((len(texts), 2 if self.indicator else 1), dtype=np.float32)
-            for i, text in enumerate(texts):
-                if text.lower() in MISSING:
-                    if self.fill is None:
-                        raise ValueError(
-                            f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; "
-                            "set the table's `missing` to mean or median to impute it)"
-                        )
-                    out[i, 0] = self.fill
-                    if self.indicator:
-                        out[i, 1] = 1.0
-                    continue
-                value = _number(text)
-                if value is None:
-                    raise ValueError(
-                        f"{origins[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
-                        "numeric in the training rows; list it in `categorical` to encode it as categories)"
-                    )
-                out[i, 0] = value
+            wordy = np.flatnonzero(part.wordy())
+            if len(wordy):
+                i = int(wordy[0])
+                raise ValueError(
+                    f"{origin(int(rows[i]))}: column {self.name!r} holds {part.text(i)!r}, not a number (the column "
+                    "is numeric in the training rows; list it in `categorical` to encode it as categories)"
+                )
+            if absent.any() and self.fill is None:
+                i = int(np.flatnonzero(absent)[0])
+                raise ValueError(
+                    f"{origin(int(rows[i]))}: column {self.name!r} is missing a value (missing: refuse; "
+                    "set the table's `missing` to mean or median to impute it)"
+                )
+            out[:, 0] = part.numbers if not absent.any() else np.where(absent, self.fill, part.numbers)
+            if self.indicator:
+                out[:, 1] = absent
             return out
         index = {level: j for j, level in enumerate(self.levels)}
-        codes = np.empty(len(texts), dtype=np.int64)
-        gaps = np.zeros((len(texts), 1), dtype=np.float32)
-        for i, text in enumerate(texts):
-            absent = text.lower() in MISSING
-            gaps[i] = absent
-            level = (self.fill_level or MISSING_LEVEL) if absent else text
-            if level == MISSING_LEVEL and level not in index:
-                raise ValueError(
-                    f"{origins[i]}: column {self.name!r} is missing a value (missing: refuse; set the "
-                    "table's `missing` to mean or median to give missing values a level of their own)"
-                )
-            codes[i] = index.get(level, len(self.levels) - 1)  # unseen in training: the reserved last level
+        unseen = len(self.levels) - 1  # unseen in training: the reserved last level
+        gap = index[self.fill_level] if self.fill_level is not None else index.get(MISSING_LEVEL, -1)
+        spelled = zip(column.texts, _spelled_missing(column), strict=True)
+        lut = np.asarray([*(gap if m else index.get(t, unseen) for t, m in spelled), unseen], dtype=np.int64)
+        codes = np.full(len(rows), unseen, dtype=np.int64) if part.codes is None else lut[part.codes]
+        if gap < 0 and absent.any():
+            i = int(np.flatnonzero(absent)[0])
+            raise ValueError(
+                f"{origin(int(rows[i]))}: column {self.name!r} is missing a value (missing: refuse; set the "
+                "table's `missing` to mean or median to give missing values a level of their own)"
+            )
         if not self.onehot:
-            out = codes[:, None].astype(np.float32)
+            out[:, 0] = codes
         else:
-            out = np.zeros((len(texts), len(self.levels)), dtype=np.float32)
-            out[np.arange(len(texts)), codes] = 1.0
-        return np.concatenate([out, gaps], axis=1) if self.indicator else out
+            out[:, : len(self.levels)] = 0.0
+            out[np.arange(len(rows)), codes] = 1.0
+        if self.indicator:
+            out[:, -1] = absent
+        return out
+
+
+def _spelled_missing(column: Column) -> list[bool]:
+    """Per text of a column, whether it spells a missing value."""
+    return [t.lower() in MISSING for t in column.texts]
 
 
 def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bool) -> list[ColumnEncoder]:
@@ -111,47 +121,46 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
     encoders = []
     refused: list[tuple[int, str]] = []  # checked once every column's policy fits it: a config mistake comes first
     for j, name in enumerate(table.columns):
-        texts = [table.values[r][j] for r in train]
-        present = [t for t in texts if t.lower() not in MISSING]
-        parsed = [_number(t) is not None for t in present]
-        if name not in source.categorical and any(parsed) and not all(parsed):  # a typo must not turn it categorical
-            odd_is_text = sum(parsed) >= len(parsed) / 2  # name the value of the minority kind
-            i = next(
-                r
-                for r, t in zip(train, texts, strict=True)
-                if t.lower() not in MISSING and (_number(t) is None) == odd_is_text
-            )
+        part = table.data[j].take(train)
+        present = ~part.missing()
+        numbers = part.numbers if part.numbers is not None else np.full(len(train), math.nan)
+        parsed = present & ~np.isnan(numbers)  # the present values that are numbers
+        count, numeric = int(present.sum()), int(parsed.sum())
+        if name not in source.categorical and 0 < numeric < count:  # a typo must not turn it categorical
+            odd_is_text = numeric >= count / 2  # name the value of the minority kind
+            i = int(np.flatnonzero(present & (parsed != odd_is_text))[0])
             kind = "not a number, while its other values are numbers" if odd_is_text else "a number among text values"
             raise ValueError(
-                f"{table.origins[i]}: column {name!r} holds {table.values[i][j]!r}, {kind}; fix the "
+                f"{table.origin(int(train[i]))}: column {name!r} holds {part.text(i)!r}, {kind}; fix the "
                 "value, or list the column in `categorical` (levels may look like numbers)"
             )
         policy = source.missing_columns.get(name, source.missing)
         explicit = name in source.missing_columns
         if policy == "refuse":
             refused.append((j, name))
-        gaps = len(present) < len(texts)  # the training rows miss a value: an indicator column says where
-        if policy != "refuse" and not present:
+        gaps = count < len(train)  # the training rows miss a value: an indicator column says where
+        if policy != "refuse" and not count:
             raise ValueError(f"{table.path}: column {name!r} has no value in the training rows to impute from")
-        if name not in source.categorical and all(parsed):
+        if name not in source.categorical and numeric == count:
             if policy == "level" and explicit:
                 raise ValueError(
                     f"{table.path}: column {name!r} is numeric; missing 'level' is for categorical columns"
                 )
-            values = np.asarray([_number(t) for t in present], dtype=np.float64)
+            values = numbers[present]
             fill = None
             if policy in ("mean", "median", "level"):  # a table-wide `level` leaves numeric columns to the mean
                 fill = float(np.median(values) if policy == "median" else np.mean(values))
             elif policy == "mode":
-                numbers, counts = np.unique(values, return_counts=True)
-                fill = float(numbers[np.argmax(counts)])  # the smallest of the most frequent values
+                found, counts = np.unique(values, return_counts=True)
+                fill = float(found[np.argmax(counts)])  # the smallest of the most frequent values
             encoders.append(ColumnEncoder(name, "numeric", fill=fill, indicator=fill is not None and gaps))
         else:
             if policy in ("mean", "median") and explicit:
                 raise ValueError(
                     f"{table.path}: column {name!r} is categorical; its missing policy can be mode or level"
                 )
-            levels = sorted(set(present))
+            tally = np.bincount(part.codes[present], minlength=len(part.texts)) if count else np.zeros(0, int)
+            levels = sorted(part.texts[k] for k in np.flatnonzero(tally))
             if onehot and len(levels) > source.max_levels:  # codes: one column whatever the count
                 raise ValueError(
                     f"{table.path}: column {name!r} has {len(levels)} levels in the training rows, more than the "
@@ -161,7 +170,7 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
                 )
             fill_level = None
             if policy == "mode":
-                counts = {level: present.count(level) for level in levels}
+                counts = {part.texts[k]: int(tally[k]) for k in np.flatnonzero(tally)}
                 fill_level = max(levels, key=counts.__getitem__)  # ties: the first in sorted order
             elif policy != "refuse":
                 levels.append(MISSING_LEVEL)
@@ -182,11 +191,12 @@ def fit_encoders(table: Table, source: PartyTable, train: np.ndarray, onehot: bo
 
 def _refuse_missing(table: Table, j: int, name: str) -> None:
     """Refuse a column with missing values under `missing: refuse`, naming the first in file order and the count."""
-    absent = [r for r, row in enumerate(table.values) if row[j].lower() in MISSING]
-    if absent:
-        more = f" (and {len(absent) - 1} more of the table's {len(table.values)} rows)" if len(absent) > 1 else ""
+    absent = np.flatnonzero(table.data[j].missing())
+    if len(absent):
+        rows = len(table.ids)
+        more = f" (and {len(absent) - 1} more of the table's {rows} rows)" if len(absent) > 1 else ""
         raise ValueError(
-            f"{table.origins[absent[0]]}: column {name!r} is missing a value{more} (missing: refuse; set the "
+            f"{table.origin(int(absent[0]))}: column {name!r} is missing a value{more} (missing: refuse; set the "
             "table's `missing`, or this column's in `missing_columns`, to impute it: mean, median, mode or level)"
         )
 
@@ -201,7 +211,6 @@ def numeric_labels(table: Table, column: str) -> np.ndarray:
             values[r] = math.nan
         if not math.isfinite(values[r]):
             raise ValueError(
-                f"{table.origins[r]}: the label column {column!r} holds {text!r}, not a finite number "
-                "(task: regression)"
+                f"{table.origin(r)}: the label column {column!r} holds {text!r}, not a finite number (task: regression)"
             )
     return values

@@ -16,15 +16,19 @@ import difflib
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from lvfl.datamodules.table_columns import MISSING, Column, ColumnBuilder
+
 __all__ = ["MISSING", "POLICIES", "SUFFIXES", "PartyTable", "Table", "read_table"]
 
 SUFFIXES = (".csv", ".parquet")  #: the table formats (a directory holds files of one of them)
-MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
 POLICIES = ("refuse", "mean", "median", "mode", "level")  #: the `missing` options (see `PartyTable`)
 PROGRESS_ROWS = 10_000  #: rows read between two reports of `read_table`'s progress
 
@@ -72,15 +76,40 @@ class PartyTable:
 
 
 @dataclass
+class Places:
+    """Where each row of a table is, for messages: its file and its line (CSV) or row (Parquet), as arrays."""
+
+    files: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)  # per file: "line" or "row"
+    starts: list[int] = field(default_factory=list)  # per file: the table row its first row is
+    numbers: array = field(default_factory=lambda: array("q"))  # per row: its line or row number in its file
+
+    def __call__(self, row: int) -> str:
+        """`file, line N` (or `file, row N`) of a table row."""
+        k = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return f"{self.files[k]}, {self.kinds[k]} {self.numbers[row]}"
+
+
+@dataclass
 class Table:
-    """A table as its party's reader returns it: IDs, the feature columns' texts, their origins, label texts."""
+    """A table as its party's reader returns it: IDs, the feature columns (`Column`), where each row is, labels."""
 
     path: Path
     ids: list[str]
     columns: list[str]
-    values: list[list[str]]  # values[row][column], stripped
-    origins: list[str]  # where each row is ("file, line N"), for messages
+    data: list[Column]  # per feature column
+    origin: Places  # origin(row): where a row is ("file, line N"), for messages
     labels: list[str] | None = field(default=None)
+
+    @property
+    def values(self) -> list[list[str]]:
+        """Every row's values as texts (row-wise readers: serving's tables of a few rows; large tables use `data`)."""
+        return [[c.text(r) for c in self.data] for r in range(len(self.ids))]
+
+    @property
+    def origins(self) -> list[str]:
+        """Where every row is, as texts (row-wise readers)."""
+        return [self.origin(r) for r in range(len(self.ids))]
 
 
 def _files(path: Path) -> list[Path]:
@@ -172,7 +201,7 @@ def _blank(fields: list[str]) -> bool:
     return not any(v.strip() for v in fields)
 
 
-def _csv(path: Path, codec: str) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:
+def _csv(path: Path, codec: str) -> tuple[list[str], Iterator[tuple[int, list[str]]]]:
     """A CSV's header (its first non-blank line) and its records, each with the line it starts at."""
     f = path.open(newline="", encoding=codec)
     # strict: a quote never closed, or text after a closing quote, is refused rather than read into the field
@@ -204,7 +233,7 @@ def _csv(path: Path, codec: str) -> tuple[list[str], Iterator[tuple[str, list[st
     except ValueError:
         f.close()
         raise
-    return header, ((f"{path}, line {n}", fields) for n, fields in lines if not _blank(fields))
+    return header, ((n, fields) for n, fields in lines if not _blank(fields))
 
 
 def _check_header(where: str, header: list[str]) -> None:
@@ -231,31 +260,30 @@ def _whole(value: float | decimal.Decimal) -> bool:
     return math.isfinite(value) and value.is_integer()
 
 
-def _parquet(path: Path, source: PartyTable) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:
-    """A Parquet file's column names and its rows as texts (`file, row N`), IDs from floats as whole numbers."""
+def _parquet(path: Path, source: PartyTable) -> tuple[list[str], Callable[[_Reader], None]]:
+    """A Parquet file's column names, and what reads its rows into a `_Reader` a batch at a time."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as err:
         raise ImportError(f"{path}: reading Parquet needs pyarrow: pip install 'lvfl[parquet]'") from err
+    unreadable = (OSError, pa.ArrowException)
     try:
-        data = pq.ParquetFile(path).read()
-    except (OSError, pa.ArrowException) as err:
+        file = pq.ParquetFile(path)
+        schema = file.schema_arrow
+    except unreadable as err:
         raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
-    names = list(data.column_names)
-    meta = data.schema.pandas_metadata or {}
+    meta = schema.pandas_metadata or {}
     index = {c for c in meta.get("index_columns", []) if isinstance(c, str) and re.fullmatch(r"__index_level_\d+__", c)}
-    keep = [j for j, name in enumerate(names) if name not in index]  # pandas' unnamed row index is no column
-    header = [names[j].strip() for j in keep]
-    _check_header(str(path), header)
+    stored = {name.strip(): name for name in schema.names if name not in index}  # pandas' row index is no column
+    header = list(stored)
+    _check_header(str(path), [n.strip() for n in schema.names if n not in index])
     named = {source.id_column, source.label_column, *(header if source.columns is None else source.columns)}
-    texts: list[list[str]] = []
-    for j, name in zip(keep, header, strict=True):
-        column = data.column(j)
-        kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    for name in header:
+        kind = schema.field(stored[name]).type
+        kind = kind.value_type if pa.types.is_dictionary(kind) else kind
         if name not in named:
-            texts.append([""] * data.num_rows)  # not read: its type does not matter
-            continue
+            continue  # not read: its type does not matter
         if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
             raise ValueError(
                 f"{path}: column {name!r} is of Parquet type {kind}, which has no text form a table column can "
@@ -263,14 +291,51 @@ def _parquet(path: Path, source: PartyTable) -> tuple[list[str], Iterator[tuple[
             )
         if pa.types.is_fixed_size_binary(kind):
             raise ValueError(f"{path}: column {name!r} is of Parquet type {kind}; store it as strings or numbers")
-        values = column.to_pylist()
-        if name == source.id_column:
-            exact = _EXACT.get(kind.bit_width) if pa.types.is_floating(kind) else None
-            texts.append([_id_text(path, i, name, v, exact) for i, v in enumerate(values)])
-        else:
-            texts.append([_text(v) for v in values])
-    rows = ((f"{path}, row {i + 1}", [t[i] for t in texts]) for i in range(data.num_rows))
-    return header, rows
+
+    def feed(reader: _Reader) -> None:
+        wanted = [source.id_column, *([source.label_column] if source.label_column else []), *reader.columns]
+        first = 0
+        try:
+            for batch in file.iter_batches(batch_size=PROGRESS_ROWS, columns=[stored[n] for n in wanted]):
+                arrays = dict(zip(wanted, batch.columns, strict=True))
+                kind = arrays[source.id_column].type
+                exact = _EXACT.get(kind.bit_width) if pa.types.is_floating(kind) else None
+                values = arrays[source.id_column].to_pylist()
+                keys = [_id_text(path, first + i, source.id_column, v, exact).strip() for i, v in enumerate(values)]
+                labels = None
+                if source.label_column:
+                    labels = [_text(v).strip() for v in arrays[source.label_column].to_pylist()]
+                reader.add_rows(keys, range(first + 1, first + 1 + len(keys)), labels)
+                for name, builder in zip(reader.columns, reader.builders, strict=True):
+                    _add_parquet(builder, arrays[name])
+                first += len(keys)
+                reader.done(len(keys))
+        except unreadable as err:
+            raise ValueError(f"{path}: not a readable Parquet file ({str(err).splitlines()[0]})") from None
+
+    return header, feed
+
+
+def _add_parquet(builder: ColumnBuilder, values: Any) -> None:
+    """A batch of one Parquet column: typed numbers as arrays, text by its distinct values, the rest by `_text`."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = values.type
+    if builder.as_text or not (
+        pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind) or pa.types.is_dictionary(kind)
+    ):  # fmt: skip
+        builder.add_texts([_text(v).strip() for v in values.to_pylist()])
+    elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        null = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+        numbers = pc.cast(values, pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+        builder.add_numbers(numbers, null)
+    else:
+        coded = values if pa.types.is_dictionary(kind) else values.dictionary_encode()
+        uniques = [_text(v).strip() for v in coded.dictionary.to_pylist()]
+        codes = coded.indices.fill_null(len(uniques)).to_numpy(zero_copy_only=False)
+        builder.add_coded(codes, [*uniques, ""])  # a null: the empty text, a missing value
 
 
 def _text(value: Any) -> str:
@@ -297,13 +362,6 @@ def _id_text(path: Path, row: int, name: str, value: Any, exact: int | None) -> 
             "so the ID may have been rounded; store the IDs as integers or text"
         )
     return str(int(value))
-
-
-def _records(path: Path, source: PartyTable, codec: str) -> tuple[list[str], Iterator[tuple[str, list[str]]]]:
-    """A file's header and its rows as texts, each with where it is (`file, line N` or `file, row N`)."""
-    if path.suffix.lower() == ".parquet":
-        return _parquet(path, source)
-    return _csv(path, codec)
 
 
 def _feature_columns(source: PartyTable, file: Path, header: list[str]) -> list[str]:
@@ -352,11 +410,75 @@ def _feature_columns(source: PartyTable, file: Path, header: list[str]) -> list[
     return columns
 
 
-def read_table(source: PartyTable, done: Callable[[int], None] | None = None) -> Table:
+class _Reader:
+    """What `read_table` gathers over a table's files, a chunk of rows at a time."""
+
+    def __init__(
+        self, source: PartyTable, columns: list[str], as_text: bool | Collection[str], done: Callable[[int], None]
+    ) -> None:
+        self.source, self.columns, self.done = source, columns, done
+        texts = set(source.categorical) | set(columns if as_text is True else as_text or ())
+        self.builders = [ColumnBuilder(c in texts) for c in columns]
+        self.ids: list[str] = []
+        self.first: dict[str, int] = {}  # ID -> its row (a second one is refused naming the first)
+        self.labels: list[str] = []
+        self._label_texts: dict[str, str] = {}  # one string per distinct label, not one per row
+        self.places = Places()
+
+    def start(self, file: Path, kind: str) -> None:
+        """The next file's rows follow; `kind`: "line" (CSV) or "row" (Parquet)."""
+        self.places.files.append(str(file))
+        self.places.kinds.append(kind)
+        self.places.starts.append(len(self.ids))
+
+    def add_rows(self, keys: list[str], numbers: Iterator[int] | range, labels: list[str] | None) -> None:
+        """A chunk's IDs (stripped), line or row numbers and labels; a missing or repeated ID, or label, is refused."""
+        at = len(self.ids)
+        self.places.numbers.extend(numbers)
+        source = self.source
+        for i, key in enumerate(keys):
+            if key.lower() in MISSING:
+                raise ValueError(
+                    f"{self.places(at + i)}: the ID column {source.id_column!r} is missing a value ({key!r})"
+                )
+            row = self.first.setdefault(key, at + i)
+            if row != at + i:
+                raise ValueError(
+                    f"{self.places(at + i)}: ID {key!r} occurs twice (first at {self.places(row)}); IDs must be unique"
+                )
+            if labels is not None:
+                if labels[i].lower() in MISSING:
+                    raise ValueError(f"{self.places(at + i)}: the label column {source.label_column!r} is missing")
+                self.labels.append(self._label_texts.setdefault(labels[i], labels[i]))
+        self.ids.extend(keys)
+
+
+def _feed_csv(file: Path, header: list[str], records: Iterator[tuple[int, list[str]]], reader: _Reader) -> None:
+    """A CSV's records into `reader`, `PROGRESS_ROWS` at a time."""
+    source = reader.source
+    id_at = header.index(source.id_column)
+    label_at = header.index(source.label_column) if source.label_column else None
+    ats = [header.index(c) for c in reader.columns]
+    while chunk := list(itertools.islice(records, PROGRESS_ROWS)):
+        for line, fields in chunk:
+            if len(fields) != len(header):
+                raise ValueError(f"{file}, line {line}: {len(fields)} fields, the header has {len(header)}")
+        labels = None if label_at is None else [f[label_at].strip() for _, f in chunk]
+        reader.add_rows([f[id_at].strip() for _, f in chunk], (n for n, _ in chunk), labels)
+        for at, builder in zip(ats, reader.builders, strict=True):
+            builder.add_texts([f[at].strip() for _, f in chunk])
+        reader.done(len(chunk))
+
+
+def read_table(
+    source: PartyTable, done: Callable[[int], None] | None = None, as_text: bool | Collection[str] = False
+) -> Table:
     """Read one party's table: CSV (the `csv` module) or Parquet (pyarrow), a file or a directory of them.
 
     What cannot be used is refused naming the file, the column and the line (Parquet: the row). `done(n)` is told
-    as each `PROGRESS_ROWS` more rows (and the last ones) are read.
+    as each chunk of `PROGRESS_ROWS` rows (and the last ones) is read. Columns listed in `source.categorical` are
+    kept as their texts; `as_text` keeps these columns (True: every column) so too, for readers that take values
+    as texts (serving, new rows whose encoder is categorical).
     """
     path = Path(source.path)
     limit = source.max_levels
@@ -365,36 +487,25 @@ def read_table(source: PartyTable, done: Callable[[int], None] | None = None) ->
     codec = _codec(source)
     files = _files(path)
     header: list[str] | None = None
-    ids, rows, labels, origins, first = [], [], [], [], {}
-    done = done or (lambda n: None)
+    reader: _Reader | None = None
     for file in files:
-        own_header, records = _records(file, source, codec)
+        parquet = file.suffix.lower() == ".parquet"
+        if parquet:
+            own_header, feed = _parquet(file, source)
+        else:
+            own_header, records = _csv(file, codec)
         if header is None:
             header = own_header
-            columns = _feature_columns(source, file, header)
-            where = {c: header.index(c) for c in header}
+            reader = _Reader(source, _feature_columns(source, file, header), as_text, done or (lambda n: None))
         elif own_header != header:
             raise ValueError(f"{file}: its columns {own_header} differ from {files[0]}'s {header}")
-        for origin, fields in records:
-            if len(fields) != len(header):
-                raise ValueError(f"{origin}: {len(fields)} fields, the header has {len(header)}")
-            key = fields[where[source.id_column]].strip()
-            if key.lower() in MISSING:
-                raise ValueError(f"{origin}: the ID column {source.id_column!r} is missing a value ({key!r})")
-            if key in first:
-                raise ValueError(f"{origin}: ID {key!r} occurs twice (first at {first[key]}); IDs must be unique")
-            first[key] = origin
-            ids.append(key)
-            if len(ids) % PROGRESS_ROWS == 0:
-                done(PROGRESS_ROWS)
-            origins.append(origin)
-            rows.append([fields[where[c]].strip() for c in columns])
-            if source.label_column:
-                label = fields[where[source.label_column]].strip()
-                if label.lower() in MISSING:
-                    raise ValueError(f"{origin}: the label column {source.label_column!r} is missing")
-                labels.append(label)
-    if not ids:
+        reader.start(file, "row" if parquet else "line")
+        if parquet:
+            feed(reader)
+        else:
+            _feed_csv(file, header, records, reader)
+    if not reader.ids:
         raise ValueError(f"{path}: no rows below the header")
-    done(len(ids) % PROGRESS_ROWS)
-    return Table(path, ids, columns, rows, origins, labels if source.label_column else None)
+    data = [builder.finish() for builder in reader.builders]
+    labels = reader.labels if source.label_column else None
+    return Table(path, reader.ids, reader.columns, data, reader.places, labels)

@@ -72,7 +72,7 @@ from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 from lvfl.datamodules.scaling import apply_scaling
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split, keyed_order
 from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
-from lvfl.datamodules.table_files import PartyTable, read_table
+from lvfl.datamodules.table_files import PartyTable, Table, read_table
 from lvfl.parties import TaskInfo, party_name
 from lvfl.privacy.psi import private_intersection
 from lvfl.progress import Phase
@@ -153,6 +153,7 @@ class PartyTables(VerticalDataModule):
         self._splits: dict[str, np.ndarray] | None = None
         self._categories: list[int] | None = None
         self._held_order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self._held_here: set[str] | None = None  # in a party's own process: the party whose table it read
         #: the PSI's counts (`setup_metrics`): `<party>/ids`, `<party>/shared_with_active`, `intersection`
         self.psi_counts: dict[str, int] = {}
         self._table_digests: dict[str, dict[str, Any]] = {}  # per party: its IDs' and columns' digests (`load`)
@@ -265,35 +266,35 @@ class PartyTables(VerticalDataModule):
             self._splits = {"val": received["val"], "test": received["test"]}
             y = np.zeros(num_rows, dtype=np.float32 if self.regression else np.int64)  # filler: no labels here
 
-        blocks: dict[str, np.ndarray] = {}
+        blocks: dict[str, np.ndarray] = {}  # per party held here: its encoded rows, the shared ones first
         own_columns: dict[str, list[int]] = {}  # per party held here: each encoded column's cardinality (0: numeric)
         for name, table in tables.items():
             if name == active:  # its row of each sample, and the training rows it fits on
-                own, at = perm, np.arange(num_rows)
+                own = perm
                 fit_rows = np.sort(perm[self._splits["train"]])
             else:
-                own, at = alignment.rows[name], shared_order
+                own = alignment.rows[name]
                 fit_rows = own[received["train"]]
             with self._phase(f"{name}: encoding its columns", total=len(table.columns), unit="columns") as phase:
                 source = self.tables[names.index(name)]
                 encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
                 self.encoders[name] = encoders
                 self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
-                origins = [table.origins[r] for r in own]
-                block = np.zeros((num_rows, sum(len(e.output_names) for e in encoders)), dtype=np.float32)
-                block[at] = _encoded(
-                    table, encoders, own, origins, phase
-                )  # a passive party's other rows are never served
-            blocks[name] = block
+                blocks[name] = _encoded(table, encoders, own, phase)  # a passive party's other rows: never served
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
         columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
-        for name in names:  # another party's columns: zeros of its width (shadows after `hold_only`)
-            if name not in blocks:
-                blocks[name] = np.zeros((num_rows, len(columns.get(name, [0]))), dtype=np.float32)
+        widths = np.cumsum([0, *(len(columns.get(name, [0])) for name in names)])
+        # column-major: a party's columns lie apart from the others', whose zeros (in a party's own process, another
+        # party's columns) are never written, so the system never backs them with memory
+        x = np.zeros((num_rows, int(widths[-1])), dtype=np.float32, order="F")
+        for k, name in enumerate(names):
+            if name in blocks:
+                block = blocks.pop(name)
+                x[: len(block), widths[k] : widths[k + 1]] = block
+                del block
         cats = [c for name in names for c in columns.get(name, [0])]
-        blocks = [blocks[name] for name in names]
-        widths = np.cumsum([0, *(b.shape[1] for b in blocks)])
-        self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(blocks))])
+        self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(names))])
+        self._held_here = {n for n in names if n in tables} if live else None
         self._categories = cats if any(cats) else None
         self._held = np.zeros(num_rows, dtype=bool)
         self._held[:shared_count] = True
@@ -310,7 +311,7 @@ class PartyTables(VerticalDataModule):
             self.psi_counts = {f"{n}/ids": alignment.sizes[n] for n in names if n in alignment.sizes}
             self.psi_counts |= {"intersection": shared_count}
             self.psi_counts |= {f"{n}/shared_with_active": k for n, k in alignment.pairwise.items() if n in names}
-        return np.concatenate(blocks, axis=1), y
+        return x, y
 
     def _exchange_inputs(
         self,
@@ -419,7 +420,8 @@ class PartyTables(VerticalDataModule):
         for name, source in zip(names, self.new_row_tables or [], strict=True):
             if wire.holds(name):
                 with self._phase(f"{name}: reading its new rows") as phase:
-                    tables[name] = read_table(source, phase.advance)
+                    texts = [e.name for e in self.encoders.get(name, []) if e.kind == "categorical"]
+                    tables[name] = read_table(source, phase.advance, as_text=texts)  # levels as written
         for name, table in tables.items():
             trained = [e.name for e in self.encoders[name]]
             if table.columns != trained:
@@ -458,10 +460,9 @@ class PartyTables(VerticalDataModule):
         features = {}
         for name, table in tables.items():
             rows = np.arange(len(table.ids)) if name == active else alignment.rows[name]
-            origins = [table.origins[r] for r in rows]
             encoders = self.encoders[name]
             with self._phase(f"{name}: encoding its new rows", total=len(encoders), unit="columns") as phase:
-                encoded = _encoded(table, encoders, rows, origins, phase)
+                encoded = _encoded(table, encoders, rows, phase)
             features[name] = self._scale(name, encoded)
         first = len(self._ids)
         here = next(iter(tables))  # the party this process holds (every party in simulation: the first)
@@ -524,6 +525,10 @@ class PartyTables(VerticalDataModule):
         """Every party's encoded column names, in its column order."""
         self._prepare()
         return {party: [n for e in encoders for n in e.output_names] for party, encoders in self.encoders.items()}
+
+    def parties_held_here(self) -> set[str] | None:
+        """In a party's own process, the party whose table it read (none: a key holder's); None in simulation."""
+        return self._held_here
 
     def held_by_every_party(self, num_rows: int) -> np.ndarray | None:
         """The active party's rows whose IDs every party holds (the PSI's intersection)."""
@@ -596,15 +601,21 @@ _UNKNOWN = Absent("another party's message")
 _INT = np.dtype(">i8")
 
 
-def _encoded(
-    table: Any, encoders: list[ColumnEncoder], rows: np.ndarray, origins: list[str], phase: Phase
-) -> np.ndarray:
-    """`rows` of `table` through its fitted `encoders`, side by side; `phase` counts each column as it is done."""
-    parts = []
+def _encoded(table: Table, encoders: list[ColumnEncoder], rows: np.ndarray, phase: Phase) -> np.ndarray:
+    """`rows` of `table` through its fitted `encoders`, side by side; `phase` counts each column as it is done.
+
+    Each raw column is let go of once encoded (`table.data` is emptied), so a party's raw and encoded tables are
+    never both whole in memory.
+    """
+    out = np.zeros((len(rows), sum(len(e.output_names) for e in encoders)), dtype=np.float32)
+    raw, table.data, at = table.data, [], 0
     for j, encoder in enumerate(encoders):
-        parts.append(encoder.encode([table.values[r][j] for r in rows], origins))
+        width = len(encoder.output_names)
+        encoder.encode_column(raw[j], rows, table.origin, out[:, at : at + width])
+        raw[j] = None
+        at += width
         phase.advance()
-    return np.concatenate(parts, axis=1)
+    return out
 
 
 def _encode_inputs(parties: list[list[int]]) -> bytes:

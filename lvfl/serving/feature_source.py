@@ -75,7 +75,7 @@ class FeatureSource:
     def _load(self) -> None:
         signature = _signature(self.path)
         source = PartyTable(str(self.path), self.party.id_column, columns=self.party.columns, encoding=self.encoding)
-        table = read_table(source)
+        table = read_table(source, as_text=True)  # values as written: the encoders take texts
         index: dict[str, int] = {}
         rows, keys, skipped = [], [], []
         features = self._encode_rows(table.values, table.origins, skipped)
