@@ -1,6 +1,7 @@
 """Training throughput of lvfl against a bare PyTorch loop, and of DH masking against Plain aggregation.
 
 .venv/bin/python benchmarks/overhead.py [--repeats 7] [--epochs 10] [--workloads digits synthetic] [--threads 1]
+.venv/bin/python benchmarks/overhead.py --workloads bank --repeats 3 --epochs 3 [--bank-rows 1000000]
 
 Three variants run the same EASTER step on the same party models (same classes, hyperparameters, optimizers and
 init seed) and the same training split:
@@ -21,6 +22,11 @@ Workloads:
   parties (32x8 strips), ``ResNet18`` party models (CIFAR stem), embedding 128, batch 128, SGD(lr=0.1); lvfl keeps
   the images uint8 and normalizes each batch after the transfer, the bare loop reads pre-normalized float tensors;
   no augmentation in either.
+- ``bank``: a bank's size (issue 46): ``--bank-rows`` samples (default 1,000,000), every one held by all 3 parties,
+  each party 310 float32 columns (what ``benchmarks/scale.py``'s 100 numeric and 10 twenty-level categorical columns
+  encode to, one-hot), a label from a linear rule; the party models and optimizer of ``scale.py``'s config
+  (``MLP(hidden=[64])``, embedding 16, Adam(lr=1e-3)), batch ``--bank-batch`` (default 1,024). The bare loop is the
+  same models fed from the same in-memory tensors: its ratio is what lvfl's loaders and step add at that size.
 - ``synthetic``: ``Synthetic`` with 8,192 samples, 1,000 features (100 informative, 2 classes) over 4 parties
   (250 each), ``MLP(hidden=[512])`` encoders, embedding 128 (``--synthetic-embedding-dim``), batch 512,
   SGD(lr=0.01, momentum=0.9) for every party.
@@ -140,6 +146,40 @@ class RandomImages(VerticalDataModule):
         generator = torch.Generator().manual_seed(0)
         x = torch.randint(0, 256, (self.num_samples, 3, 32, 32), dtype=torch.uint8, generator=generator)
         return x.numpy(), (torch.arange(self.num_samples) % 10).numpy()
+
+
+class RandomTable(VerticalDataModule):
+    """Seeded normal float32 features with a label from a linear rule: a large encoded table without a file."""
+
+    num_classes = 2
+
+    def __init__(self, num_samples: int, num_features: int, **kwargs) -> None:
+        self.num_samples, self.num_features = num_samples, num_features
+        super().__init__(**kwargs)
+
+    def load(self):
+        """Seeded features, built a block of rows at a time (no float64 temporary of the whole table)."""
+        generator = torch.Generator().manual_seed(0)
+        x = torch.empty(self.num_samples, self.num_features)
+        for start in range(0, self.num_samples, 65_536):
+            x[start : start + 65_536].normal_(generator=generator)
+        weights = torch.randn(self.num_features, generator=generator)
+        return x.numpy(), (x @ weights > 0).long().numpy()
+
+
+def bank_workload(rows: int, batch_size: int) -> Workload:
+    """scale.py's encoded bank tables and models at `rows` customers, every one at each of 3 parties."""
+    return Workload(
+        name="bank",
+        description=f"{rows:,} x 3 parties x 310 float32 columns, MLP [64], emb 16, Adam, batch {batch_size:,}",
+        datamodule=partial(
+            RandomTable, num_samples=rows, num_features=930, num_parties=3, batch_size=batch_size, seed=0
+        ),
+        parties=[PartyConfig(model=partial(MLP, hidden=[64]), optimizer=partial(torch.optim.Adam, lr=1e-3))],
+        embedding_dim=16,
+        dh_target=1.20,
+        plain_target=1.20,
+    )
 
 
 def cifar_workload(num_samples: int) -> Workload:
@@ -281,8 +321,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="interleaved repetitions (default 7)")
     parser.add_argument("--epochs", type=int, default=10, help="epochs per run; the first is not timed (default 10)")
     parser.add_argument(
-        "--workloads", nargs="+", choices=("digits", "synthetic", "cifar"), default=["digits", "synthetic"]
+        "--workloads", nargs="+", choices=("digits", "synthetic", "cifar", "bank"), default=["digits", "synthetic"]
     )
+    parser.add_argument("--bank-rows", type=int, default=1_000_000, help="samples in the bank workload")
+    parser.add_argument("--bank-batch", type=int, default=1024, help="batch size of the bank workload")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--synthetic-embedding-dim", type=int, default=128, help="default 128")
     parser.add_argument("--cifar-samples", type=int, default=1024, help="images in the cifar workload (default 1024)")
@@ -299,6 +341,7 @@ def main() -> None:
         "digits": digits_workload,
         "synthetic": partial(synthetic_workload, args.synthetic_embedding_dim),
         "cifar": partial(cifar_workload, args.cifar_samples),
+        "bank": partial(bank_workload, args.bank_rows, args.bank_batch),
     }
 
     start = time.perf_counter()

@@ -43,7 +43,8 @@ EPOCH = re.compile(r"^epoch 1/1\b.*\s([\d.]+) s$")  #: the epoch's line: from th
 FIT = re.compile(r"^lvfl fit: 1 epoch in ([\d.]+) s")  #: the fit's summary line: the set-up and the epoch
 #: the fit summary's memory line: the process's peak, the features and the model parameters it holds
 MEMORY = re.compile(
-    r"^memory: peak ([\d,]+) MB in this process; it holds ([\d.,]+ [kM]B) of features and ([\d.,]+ [kM]B)"
+    r"^memory: peak ([\d,]+) MB in this process \(([\d,]+) MB before the data's set-up\); it holds ([\d.,]+ [kM]B) "
+    r"of features and ([\d.,]+ [kM]B)"
 )
 
 

@@ -209,6 +209,26 @@ def test_receive_timeout_names_the_party_and_tag(make) -> None:
     assert time.monotonic() - start < 2
 
 
+def test_a_set_up_message_waits_past_the_timeout_while_its_sender_is_up_and_no_longer(make) -> None:
+    """Set-up work grows with the tables (a PSI of a million IDs takes minutes): `patience` keeps a receive waiting,
+    round by round of its timeout, while the sender answers; a sender that is down is still found within a round."""
+    b, a = make("party1"), make("party0")
+    late = threading.Timer(0.6, lambda: a.send("party1", "psi/blinded", -1, torch.ones(2), wait=False))
+    late.start()
+    start = time.monotonic()
+    assert torch.equal(b.receive("party0", "psi/blinded", -1, timeout=0.2, patience=5.0), torch.ones(2))
+    assert 0.5 < time.monotonic() - start < 3  # past its 0.2 s rounds, as long as the sender took
+    late.join()
+    with pytest.raises(FederationError) as excinfo:  # up, but never sends: the patience runs out
+        b.receive("party0", "psi/peer", -1, timeout=0.2, patience=0.4)
+    assert one_line(excinfo) == "party0 did not send 'psi/peer' (step -1) to party1 within 0.6 s"
+    a.close()
+    start = time.monotonic()
+    with pytest.raises(FederationError, match="party0 is unreachable"):  # down: found in the first round
+        b.receive("party0", "psi/peer", -1, timeout=0.2, patience=60.0)
+    assert time.monotonic() - start < 5
+
+
 def test_send_to_a_party_that_is_not_up_names_it_and_its_address(make, federation: Federation) -> None:
     a = make("party1", timeout=0.5)
     with pytest.raises(FederationError) as excinfo:
@@ -452,3 +472,21 @@ def test_transports_helper_starts_and_closes_all(federation: Federation) -> None
         assert a.receive("party1", "x", 0) == b"hello"
     with pytest.raises(FederationError, match="closed its transport"):
         a.receive("party1", "x", 1)
+
+
+def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -> None:
+    from lvfl.federation.link import SocketLink
+
+    waits = []
+
+    class Recorder:  # the transport's side of `take`: what each receive was allowed
+        me, identities = "party1", None
+
+        def receive(self, src: str, tag: str, step: int, expected: object = None, patience: float = 0.0) -> None:
+            waits.append((tag, step, patience))
+
+    link = SocketLink(Recorder(), setup_patience=3540.0)
+    link.take("party0", "party1", "psi/blinded", None)
+    link.step = 0
+    link.take("party0", "party1", "gradients", None)
+    assert waits == [("psi/blinded", -1, 3540.0), ("gradients", 0, 0.0)]

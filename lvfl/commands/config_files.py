@@ -34,6 +34,8 @@ from lvfl.checkpoints import SPECIAL_CKPT_PATHS
 __all__ = [
     "ALLOW_PUBLIC_SEEDS_HELP",
     "SAVED_CONFIG",
+    "SETUP_TIMEOUT",
+    "SETUP_TIMEOUT_HELP",
     "TABLE_LISTS",
     "check_public_seeds",
     "config_values",
@@ -176,6 +178,13 @@ def with_saved_config(
     kept = {k: v for k, v in config.items() if k in keep_only}
     return ["--config", _written(kept, saved.name), *out]
 
+
+#: how long a party waits for a peer's set-up message while the peer is up (`lvfl party --setup_timeout`)
+SETUP_TIMEOUT = 3600.0
+SETUP_TIMEOUT_HELP = (
+    "seconds to wait for a peer's set-up message (PSI, split) while the peer is up and working, checked every "
+    f"--timeout: set-up grows with the tables (a PSI of a million IDs takes minutes); default {SETUP_TIMEOUT:g}"
+)
 
 ALLOW_PUBLIC_SEEDS_HELP = (
     "run privacy noise seeded by the config (a label mechanism's, a gradient defense's or a party's embedding_noise "

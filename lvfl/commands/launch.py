@@ -35,7 +35,7 @@ import time
 import uuid
 from pathlib import Path
 
-from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP
+from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, SETUP_TIMEOUT
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.warm_start import (
     LAUNCH_STARTED,
@@ -53,7 +53,8 @@ from lvfl.network import LINK_PRESETS
 __all__ = ["launch", "main"]
 
 LAUNCH_HELP = (
-    "usage: lvfl launch [fit|validate|test|predict] [--pki DIR] [--timeout S] [--run_id ID] --config C.yaml "
+    "usage: lvfl launch [fit|validate|test|predict] [--pki DIR] [--timeout S] [--setup_timeout S] [--run_id ID] "
+    "--config C.yaml "
     "[options]\n\n"
     "Run every party of the config as its own local process (lvfl party), over mutual-TLS gRPC on localhost with a "
     "throw-away certificate authority: the federation rehearsed on one machine."
@@ -65,6 +66,12 @@ def launch_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="lvfl launch", add_help=False)
     parser.add_argument("--pki", type=Path, default=None, help="where to write the test PKI (default: a temp folder)")
     parser.add_argument("--timeout", type=float, default=60.0, help="each party's --timeout (default 60 s)")
+    parser.add_argument(
+        "--setup_timeout",
+        type=float,
+        default=SETUP_TIMEOUT,
+        help=f"each party's --setup_timeout (default {SETUP_TIMEOUT:g} s)",
+    )
     parser.add_argument("--run_id", default=None, help="the run ID (default: a fresh random one)")
     parser.add_argument(
         "--threads",
@@ -94,6 +101,7 @@ def launch(
     allow_public_seeds: bool = False,
     network: str | None = None,
     warm: bool | None = None,
+    setup_timeout: float = SETUP_TIMEOUT,
 ) -> int:
     """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded).
 
@@ -120,6 +128,7 @@ def launch(
             names, active, save_dir = found["names"], found["active"], found["save_dir"]
         if allow_public_seeds:
             fit_args = ["--allow_public_seeds", *fit_args]
+        fit_args = ["--setup_timeout", f"{setup_timeout:g}", *fit_args]  # an option of each party's own
         save_dir = save_dir or "runs"
         pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
         try:
@@ -317,6 +326,8 @@ def main(argv: list[str]) -> None:
         own, rest = launch_parser().parse_known_args(argv)
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
+        if not own.setup_timeout >= own.timeout:
+            raise ValueError(f"--setup_timeout must be at least --timeout ({own.timeout:g} s), got {own.setup_timeout}")
         if own.threads is not None and own.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {own.threads}")
         status = launch(
@@ -327,5 +338,6 @@ def main(argv: list[str]) -> None:
             own.threads,
             own.allow_public_seeds,
             own.network,
+            setup_timeout=own.setup_timeout,
         )
     raise SystemExit(status)

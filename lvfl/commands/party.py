@@ -31,7 +31,13 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lvfl.attacks import Attack, AttackRecord
-from lvfl.commands.config_files import ALLOW_PUBLIC_SEEDS_HELP, TABLE_LISTS, check_public_seeds
+from lvfl.commands.config_files import (
+    ALLOW_PUBLIC_SEEDS_HELP,
+    SETUP_TIMEOUT,
+    SETUP_TIMEOUT_HELP,
+    TABLE_LISTS,
+    check_public_seeds,
+)
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import main as fit_main
 from lvfl.commands.warm_start import LAUNCH_STARTED, PARTY_IMPORTED, PARTY_STARTED, SUBCOMMANDS
@@ -66,6 +72,7 @@ TRAINER_KEYS = (
 
 PARTY_HELP = (
     "usage: lvfl party [fit|validate|test|predict] --party NAME --federation F.yaml [--run_id ID] [--timeout S] "
+    "[--setup_timeout S] "
     "[--key PATH] [--listen ADDR] --config C.yaml [lvfl fit options]\n\n"
     "Run one party of a federation: the shared config's fit, on what this party holds, talking to its peers over "
     "mutual-TLS gRPC (docs/two-organisations.md)."
@@ -88,6 +95,7 @@ def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
         default=60.0,
         help="seconds to wait for a peer's message (or for a peer to come up) before stopping (default 60)",
     )
+    parser.add_argument("--setup_timeout", type=float, default=SETUP_TIMEOUT, help=SETUP_TIMEOUT_HELP)
     parser.add_argument("--key", type=Path, default=None, help="its private key (default: <party>.key beside F)")
     parser.add_argument("--listen", default=None, help="the address to bind, when not the federation file's")
     parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
@@ -181,6 +189,7 @@ class PartySession:
     key: Path | None = None
     listen: str | None = None
     allow_public_seeds: bool = False
+    setup_timeout: float = SETUP_TIMEOUT  # how long set-up messages may take while their sender is up
     transport: Any = field(default=None, init=False)
     marks: dict[str, float] = field(default_factory=dict)  # set-up's phases: when each ended (`SetupReport`)
 
@@ -217,7 +226,7 @@ class PartySession:
         if coordinator is not None and self.party not in (active, coordinator):
             self.transport.expect([coordinator])
         self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
-        link = SocketLink(self.transport)
+        link = SocketLink(self.transport, setup_patience=self.setup_timeout - self.timeout)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))
         self.marks["joined"] = time.time()
@@ -341,9 +350,12 @@ def main(argv: list[str]) -> None:
         own, rest = party_parser().parse_known_args(argv)
         if not own.timeout > 0:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
+        if not own.setup_timeout >= own.timeout:
+            raise ValueError(f"--setup_timeout must be at least --timeout ({own.timeout:g} s), got {own.setup_timeout}")
     session = PartySession(
-        own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds
-    )
+        own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds,
+        setup_timeout=own.setup_timeout,
+    )  # fmt: skip
     session.marks = {name: float(os.environ[var]) for name, var in _LAUNCH_MARKS.items() if var in os.environ}
     session.marks["given its part" if "imported" in session.marks else "imported"] = imported  # warm: imported before
     fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)

@@ -124,7 +124,9 @@ class Inbox:
         return grpc.method_handlers_generic_handler(_SERVICE, handlers)
 
     # -- receiving -------------------------------------------------------------------------------------------------
-    def receive(self, src: str, tag: str, step: int, expected: Any = None, timeout: float | None = None) -> Any:
+    def receive(
+        self, src: str, tag: str, step: int, expected: Any = None, timeout: float | None = None, patience: float = 0.0
+    ) -> Any:
         """The next message from `src` under `tag`, which must be for `step` and of the form `expected`.
 
         Args:
@@ -134,6 +136,9 @@ class Inbox:
             expected: a template the payload must match (`lvfl.federation.codec.conform`): a tensor of the
                 dtype and shape expected (a `meta` tensor will do), a dict / list / tuple of them, or None.
             timeout: seconds to wait; the transport's `timeout` by default.
+            patience: further seconds to wait while `src` is up, checked every `timeout` (set-up work, such as a
+                PSI over millions of IDs, takes as long as the data makes it); a peer that is down is still found
+                within `timeout`.
 
         Raises:
             FederationError: no message within the timeout (naming `src` and `tag`), a refused message from `src`,
@@ -143,6 +148,7 @@ class Inbox:
         wait = self.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + wait
         grace_given = False
+        patience, waited = float(patience), wait + float(patience)
         with self._cond:
             while True:
                 self._raise_failure()  # a peer's abort, or a queued send's failure
@@ -169,9 +175,14 @@ class Inbox:
                             f"{src} is unreachable (nothing answers at {address}): {self.me} waited {wait:g} s for "
                             f"{tag!r} (step {step})"
                         )
+                    if patience > 0:  # up and, in set-up, still working: wait another round
+                        more = min(wait, patience)
+                        patience -= more
+                        deadline = time.monotonic() + more
+                        continue
                     if grace_given:
                         raise FederationError(
-                            f"{src} did not send {tag!r} (step {step}) to {self.me} within {wait:g} s"
+                            f"{src} did not send {tag!r} (step {step}) to {self.me} within {waited:g} s"
                         )
                     # `src` is up, so it is waiting on someone else: that one's absence is being found by whoever
                     # waits on it, whose abort names it; give it a moment to arrive

@@ -41,10 +41,15 @@ def template(expected: Any) -> Any:
 
 
 class SocketLink:
-    """Carries a party view's messages on `transport`, each stamped with the current `step`."""
+    """Carries a party view's messages on `transport`, each stamped with the current `step`.
 
-    def __init__(self, transport: Transport) -> None:
+    `setup_patience`: seconds a set-up message (step -1: key agreement, PSI, split) may take beyond the transport's
+    timeout while its sender is up, since set-up work grows with the tables (`Inbox.receive`'s `patience`).
+    """
+
+    def __init__(self, transport: Transport, setup_patience: float = 0.0) -> None:
         self.transport = transport
+        self.setup_patience = float(setup_patience)
         self.identities = transport.identities  # this party's TLS identity, and its peers' pinned certificates
         self.step = -1  # set-up (key agreement, PSI) runs before the first training step
 
@@ -58,7 +63,8 @@ class SocketLink:
         """The next message from `src` under `tag`, for this step, of the form of `expected`."""
         if dst != self.transport.me:
             raise ValueError(f"party {self.transport.me!r} cannot receive a message for {dst!r}")
-        return self.transport.receive(src, tag, self.step, expected=template(expected))
+        patience = self.setup_patience if self.step < 0 else 0.0
+        return self.transport.receive(src, tag, self.step, expected=template(expected), patience=patience)
 
 
 class StepClock(Callback):
