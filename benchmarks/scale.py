@@ -200,6 +200,18 @@ def report(title: str, seconds: float | None, texts: dict[str, str]) -> None:
         print()
 
 
+def simulate(out: Path, config: Path, new_rows: Path, options: argparse.Namespace) -> None:
+    """`lvfl fit`, then `lvfl predict` of the new rows, every party in one process; each command's tables."""
+    seconds, text = run(["fit", "--config", str(config)], out / "fit.log")
+    report("lvfl fit (simulation)", seconds, {"every party": text})
+    seconds, text = run(
+        ["predict", "--config", str(config), "--config", str(new_rows), "--ckpt_path", "last",
+         "--output", str(out / "predictions.csv")],
+        out / "predict.log",
+    )  # fmt: skip
+    report(f"lvfl predict of {options.new_rows:,} new customers per party (simulation)", seconds, {"every party": text})
+
+
 def launched(out: Path, console: str) -> dict[str, str]:
     """Each launched party's output: the active party's is the launch's console, the others' their logs."""
     logs = {p.stem: p.read_text() for p in sorted((out / "launch").glob("party*.log"))}
@@ -217,6 +229,7 @@ def main() -> None:
     parser.add_argument("--part-rows", type=int, default=250_000, help="rows per Parquet part")
     parser.add_argument("--batch-size", type=int, default=1024)
     parser.add_argument("--skip-launch", action="store_true", help="simulation only")
+    parser.add_argument("--skip-simulation", action="store_true", help="lvfl launch only")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/bench/scale/<rows>")
     parser.add_argument("--from-logs", action="store_true", help="print the tables of the last run's logs in --out")
     options = parser.parse_args()
@@ -235,7 +248,7 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "data.json"
-    wanted = {k: v for k, v in vars(options).items() if k not in ("skip_launch", "out", "batch_size")}
+    wanted = {k: v for k, v in vars(options).items() if k not in ("skip_launch", "skip_simulation", "out", "batch_size")}
     started = time.perf_counter()
     if not stamp.exists() or json.loads(stamp.read_text()) != wanted:
         data = write_tables(out / "data", options, options.rows, "C", labels=True)
@@ -252,14 +265,8 @@ def main() -> None:
           f"{options.part_rows:,} rows; {wrote} ({out})")  # fmt: skip
     print(f"# {machine()}; one torch thread per process")
     print()
-    seconds, text = run(["fit", "--config", str(config)], out / "fit.log")
-    report("lvfl fit (simulation)", seconds, {"every party": text})
-    seconds, text = run(
-        ["predict", "--config", str(config), "--config", str(new_rows), "--ckpt_path", "last",
-         "--output", str(out / "predictions.csv")],
-        out / "predict.log",
-    )  # fmt: skip
-    report(f"lvfl predict of {options.new_rows:,} new customers per party (simulation)", seconds, {"every party": text})
+    if not options.skip_simulation:
+        simulate(out, config, new_rows, options)
     if not options.skip_launch:
         save = out / "launch"
         for old in save.glob("party*.log"):  # a launch appends to its parties' logs: this run's lines only

@@ -146,9 +146,19 @@ def describe_object(obj: Any, depth: int = _DEPTH) -> dict[str, Any]:
 
 
 def _digest(array: np.ndarray) -> str:
-    data = np.ascontiguousarray(array)
-    blob = f"{data.dtype.str}{data.shape}".encode() + data.tobytes()
-    return hashlib.sha256(blob).hexdigest()[:16]
+    return _digest_rows([array])
+
+
+def _digest_rows(parts: list[np.ndarray]) -> str:
+    """The digest of `parts` stacked along their first axis, read in place (a million rows are not copied)."""
+    parts = [np.ascontiguousarray(p) for p in parts]  # (at least one axis: a scalar reads as one value)
+    first = parts[0]
+    shape = (sum(len(p) for p in parts), *first.shape[1:])
+    digest = hashlib.sha256(f"{first.dtype.str}{shape}".encode())
+    for part in parts:
+        if part.size:
+            digest.update(memoryview(part).cast("B"))
+    return digest.hexdigest()[:16]
 
 
 def digest_json(value: Any) -> str:
@@ -159,11 +169,11 @@ def digest_json(value: Any) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def digest_array(array: np.ndarray | torch.Tensor) -> str:
-    """A short SHA-256 digest of an array's dtype, shape and bytes."""
-    if isinstance(array, torch.Tensor):
-        array = array.detach().cpu().numpy()
-    return _digest(np.asarray(array))
+def digest_array(array: np.ndarray | torch.Tensor | list[torch.Tensor]) -> str:
+    """A short SHA-256 digest of an array's dtype, shape and bytes; of a list, of its parts stacked (not copied)."""
+    parts = array if isinstance(array, list) else [array]
+    parts = [p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p) for p in parts]
+    return _digest_rows(parts)
 
 
 def _ids(ids: torch.Tensor) -> dict[str, Any]:

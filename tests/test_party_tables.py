@@ -132,7 +132,7 @@ def test_fit_prints_and_logs_the_psis_counts(bank_retailer, tmp_path: Path, caps
 
 
 def test_each_phase_of_the_set_up_reports_as_it_runs_and_keeps_its_figures(bank_retailer, capsys) -> None:
-    """Reading, each PSI step, the split and encoding: a line each on standard error (no terminal here), in order."""
+    """Reading, each PSI step, the split, fitting, encoding: a line each on standard error (no terminal), in order."""
     dm = tables(bank_retailer)
     dm.setup("fit")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("party")]
@@ -144,6 +144,8 @@ def test_each_phase_of_the_set_up_reports_as_it_runs_and_keeps_its_figures(bank_
         ("party1: PSI, hashing and blinding its IDs", 900, "IDs"),
         ("party0: PSI, blinding party1's IDs again", 900, "IDs"),
         ("party0: drawing the split", 900, "rows"),
+        ("party0: fitting its encoders", 2, "columns"),
+        ("party1: fitting its encoders", 2, "columns"),
         ("party0: encoding its columns", 2, "columns"),
         ("party1: encoding its columns", 2, "columns"),
     ]

@@ -84,17 +84,71 @@ class Column:
         return builder.finish()
 
 
-class ColumnBuilder:
-    """Grows a `Column` chunk by chunk; `as_text` keeps every value as its text (a categorical column)."""
+class _Growing:
+    """One array appended to chunk by chunk in a buffer that doubles: a chunk is copied in, never kept apart.
 
-    def __init__(self, as_text: bool) -> None:
+    (Thousands of small chunks would each be a small allocation, and the allocator keeps such memory for the process
+    after they are joined and freed: at a million rows, as much again as the table.)
+    """
+
+    def __init__(self, dtype: type, capacity: int) -> None:
+        self.data = np.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def extend(self, chunk: np.ndarray) -> None:
+        """Append the values of `chunk`."""
+        count = len(chunk)
+        self._reserve(count)
+        self.data[self.size : self.size + count] = chunk
+        self.size += count
+
+    def repeat(self, value: float, count: int) -> None:
+        """Append `value` `count` times."""
+        self._reserve(count)
+        self.data[self.size : self.size + count] = value
+        self.size += count
+
+    def _reserve(self, count: int) -> None:
+        if self.size + count > len(self.data):
+            grown = np.empty(max(self.size + count, 2 * len(self.data), 1 << 16), dtype=self.data.dtype)
+            grown[: self.size] = self.data[: self.size]
+            self.data = grown
+
+    def array(self) -> np.ndarray:
+        """The values appended (the buffer itself where it is full, else a copy of its used part)."""
+        data, self.data = self.data, np.empty(0, dtype=self.data.dtype)
+        return data if self.size == len(data) else data[: self.size].copy()
+
+
+class ColumnBuilder:
+    """Grows a `Column` chunk by chunk; `as_text` keeps every value as its text (a categorical column).
+
+    `rows`: how many rows are coming, where the reader knows (Parquet's metadata): the arrays are allocated once.
+    """
+
+    def __init__(self, as_text: bool, rows: int = 0) -> None:
         self.as_text = as_text
+        self._rows = rows
         self._index: dict[str, int] = {}  # text -> its code, in the order first read
-        self._numbers: list[np.ndarray] = []
-        self._codes: list[np.ndarray | None] = []  # None: a chunk of numbers only
+        self._numbers = None if as_text else _Growing(np.float64, rows)
+        self._codes = _Growing(np.int32, rows) if as_text else None  # made at the first text of a numeric column
+        self._count = 0
 
     def _code(self, text: str) -> int:
         return self._index.setdefault(text, len(self._index))
+
+    def _add(self, numbers: np.ndarray | None, codes: np.ndarray | None, count: int) -> None:
+        if self._numbers is not None:
+            self._numbers.extend(numbers)
+        if codes is not None and self._codes is None:  # the first text: the rows so far held numbers
+            self._codes = _Growing(np.int32, max(self._rows, self._count + count))
+            self._codes.repeat(_NUMBER, self._count)
+        if self._codes is not None:
+            if codes is None:
+                self._codes.repeat(_NUMBER, count)
+            else:
+                self._codes.extend(codes)
+        self._count += count
 
     def add_texts(self, texts: list[str]) -> None:
         """A chunk of rows' texts (stripped), dictionary-encoded here so each distinct text is read once."""
@@ -106,17 +160,16 @@ class ColumnBuilder:
         """A chunk given as per-row indices into its distinct texts `uniques` (stripped)."""
         if self.as_text:
             lut = np.fromiter((self._code(u) for u in uniques), dtype=np.int32, count=len(uniques))
-            self._codes.append(lut[codes])
+            self._add(None, lut[codes], len(codes))
             return
         values = np.fromiter((_finite(u) for u in uniques), dtype=np.float64, count=len(uniques))
         wordy = np.flatnonzero(np.isnan(values))
-        self._numbers.append(values[codes])
         if not len(wordy):
-            self._codes.append(None)
+            self._add(values[codes], None, len(codes))
             return
         lut = np.full(len(uniques), _NUMBER, dtype=np.int32)
         lut[wordy] = [self._code(uniques[k]) for k in wordy]
-        self._codes.append(lut[codes])
+        self._add(values[codes], lut[codes], len(codes))
 
     def add_numbers(self, values: np.ndarray, null: np.ndarray | None) -> None:
         """A chunk of typed numbers (float64) of a column not read as text; `null` marks missing rows.
@@ -131,33 +184,17 @@ class ColumnBuilder:
         if null is not None:
             odd |= null
         if not odd.any():
-            self._numbers.append(values)
-            self._codes.append(None)
+            self._add(values, None, len(values))
             return
         codes = np.full(len(values), _NUMBER, dtype=np.int32)
         for i in np.flatnonzero(odd):
             codes[i] = self._code("" if null is not None and null[i] else str(float(values[i])))
         numbers = values.copy()
         numbers[odd] = math.nan
-        self._numbers.append(numbers)
-        self._codes.append(codes)
+        self._add(numbers, codes, len(values))
 
     def finish(self) -> Column:
-        """The column read so far."""
-        numbers = None if self.as_text else _joined(self._numbers, np.float64)
-        if all(c is None for c in self._codes):
-            codes = None
-        else:
-            sizes = [len(n) for n in self._numbers] if not self.as_text else [len(c) for c in self._codes]
-            chunks = [
-                np.full(s, _NUMBER, dtype=np.int32) if c is None else c for c, s in zip(self._codes, sizes, strict=True)
-            ]
-            codes = _joined(chunks, np.int32)
+        """The column read (the builder lets go of its arrays)."""
+        numbers = None if self._numbers is None else self._numbers.array()
+        codes = None if self._codes is None else self._codes.array()
         return Column(numbers, codes, list(self._index))
-
-
-def _joined(chunks: list[np.ndarray], dtype: type) -> np.ndarray:
-    """Chunks end to end (the one chunk itself, uncopied)."""
-    if len(chunks) == 1:
-        return chunks[0].astype(dtype, copy=False)
-    return np.concatenate(chunks).astype(dtype, copy=False) if chunks else np.zeros(0, dtype=dtype)

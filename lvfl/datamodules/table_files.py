@@ -316,6 +316,18 @@ def _parquet(path: Path, source: PartyTable) -> tuple[list[str], Callable[[_Read
     return header, feed
 
 
+def _parquet_rows(files: list[Path]) -> int:
+    """The rows of a table of Parquet files, from their metadata (0 for CSV, or where it cannot be read yet)."""
+    if any(f.suffix.lower() != ".parquet" for f in files):
+        return 0
+    try:
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    except Exception:  # noqa: BLE001 - an unreadable file is refused by name when it is read
+        return 0
+
+
 def _add_parquet(builder: ColumnBuilder, values: Any) -> None:
     """A batch of one Parquet column: typed numbers as arrays, text by its distinct values, the rest by `_text`."""
     import pyarrow as pa
@@ -414,11 +426,16 @@ class _Reader:
     """What `read_table` gathers over a table's files, a chunk of rows at a time."""
 
     def __init__(
-        self, source: PartyTable, columns: list[str], as_text: bool | Collection[str], done: Callable[[int], None]
+        self,
+        source: PartyTable,
+        columns: list[str],
+        as_text: bool | Collection[str],
+        done: Callable[[int], None],
+        rows: int = 0,
     ) -> None:
         self.source, self.columns, self.done = source, columns, done
         texts = set(source.categorical) | set(columns if as_text is True else as_text or ())
-        self.builders = [ColumnBuilder(c in texts) for c in columns]
+        self.builders = [ColumnBuilder(c in texts, rows) for c in columns]
         self.ids: list[str] = []
         self.first: dict[str, int] = {}  # ID -> its row (a second one is refused naming the first)
         self.labels: list[str] = []
@@ -496,7 +513,8 @@ def read_table(
             own_header, records = _csv(file, codec)
         if header is None:
             header = own_header
-            reader = _Reader(source, _feature_columns(source, file, header), as_text, done or (lambda n: None))
+            columns = _feature_columns(source, file, header)
+            reader = _Reader(source, columns, as_text, done or (lambda n: None), _parquet_rows(files))
         elif own_header != header:
             raise ValueError(f"{file}: its columns {own_header} differ from {files[0]}'s {header}")
         reader.start(file, "row" if parquet else "line")

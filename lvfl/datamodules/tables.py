@@ -266,32 +266,34 @@ class PartyTables(VerticalDataModule):
             self._splits = {"val": received["val"], "test": received["test"]}
             y = np.zeros(num_rows, dtype=np.float32 if self.regression else np.int64)  # filler: no labels here
 
-        blocks: dict[str, np.ndarray] = {}  # per party held here: its encoded rows, the shared ones first
+        own_rows: dict[str, np.ndarray] = {}  # per party held here: its row of each sample it encodes
         own_columns: dict[str, list[int]] = {}  # per party held here: each encoded column's cardinality (0: numeric)
         for name, table in tables.items():
             if name == active:  # its row of each sample, and the training rows it fits on
-                own = perm
+                own_rows[name] = perm
                 fit_rows = np.sort(perm[self._splits["train"]])
             else:
-                own = alignment.rows[name]
-                fit_rows = own[received["train"]]
-            with self._phase(f"{name}: encoding its columns", total=len(table.columns), unit="columns") as phase:
+                own_rows[name] = alignment.rows[name]
+                fit_rows = own_rows[name][received["train"]]
+            with self._phase(f"{name}: fitting its encoders", total=len(table.columns), unit="columns") as phase:
                 source = self.tables[names.index(name)]
                 encoders = fit_encoders(table, source, fit_rows, onehot=self.encoding == "onehot")
-                self.encoders[name] = encoders
-                self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
-                blocks[name] = _encoded(table, encoders, own, phase)  # a passive party's other rows: never served
+                phase.advance(len(encoders))
+            self.encoders[name] = encoders
+            self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
         columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
         widths = np.cumsum([0, *(len(columns.get(name, [0])) for name in names)])
-        # column-major: a party's columns lie apart from the others', whose zeros (in a party's own process, another
-        # party's columns) are never written, so the system never backs them with memory
+        # column-major, each party's columns encoded straight into it: a party's columns lie apart from the others',
+        # whose zeros (in a party's own process, another party's columns) are never written, so the system never
+        # backs them with memory; a passive party's rows past the shared ones are never served
         x = np.zeros((num_rows, int(widths[-1])), dtype=np.float32, order="F")
         for k, name in enumerate(names):
-            if name in blocks:
-                block = blocks.pop(name)
-                x[: len(block), widths[k] : widths[k + 1]] = block
-                del block
+            if name in tables:
+                rows = own_rows[name]
+                encoders = self.encoders[name]
+                with self._phase(f"{name}: encoding its columns", total=len(encoders), unit="columns") as phase:
+                    _encoded(tables[name], encoders, rows, phase, out=x[: len(rows), widths[k] : widths[k + 1]])
         cats = [c for name in names for c in columns.get(name, [0])]
         self.partitioner = ExplicitColumns([list(range(widths[k], widths[k + 1])) for k in range(len(names))])
         self._held_here = {n for n in names if n in tables} if live else None
@@ -560,7 +562,7 @@ class PartyTables(VerticalDataModule):
                 views = prepared.active_splits if name == self.active_party_name else prepared.splits
                 parts = [views[split].stored[name] for split in ("train", "val", "test") if name in views[split].stored]
                 if parts:
-                    entry["features"] = digest_array(torch.cat(parts))
+                    entry["features"] = digest_array(parts)  # = torch.cat(parts)'s, without the copy
                 content[name] = entry
             self._content = content
         return self._content
@@ -601,13 +603,16 @@ _UNKNOWN = Absent("another party's message")
 _INT = np.dtype(">i8")
 
 
-def _encoded(table: Table, encoders: list[ColumnEncoder], rows: np.ndarray, phase: Phase) -> np.ndarray:
-    """`rows` of `table` through its fitted `encoders`, side by side; `phase` counts each column as it is done.
+def _encoded(
+    table: Table, encoders: list[ColumnEncoder], rows: np.ndarray, phase: Phase, out: np.ndarray | None = None
+) -> np.ndarray:
+    """`rows` of `table` through its fitted `encoders`, side by side, into `out` where given.
 
-    Each raw column is let go of once encoded (`table.data` is emptied), so a party's raw and encoded tables are
-    never both whole in memory.
+    `phase` counts each column as it is done. Each raw column is let go of once encoded (`table.data` is
+    emptied), so a party's raw and encoded tables are never both whole in memory.
     """
-    out = np.zeros((len(rows), sum(len(e.output_names) for e in encoders)), dtype=np.float32)
+    width = sum(len(e.output_names) for e in encoders)
+    out = np.zeros((len(rows), width), dtype=np.float32) if out is None else out
     raw, table.data, at = table.data, [], 0
     for j, encoder in enumerate(encoders):
         width = len(encoder.output_names)
