@@ -248,7 +248,8 @@ def main() -> None:
         return
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "data.json"
-    wanted = {k: v for k, v in vars(options).items() if k not in ("skip_launch", "skip_simulation", "out", "batch_size")}
+    runs_only = ("skip_launch", "skip_simulation", "out", "batch_size")  # options that do not change the data
+    wanted = {k: v for k, v in vars(options).items() if k not in runs_only}
     started = time.perf_counter()
     if not stamp.exists() or json.loads(stamp.read_text()) != wanted:
         data = write_tables(out / "data", options, options.rows, "C", labels=True)

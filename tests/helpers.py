@@ -7,6 +7,7 @@ import csv
 import os
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,6 @@ def each_in_a_thread(run: Any, names: list[str], timeout: float = 120) -> dict[s
 
     An exception in any thread fails the caller with every thread's error.
     """
-    import threading
-
     results, errors = {}, []
 
     def one(name: str) -> None:

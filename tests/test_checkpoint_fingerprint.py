@@ -6,9 +6,11 @@ silently tested whichever run wrote last (another backend, another data split).
 
 from __future__ import annotations
 
+import hashlib
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import REPO, dh_key_ledger, make_trainer, split_ledger, write_tables
@@ -18,7 +20,7 @@ from lvfl.datamodules import Synthetic
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain, RandomizedResponse
 from lvfl.protocols import EASTER, PartyConfig
-from lvfl.runs import CheckpointMismatchError, run_fingerprint, split_resume_traffic
+from lvfl.runs import CheckpointMismatchError, digest_array, run_fingerprint, split_resume_traffic
 
 
 def tiny_data(seed: int = 0, **kwargs) -> Synthetic:
@@ -252,11 +254,6 @@ def test_party_tables_fingerprint_covers_the_tables_themselves(tmp_path):
 
 def test_an_arrays_digest_is_sha256_of_its_dtype_shape_and_bytes_and_its_parts_digest_as_the_whole() -> None:
     """Read in place (a party's million encoded rows are not copied to be digested), the same digest as before."""
-    import hashlib
-
-    import numpy as np
-
-    from lvfl.runs import digest_array
 
     def reference(array: np.ndarray) -> str:
         data = np.ascontiguousarray(array)

@@ -18,6 +18,7 @@ import torch
 from lvfl.federation import FederationError
 from lvfl.federation.codec import Header, encode_envelope
 from lvfl.federation.federation_file import Federation, write_federation
+from lvfl.federation.link import SocketLink
 from lvfl.federation.pki import PKIFiles, issue_certificate, write_test_pki
 from lvfl.federation.transport import DELIVER, Transport, transports
 from lvfl.wire import payload_nbytes
@@ -475,8 +476,6 @@ def test_transports_helper_starts_and_closes_all(federation: Federation) -> None
 
 
 def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -> None:
-    from lvfl.federation.link import SocketLink
-
     waits = []
 
     class Recorder:  # the transport's side of `take`: what each receive was allowed

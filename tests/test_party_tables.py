@@ -13,9 +13,12 @@ import torch
 from helpers import each_in_a_thread
 
 from lvfl.datamodules import PartyTable, PartyTables
+from lvfl.federation.rehearsal import MemoryTransport
 from lvfl.models import MLP
 from lvfl.privacy.psi import message_bytes
 from lvfl.protocols import EASTER, PartyConfig
+from lvfl.shadows import Shadow
+from lvfl.wire import Wire
 
 
 def write_csv(path: Path, header: list[str], rows: list[list]) -> str:
@@ -527,10 +530,6 @@ def test_a_partys_own_process_holds_its_slices_once_and_the_others_as_shadows_fr
     """Each party in its own wire view (threads over a `MemoryTransport`, as `lvfl launch`'s processes): its slices
     are the simulation's, bit for bit; the other party's are shadows before `hold_only` runs, so their columns of
     `load()`'s array are never read; the active party's VFL view of a split is a view of its own slice, no copy."""
-    from lvfl.federation.rehearsal import MemoryTransport
-    from lvfl.shadows import Shadow
-    from lvfl.wire import Wire
-
     whole = tables(bank_retailer, scale=True)
     whole.setup()
     transport = MemoryTransport(timeout=60)
