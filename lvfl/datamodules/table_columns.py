@@ -79,7 +79,7 @@ class Column:
     @classmethod
     def of_texts(cls, texts: list[str], as_text: bool) -> Column:
         """A column of a few texts (a request's row), as a reader would build it."""
-        builder = ColumnBuilder(as_text)
+        builder = ColumnBuilder(as_text, len(texts))
         builder.add_texts(texts)
         return builder.finish()
 
@@ -110,7 +110,7 @@ class _Growing:
 
     def _reserve(self, count: int) -> None:
         if self.size + count > len(self.data):
-            grown = np.empty(max(self.size + count, 2 * len(self.data), 1 << 16), dtype=self.data.dtype)
+            grown = np.empty(max(self.size + count, 2 * len(self.data)), dtype=self.data.dtype)
             grown[: self.size] = self.data[: self.size]
             self.data = grown
 
