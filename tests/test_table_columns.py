@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lvfl.datamodules import table_files
-from lvfl.datamodules.table_columns import MISSING, Column
+from lvfl.datamodules.table_columns import MISSING, Column, ColumnBuilder
 from lvfl.datamodules.table_encoding import MISSING_LEVEL, UNSEEN, fit_encoders
 from lvfl.datamodules.table_files import PartyTable, read_table
 
@@ -148,12 +148,19 @@ def test_a_bad_value_is_still_refused_by_its_line_from_a_later_chunk(tmp_path: P
         fit_encoders(table, PartyTable(str(path), id_column="cid"), np.arange(3), onehot=True)
 
 
+def built(texts: list[str], as_text: bool) -> Column:
+    builder = ColumnBuilder(as_text)
+    builder.add_texts(texts[:2])  # two chunks, as a reader adds them (the buffers grow from nothing)
+    builder.add_texts(texts[2:])
+    return builder.finish()
+
+
 def test_a_column_of_texts_is_the_texts_it_was_built_from() -> None:
     texts = ["b", "a", "", "b", "NaN", "3"]
-    column = Column.of_texts(texts, as_text=True)
+    column = built(texts, as_text=True)
     assert [column.text(r) for r in range(len(texts))] == texts
     assert column.missing().tolist() == [False, False, True, False, True, False]
-    numeric = Column.of_texts(texts, as_text=False)
+    numeric = built(texts, as_text=False)
     assert numeric.numbers[5] == 3.0
     assert numeric.codes[5] == -1
     assert numeric.wordy().tolist()[:2] == [True, True]

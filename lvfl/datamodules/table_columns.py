@@ -76,13 +76,6 @@ class Column:
         numbers = None if self.numbers is None else self.numbers[rows]
         return Column(numbers, None if self.codes is None else self.codes[rows], self.texts)
 
-    @classmethod
-    def of_texts(cls, texts: list[str], as_text: bool) -> Column:
-        """A column of a few texts (a request's row), as a reader would build it."""
-        builder = ColumnBuilder(as_text, len(texts))
-        builder.add_texts(texts)
-        return builder.finish()
-
 
 class _Growing:
     """One array appended to chunk by chunk in a buffer that doubles: a chunk is copied in, never kept apart.
