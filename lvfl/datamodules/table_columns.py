@@ -13,13 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["MISSING", "Column", "ColumnBuilder", "number_text"]
+__all__ = ["MISSING", "Column", "ColumnBuilder", "finite_number", "number_text"]
 
 MISSING = {"", "na", "nan", "null", "none"}  #: field texts read as a missing value (case-insensitive)
 _NUMBER = -1  # a row's code where `numbers` holds its value
 
 
-def _finite(text: str) -> float:
+def finite_number(text: str) -> float:
     """The finite number a text holds (Python's `float` reading), NaN where it holds none."""
     try:
         value = float(text)
@@ -155,7 +155,7 @@ class ColumnBuilder:
             lut = np.fromiter((self._code(u) for u in uniques), dtype=np.int32, count=len(uniques))
             self._add(None, lut[codes], len(codes))
             return
-        values = np.fromiter((_finite(u) for u in uniques), dtype=np.float64, count=len(uniques))
+        values = np.fromiter((finite_number(u) for u in uniques), dtype=np.float64, count=len(uniques))
         wordy = np.flatnonzero(np.isnan(values))
         if not len(wordy):
             self._add(values[codes], None, len(codes))

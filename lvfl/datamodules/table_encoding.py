@@ -12,22 +12,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lvfl.datamodules.table_columns import MISSING, Column
+from lvfl.datamodules.table_columns import MISSING, Column, finite_number
 from lvfl.datamodules.table_files import PartyTable, Table
 
 __all__ = ["MISSING_LEVEL", "UNSEEN", "ColumnEncoder", "fit_encoders", "numeric_labels"]
 
 MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
 UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
-
-
-def _number(text: str) -> float | None:
-    """The finite number a field holds, None if it holds no number."""
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 @dataclass
@@ -79,8 +70,8 @@ class ColumnEncoder:
                     if self.indicator:
                         out[i, 1] = 1.0
                     continue
-                value = _number(text)
-                if value is None:
+                value = finite_number(text)
+                if math.isnan(value):
                     raise ValueError(
                         f"{origins[i]}: column {self.name!r} holds {text!r}, not a number (the column is "
                         "numeric in the training rows; list it in `categorical` to encode it as categories)"
