@@ -52,8 +52,9 @@ def test_a_warm_party_answers_as_the_launcher_would_then_runs_its_part_or_ends(t
     first, second = WarmParty(env), WarmParty(env)
     try:
         question = {"do": "parties", "args": DIGITS, "allow_public_seeds": False, "fits": True}
-        names, active, save_dir = config_parties(DIGITS)
-        assert first.ask(question) == {"names": names, "active": active, "save_dir": save_dir}
+        names, active, save_dir, ranks = config_parties(DIGITS)
+        assert first.ask(question) == {"names": names, "active": active, "save_dir": save_dir, "ranks": ranks}
+        assert ranks == 1
         assert names == ["party0", "party1", "party2", "party3"]
         refused = first.ask({**question, "args": [*DIGITS, "--model.init_args.no_such_option=1"]})
         assert set(refused) == {"error"}  # the launcher reads the config itself, to refuse it in its own words

@@ -123,9 +123,13 @@ def launch(
             # loaded only here, on a cold start or a refusal: the launcher's own imports stay free of PyTorch
             from lvfl.commands.launch_parties import config_parties
 
-            names, active, save_dir = config_parties(fit_args, allow_public_seeds, fits)
+            names, active, save_dir, ranks = config_parties(fit_args, allow_public_seeds, fits)
         else:
-            names, active, save_dir = found["names"], found["active"], found["save_dir"]
+            names, active, save_dir, ranks = found["names"], found["active"], found["save_dir"], found["ranks"]
+        if ranks > 1:  # Lightning starts each party's other ranks by running its command again: `python -m lvfl`
+            for process in pool:
+                process.close()
+            pool = []
         if allow_public_seeds:
             fit_args = ["--allow_public_seeds", *fit_args]
         fit_args = ["--setup_timeout", f"{setup_timeout:g}", *fit_args]  # an option of each party's own
@@ -133,8 +137,9 @@ def launch(
         pki_dir = Path(tempfile.mkdtemp(prefix="lvfl-pki-")) if pki is None else pki
         try:
             return _launch_parties(
-                names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks, pool
-            )
+                names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks, pool,
+                ranks,
+            )  # fmt: skip
         finally:
             if pki is None:  # throw-away keys: nothing of them stays on the disk
                 shutil.rmtree(pki_dir, ignore_errors=True)
@@ -156,23 +161,33 @@ def _launch_parties(
     network: str | None,
     marks: dict[str, str],
     pool: list[WarmParty],
+    ranks: int = 1,
 ) -> int:
-    """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all."""
+    """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all.
+
+    With `ranks` > 1 each party is a process group of that many ranks (its process starts the others), and the
+    federation file lists an address per rank.
+    """
     write_test_pki(pki_dir, names, ca_key=None)
     federation = pki_dir / "federation.yaml"
-    addresses = {name: party.address for name, party in write_federation(federation, names).parties.items()}
+    written = write_federation(federation, names, ranks=ranks).parties
+    addresses = {name: list(party.addresses) if ranks > 1 else party.address for name, party in written.items()}
     files = dict.fromkeys(names, federation)
     proxy = None
     if network is not None:  # each party's own file: its own address, and each peer's at the proxy's port for the pair
         proxy = LinkProxy(dict.fromkeys(names, LINK_PRESETS[network]))
-        for name in names:
-            routed = {peer: proxy.route(name, peer, addresses[peer]) for peer in names if peer != name}
+        for name in names:  # a peer's ranks share its access link: one route per rank, paced as one link
+            routed = {
+                peer: proxy.route(name, peer, a) if isinstance(a, str) else [proxy.route(name, peer, r) for r in a]
+                for peer, a in addresses.items()
+                if peer != name
+            }
             files[name] = pki_dir / f"federation.{name}.yaml"
             write_federation(files[name], names, addresses={**routed, name: addresses[name]})
         proxy.start()
     try:
         return _run_parties(
-            names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks, pool
+            names, active, save_dir, files, subcommand, fit_args, timeout, run_id, threads, network, marks, pool, ranks
         )
     finally:
         if proxy is not None:
@@ -195,6 +210,7 @@ def _run_parties(
     network: str | None,
     marks: dict[str, str],
     pool: list[WarmParty],
+    ranks: int = 1,
 ) -> int:
     """Start a process per party, each with its federation file, and wait for them all.
 
@@ -230,8 +246,8 @@ def _run_parties(
         env.pop(PARTY_IMPORTED, None)  # a warm process sets its own; no other has one
         if threads is not None:
             env["OMP_NUM_THREADS"] = str(threads)
-        if gpus > 1:
-            env["CUDA_VISIBLE_DEVICES"] = str(i % gpus)
+        if gpus > 1:  # each party its own GPUs, one per rank (shared round the parties where there are fewer)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str((i * ranks + r) % gpus) for r in range(ranks))
         log = None
         if name != active:
             argv.append("--trainer.enable_progress_bar=false")

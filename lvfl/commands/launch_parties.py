@@ -1,4 +1,4 @@
-"""The parties of a config as `lvfl launch` needs them, read with LightningCLI: names, active party, log folder.
+"""The parties of a config as `lvfl launch` needs them, read with LightningCLI: names, active party, logs, ranks.
 
 Its own module because it loads PyTorch and Lightning, which the launcher does not: a warm launch's first party
 process reads it (`lvfl.commands.warm_party`), and the launcher only on a cold start or to repeat a refusal.
@@ -16,8 +16,11 @@ __all__ = ["config_parties"]
 
 def config_parties(
     fit_args: list[str], allow_public_seeds: bool = False, fits: bool = True
-) -> tuple[list[str], str, str | None]:
-    """The config's party names, its active party and its logger's save_dir (None: none), without loading data.
+) -> tuple[list[str], str, str | None, int]:
+    """The config's party names, its active party, its logger's save_dir (None: none) and each party's ranks.
+
+    No data is loaded. The ranks are the trainer's processes (`trainer.devices: N` with `strategy: ddp`): every party
+    runs as a process group of that many (`lvfl party --devices`).
 
     Before a fit (`fits`), refuses privacy noise seeded by the config (`check_public_seeds`), before any party starts.
     It loads PyTorch and Lightning (LightningCLI reads the config): a warm launch asks a party process for it.
@@ -40,4 +43,4 @@ def config_parties(
     logger = cli.trainer.logger
     coordinator = coordinator_of(cli.model)  # an HE backend's key holder runs as a process of its own
     names = [party_name(i) for i in participants] + ([coordinator] if coordinator else [])
-    return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None)
+    return names, party_name(cli.datamodule.active_party), getattr(logger, "save_dir", None), cli.trainer.world_size

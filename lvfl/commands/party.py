@@ -49,7 +49,10 @@ from lvfl.parties import party_name
 from lvfl.privacy import CKKS, DHMasking, Paillier, Plain
 from lvfl.wire import Wire
 
-__all__ = ["PARTY_HELP", "PartySession", "config_fingerprint", "main", "party_parser"]
+__all__ = ["PARTY_HELP", "RANK_SECTION", "PartySession", "config_fingerprint", "main", "party_parser"]
+
+#: the greeting fingerprint's last section: this process's rank in its party's process group, ``rank=0of2``
+RANK_SECTION = "rank"
 
 #: the trainer settings that change what a run computes: they must be equal at every party (logging, progress bars
 #: and checkpoint folders are each party's own)
@@ -99,7 +102,25 @@ def party_parser(prog: str = "lvfl party") -> argparse.ArgumentParser:
     parser.add_argument("--key", type=Path, default=None, help="its private key (default: <party>.key beside F)")
     parser.add_argument("--listen", default=None, help="the address to bind, when not the federation file's")
     parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
+    parser.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        help="run this party as a Lightning DDP group of N ranks (--trainer.devices=N --trainer.strategy=ddp); "
+        "every party runs as many, rank r paired with rank r of the others, each at its own address in the "
+        "federation file",
+    )
     return parser
+
+
+def devices_args(devices: int | None, rest: list[str]) -> list[str]:
+    """The `lvfl fit` options `--devices N` stands for: N devices, and the ddp strategy unless one is given."""
+    if devices is None:
+        return []
+    if devices < 1:
+        raise ValueError(f"--devices must be at least 1, got {devices}")
+    strategy = any(arg.split("=", 1)[0] == "--trainer.strategy" for arg in rest)
+    return [f"--trainer.devices={devices}", *([] if strategy or devices == 1 else ["--trainer.strategy=ddp"])]
 
 
 def _digest(value: Any) -> str:
@@ -159,6 +180,8 @@ class SetupReport(Callback):
         if self.done:
             return
         self.done = True
+        if trainer.global_rank != 0:  # a party of several ranks reports once
+            return
         print(setup_line({**self.marks, "first step": time.time()}), flush=True)
 
 
@@ -202,16 +225,21 @@ class PartySession:
         check_deployable(cli.model, cli.datamodule, cli.trainer)
         if subcommand == "fit":  # where the noise is drawn
             check_public_seeds(cli.model, self.allow_public_seeds, "lvfl party")
-        known = _federation_names(self.federation)  # read once: it loads and checks the file
+        federation = load_federation(self.federation)  # read once: it loads and checks the file
+        known = list(federation.parties)
         missing = [n for n in names if n not in known]
         if missing:
             raise FederationError(
                 f"the config's parties {missing} are not in the federation file {self.federation} (it has {known})"
             )
         run_id = self.run_id or "run-" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+        rank, ranks = process_group_rank(cli.trainer, cli.model, self.listen)
+        # rank r talks to rank r of every other party; the rank is in the greeting's fingerprint, so a party run with
+        # another number of ranks, or a federation file that crosses them, is refused in one line
+        fingerprint += f",{RANK_SECTION}={rank}of{ranks}"
         self.transport = Transport(
             self.party,
-            self.federation,
+            federation.for_rank(rank, ranks),
             run_id,
             key_path=self.key,
             timeout=self.timeout,
@@ -257,6 +285,42 @@ class PartySession:
         """Close the transport (idempotent)."""
         if self.transport is not None:
             self.transport.close()
+
+
+def process_group_rank(trainer: Any, model: Any = None, listen: str | None = None) -> tuple[int, int]:
+    """(this process's rank, the party's ranks): a party run as a Lightning DDP group (`--devices N`) has N.
+
+    Each rank is a process of its own, started by Lightning's launcher (which runs this command again); the set-up
+    and the steps of rank r pair with rank r of every other party, and gradients are reduced inside the party only.
+    Refused: a strategy that starts its ranks otherwise (`ddp_spawn` would pickle the transport), several nodes, and
+    `--listen` (one address: each rank listens at its own, from the federation file).
+    """
+    ranks = int(getattr(trainer, "world_size", 1))
+    if ranks == 1:
+        return 0, 1
+    strategy = trainer.strategy
+    launcher = type(getattr(strategy, "launcher", None)).__name__
+    if type(strategy).__name__ != "DDPStrategy" or launcher != "_SubprocessScriptLauncher":
+        raise ValueError(
+            f"lvfl party runs a party of several devices (--devices {ranks}) with --trainer.strategy=ddp only, "
+            f"each rank a process Lightning starts; got {type(strategy).__name__} (launcher {launcher})"
+        )
+    if int(getattr(trainer, "num_nodes", 1)) != 1:
+        raise ValueError(
+            f"lvfl party runs a party's ranks on one machine: --trainer.num_nodes 1, not {trainer.num_nodes}"
+        )
+    coordinator = coordinator_of(model)
+    if coordinator is not None:
+        raise ValueError(
+            f"lvfl party runs a party of several devices (--devices {ranks}) with the Plain and DHMasking backends; "
+            f"{coordinator} (the HE backend's key holder) holds no model to run on several devices: use --devices 1"
+        )
+    if listen is not None:
+        raise ValueError(
+            f"--listen {listen}: a party of {ranks} ranks listens at each rank's address in the federation file "
+            "(address: [host:port, ...]); leave --listen out"
+        )
+    return int(trainer.global_rank), ranks
 
 
 def config_party_names(datamodule: Any) -> list[str]:
@@ -324,10 +388,6 @@ def check_deployable(model: Any, datamodule: Any, trainer: Any) -> None:
                 )
 
 
-def _federation_names(path: Path) -> list[str]:
-    return list(load_federation(path).parties)
-
-
 _LAUNCH_MARKS = {"launch started": LAUNCH_STARTED, "party started": PARTY_STARTED, "imported": PARTY_IMPORTED}
 
 
@@ -352,10 +412,11 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
         if not own.setup_timeout >= own.timeout:
             raise ValueError(f"--setup_timeout must be at least --timeout ({own.timeout:g} s), got {own.setup_timeout}")
+        devices_args(own.devices, rest)  # checked here, in one line
     session = PartySession(
         own.party, own.federation, own.run_id, own.timeout, own.key, own.listen, own.allow_public_seeds,
         setup_timeout=own.setup_timeout,
     )  # fmt: skip
     session.marks = {name: float(os.environ[var]) for name, var in _LAUNCH_MARKS.items() if var in os.environ}
     session.marks["given its part" if "imported" in session.marks else "imported"] = imported  # warm: imported before
-    fit_main([subcommand, *rest, *(["--debug"] if debug else [])], party=session)
+    fit_main([subcommand, *rest, *devices_args(own.devices, rest), *(["--debug"] if debug else [])], party=session)

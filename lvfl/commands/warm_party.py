@@ -22,6 +22,7 @@ from typing import Any
 signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
 from lvfl.commands import entry  # noqa: E402 - after the handler: the imports this process is started early for
+from lvfl.commands.errors import quiet_third_party  # noqa: E402
 from lvfl.commands.launch_parties import config_parties  # noqa: E402
 from lvfl.commands.warm_start import PARTY_IMPORTED, REPLY_FD, needs_fresh_process  # noqa: E402
 
@@ -37,10 +38,11 @@ def answer(question: dict[str, Any]) -> dict[str, Any]:
     if question.get("do") != "parties":
         return {"error": f"no question {question.get('do')!r}"}
     try:
-        found = config_parties(question["args"], question["allow_public_seeds"], question["fits"])
+        with quiet_third_party():  # Lightning's set-up lines and tips, silenced as every command silences them
+            found = config_parties(question["args"], question["allow_public_seeds"], question["fits"])
     except Exception as error:  # noqa: BLE001 - any refusal: the launcher repeats it in its own process
         return {"error": type(error).__name__}
-    return dict(zip(("names", "active", "save_dir"), found, strict=True))
+    return dict(zip(("names", "active", "save_dir", "ranks"), found, strict=True))
 
 
 def become(part: dict[str, Any], imported: float) -> None:

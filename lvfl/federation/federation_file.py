@@ -8,18 +8,21 @@ Public and identical at every party (it holds no key), so every party pins the s
       party1: {address: "10.0.0.7:50051", certificate: party1.pem}
 
 Paths are relative to the file. A party's private key is not in it: it is handed to that party alone, by default
-``<party>.key`` beside the file (`Federation.key_path`). `load_federation` refuses an unknown key, a missing or
-mistyped field, a bad address, a missing file and two parties at one address, each in one line naming the party
-and the field.
+``<party>.key`` beside the file (`Federation.key_path`). A party that runs as a process group of several ranks
+(`lvfl party --devices N`) lists one address per rank, ``address: ["bank:50051", "bank:50052"]``: rank r of every
+party talks to rank r of the others (`Federation.for_rank`), under the party's one certificate.
+`load_federation` refuses an unknown key, a missing or mistyped field, a bad address, a missing file and two parties
+(or ranks) at one address, each in one line naming the party and the field.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +39,20 @@ _PARTY_KEYS = ("address", "certificate")
 
 @dataclass(frozen=True)
 class Party:
-    """One party as the federation file gives it: its name, the address it listens at and its certificate."""
+    """One party as the federation file gives it: its name, the address it listens at and its certificate.
+
+    `ranks` are the addresses of its ranks after the first, when it runs as a process group (`address` is rank 0's).
+    """
 
     name: str
     address: str
     certificate: Path
+    ranks: tuple[str, ...] = ()
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every rank's address, rank 0's (`address`) first."""
+        return (self.address, *self.ranks)
 
     @property
     def host(self) -> str:
@@ -70,6 +82,29 @@ class Federation:
     def key_path(self, name: str) -> Path:
         """Where party `name`'s private key is looked for by default: ``<name>.key`` beside the file."""
         return self.path.parent / f"{check_party_name(name)}.key"
+
+    def for_rank(self, rank: int, ranks: int) -> Federation:
+        """The federation as rank `rank` of `ranks` sees it: every party at its rank-`rank` address.
+
+        Why: a party run as a process group of `ranks` ranks (DDP) pairs rank r with rank r of every other party;
+        each rank's transport is an ordinary one over this view. Every party must list `ranks` addresses (one line
+        naming the first that does not).
+        """
+        if ranks == 1 and all(not party.ranks for party in self.parties.values()):
+            return self
+        for party in self.parties.values():
+            if len(party.addresses) != ranks:
+                raise FederationError(
+                    f"federation file {self.path}: party {party.name!r} lists {len(party.addresses)} address(es), "
+                    f"but the parties run {ranks} rank(s) each (--devices): list one address per rank, "
+                    f"address: [host:port, ...]"
+                )
+        return replace(
+            self,
+            parties={
+                name: Party(name, party.addresses[rank], party.certificate) for name, party in self.parties.items()
+            },
+        )
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -142,7 +177,7 @@ def load_federation(path: str | os.PathLike[str]) -> Federation:
     if not isinstance(parties_data, dict) or len(parties_data) < 2:
         raise refuse("'parties' must map at least two party names to {address, certificate}")
     parties: dict[str, Party] = {}
-    addresses: dict[tuple[str, int], str] = {}
+    addresses: dict[tuple[str, int], str] = {}  # (host, port) -> whose, in words
     for name, entry in parties_data.items():
         try:
             check_party_name(name)
@@ -151,16 +186,22 @@ def load_federation(path: str | os.PathLike[str]) -> Federation:
         if not isinstance(entry, dict):
             raise refuse(f"party {name!r} must be a mapping with {list(_PARTY_KEYS)}, got {entry!r}")
         _check_keys(entry, _PARTY_KEYS, f"party {name!r} has ", "field", refuse)
-        try:
-            host, port = parse_address(entry["address"])
-        except ValueError as err:
-            raise refuse(f"party {name!r} address {err}") from None
-        where = (host.lower(), port)
-        if where in addresses:
-            raise refuse(f"parties {addresses[where]!r} and {name!r} have the same address {entry['address']!r}")
-        addresses[where] = name
+        given = entry["address"]
+        listed = given if isinstance(given, list) else [given]  # a process group: one address per rank
+        if not listed:
+            raise refuse(f"party {name!r} address must be 'host:port' or a list of them, one per rank, got []")
+        for rank, address in enumerate(listed):
+            which = f"address (rank {rank}) " if isinstance(given, list) else "address "
+            try:
+                host, port = parse_address(address)
+            except ValueError as err:
+                raise refuse(f"party {name!r} {which}{err}") from None
+            where, whose = (host.lower(), port), repr(name) + (f" (rank {rank})" if isinstance(given, list) else "")
+            if where in addresses:
+                raise refuse(f"parties {addresses[where]} and {whose} have the same address {address!r}")
+            addresses[where] = whose
         certificate = _file(path, entry["certificate"], f"party {name!r} certificate")
-        parties[name] = Party(name, entry["address"], certificate)
+        parties[name] = Party(name, listed[0], certificate, tuple(listed[1:]))
     owners: dict[Path, str] = {}
     for party in parties.values():
         if party.certificate in owners:
@@ -183,8 +224,9 @@ def write_federation(
     path: str | os.PathLike[str],
     party_names: Sequence[str],
     pki_dir: str | os.PathLike[str] | None = None,
-    addresses: Mapping[str, str] | None = None,
+    addresses: Mapping[str, str | Sequence[str]] | None = None,
     host: str = "localhost",
+    ranks: int = 1,
 ) -> Federation:
     """Write a federation file for the certificates of `write_test_pki`, and load it back.
 
@@ -192,21 +234,27 @@ def write_federation(
         path: the file to write.
         party_names: the parties, each with ``<name>.pem`` in `pki_dir`.
         pki_dir: the folder of ``ca.pem`` and the certificates; the file's own folder by default.
-        addresses: "host:port" per party; a party not in it gets `host` and a port that was free when written
-            (found by binding port 0; another process may take it before the party listens).
+        addresses: "host:port" per party (a list, one per rank, for a process group); a party not in it gets
+            `host` and a port per rank that was free when written (found by binding port 0; another process may
+            take it before the party listens).
         host: the host of the addresses chosen here.
+        ranks: the ranks of each party whose addresses are chosen here (`lvfl party --devices`).
     """
     path = Path(path)
     pki = Path(pki_dir) if pki_dir is not None else path.parent
-    addresses = dict(addresses or {})
-    missing = [name for name in party_names if name not in addresses]
-    for name, port in zip(missing, _free_ports(host, len(missing)), strict=True):
-        addresses[name] = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    listed: dict[str, str | list[str]] = {
+        name: a if isinstance(a, str) else list(a) for name, a in (addresses or {}).items()
+    }
+    missing = [name for name in party_names if name not in listed]
+    free = iter(_free_ports(host, len(missing) * ranks))
+    for name in missing:
+        chosen = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for port in itertools.islice(free, ranks)]
+        listed[name] = chosen[0] if ranks == 1 else chosen
     relative = Path(os.path.relpath(pki, path.parent))
     document = {
         "ca": (relative / CA_CERTIFICATE).as_posix(),
         "parties": {
-            name: {"address": addresses[name], "certificate": (relative / f"{name}.pem").as_posix()}
+            name: {"address": listed[name], "certificate": (relative / f"{name}.pem").as_posix()}
             for name in party_names
         },
     }

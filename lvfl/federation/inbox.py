@@ -421,6 +421,12 @@ def _differences(theirs: str, ours: str) -> str:
     if "" in a or "" in b or set(a) != set(b):
         return f"fingerprint {theirs!r} vs {ours!r}"
     differ = [name for name in b if a[name] != b[name]]
+    # a section that is no digest (a process group's rank, ``rank=1of2``) is named with both values
+    shown = "".join(f" ({name} {a[name]} vs {b[name]})" for name in differ if not _is_digest(a[name] + b[name]))
     if len(differ) == 1:
-        return f"the {differ[0]} section of the config differs"
-    return f"the {', '.join(differ)} sections of the config differ"
+        return f"the {differ[0]} section of the config differs{shown}"
+    return f"the {', '.join(differ)} sections of the config differ{shown}"
+
+
+def _is_digest(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)

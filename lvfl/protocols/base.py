@@ -33,6 +33,7 @@ import torch.nn.functional as F  # noqa: N812
 from lightning.pytorch import LightningModule
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
@@ -289,6 +290,10 @@ class VFLModule(
             for bname, b in submodule.named_buffers(recurse=False):
                 if b is not None:
                     submodule._buffers[bname] = shadow(b)
+        # a party run as a DDP group (`lvfl party --devices N`) reduces its own gradients only: the shadows hold no
+        # data to broadcast or reduce
+        shadows = [n for n, t in [*self.named_parameters(), *self.named_buffers()] if t.device.type == "meta"]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self, shadows)
 
     def fixed_noise_seeds(self) -> dict[str, int]:
         """The privacy noise this run draws from a seed its config fixes: option (under `model`) -> seed.

@@ -154,7 +154,9 @@ class Evaluation:
             received = self.wire.send(self.active, party, flag, "best_epoch")
             if party == self.wire.here:  # a passive party's own process: what it selects its best epoch by
                 self._best_epoch["count"] += int(received.item())
-                self.log(BEST_EPOCHS_METRIC, float(self._best_epoch["count"]), on_epoch=True)
+                # the same count at every rank (the active party's means are synced before it compares them);
+                # sync_dist only silences Lightning's hint where a party runs several ranks
+                self.log(BEST_EPOCHS_METRIC, float(self._best_epoch["count"]), on_epoch=True, sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
         """Log the mean over party models."""
