@@ -2,18 +2,21 @@
 
     .venv/bin/python benchmarks/psi.py                # 1,000,000 x 1,000,000 (the issue's goal: under 3 minutes)
     .venv/bin/python benchmarks/psi.py --ids 100000   # a quicker look
+    .venv/bin/python benchmarks/psi.py --ids 10000000 --skip-unit-costs   # 10 M x 10 M: time and peak memory
 
 Runs `lvfl.privacy.psi.private_intersection` (ECDH over Curve25519, RFC 9380 hash to curve, X25519 via OpenSSL)
 with every message on a `Wire`, on all CPU cores (`--workers`), and prints the wall time, the bytes on the wire
-and IDs per second per core, (|X| + |Y|) / (seconds x cores), beside published figures: SecretFlow's ECDH-PSI
-(~7,400 IDs/s per core, its documentation's benchmark) and FATE 2.0 (100 M x 100 M in 51 min on 2 x 16 cores, i.e.
-200 M IDs / (3,060 s x 32 cores) = 2,042 IDs/s per core). Their hardware differs from this machine's.
+and IDs per second per core, (|X| + |Y|) / (seconds x cores), the peak resident memory of this process (both
+parties' lists, messages and matching) and of the largest worker process, beside published figures: SecretFlow's
+ECDH-PSI (~7,400 IDs/s per core, its documentation's benchmark) and FATE 2.0 (100 M x 100 M in 51 min on 2 x 16
+cores, i.e. 200 M IDs / (3,060 s x 32 cores) = 2,042 IDs/s per core). Their hardware differs from this machine's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import time
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -43,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=1_000_000, help="IDs per party (default 1,000,000)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: every core)")
+    parser.add_argument("--skip-unit-costs", action="store_true", help="leave out the per-operation timing")
     args = parser.parse_args()
     n, half = args.ids, args.ids // 2
     bank = [f"cust-{i:09d}" for i in range(n)]  # business IDs as strings; 50% shared with the retailer
@@ -60,11 +64,15 @@ def main() -> None:
     print(f"{n:,} x {n:,} IDs, {n - half:,} shared, {args.workers} worker process(es) on {os.cpu_count()} core(s)")
     print(f"wall time {seconds:.1f} s ({'ok' if seconds < 180 else 'over'} the goal of 180 s for 1 M x 1 M)")
     print(f"on the wire {wire.total_bytes() / 1e6:.1f} MB in {wire.total_messages()} messages: {wire.bytes_by_tag()}")
+    own, worker = (resource.getrusage(who).ru_maxrss / 1024 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    print(f"peak resident memory: {own:,.0f} MB in this process (both parties), {worker:,.0f} MB in the largest worker")
     print("| implementation | IDs/s per core |")
     print("|---|---|")
     print(f"| lvfl (this run) | {rate:,.0f} |")
     for name, value in PUBLISHED.items():
         print(f"| {name} (published) | {value:,.0f} |")
+    if args.skip_unit_costs:
+        return
     hash_us, mult_us = unit_costs()
     print(f"per ID, one process: hash to curve {hash_us:.0f} us, one X25519 multiplication {mult_us:.0f} us")
 

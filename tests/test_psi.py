@@ -10,7 +10,7 @@ from helpers import each_in_a_thread
 
 from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
 from lvfl.crypto.psi import DST, PSIKey, secret_permutation, split_points
-from lvfl.privacy.psi import message_bytes, private_intersection
+from lvfl.privacy.psi import _match, message_bytes, private_intersection
 from lvfl.wire import Wire
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
@@ -128,6 +128,24 @@ def test_duplicate_missing_and_bad_ids_are_refused_by_name() -> None:
 
 
 @pytest.mark.slow
+def test_points_are_matched_as_a_dict_from_point_to_row_would_match_them() -> None:
+    """The active party's matching on sorted arrays against the obvious reference, on points made mostly of zero
+    bytes (so that many differ in a trailing byte only, where a string comparison could go wrong)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        pool = list(dict.fromkeys(bytes(rng.integers(0, 3, 32, dtype=np.uint8)) for _ in range(80)))
+        mine, theirs = ([pool[i] for i in rng.permutation(len(pool))[: rng.integers(0, 50)]] for _ in range(2))
+        row_of = {point: row for row, point in enumerate(mine)}
+        expected = np.full(len(mine), -1)
+        for position, point in enumerate(theirs):
+            if point in row_of:
+                expected[row_of[point]] = position
+        got = _match(np.frombuffer(b"".join(mine), "S32"), np.frombuffer(b"".join(theirs), "S32"))
+        assert np.array_equal(got, expected)
+    repeated = np.frombuffer(bytes(32) * 2, "S32")  # the active party's points must be one per ID
+    assert _match(repeated, repeated[:1]) is None
+
+
 def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     n = 30_000  # above PARALLEL_FROM: two spawned workers
     ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}

@@ -30,10 +30,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points, worker_pool
+from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, worker_pool
 from lvfl.progress import Phase
 from lvfl.wire import Absent, Wire
 
@@ -158,14 +159,15 @@ def _run(
     # the active party blinds its IDs once; every passive party gets the same message
     mine = PSIKey(keys.get(active), pool) if held(active) else None
     blinded = blind(mine, active, texts[active]) if mine else unknown
-    matched: dict[str, dict[int, int]] = {}  # the active party's view: k -> {its row: position in k's message 3}
+    # the active party's view: k -> for each of its rows, that ID's position in k's message 3 (-1: k lacks it)
+    matched: dict[str, np.ndarray] = {}
     shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
     sizes = {party: len(rows) for party, rows in texts.items()}
     for party in passive:
         theirs = PSIKey(keys.get(party), pool) if held(party) else None
         incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
         if theirs:
-            sizes[active] = len(split_points(incoming))  # what the passive party learns: the active list's size
+            sizes[active] = len(_points(incoming))  # what the passive party learns: the active list's size
         reblinded = wire.send(
             party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
         )
@@ -175,26 +177,24 @@ def _run(
         own = blind(theirs, party, [texts[party][row] for row in shuffles[party]]) if theirs else unknown
         peer = _bytes(wire.send(party, active, own, f"{tag}/peer"), party, f"{tag}/peer", mine)
         if mine:
-            row_of = {point: row for row, point in enumerate(split_points(reblinded))}
-            if len(row_of) != len(texts[active]):
+            matched[party] = _match(_points(reblinded), _points(reblind(mine, active, party, peer)))
+            if matched[party] is None or len(matched[party]) != len(texts[active]):
                 raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
-            both = enumerate(split_points(reblind(mine, active, party, peer)))
-            matched[party] = {row_of[point]: position for position, point in both if point in row_of}
             sizes[party] = len(peer) // POINT_BYTES
 
     # the active party: the rows every passive party holds, in the agreed order (sorted by ID text)
     ids_agreed: list[str] = []
     rows: dict[str, np.ndarray] = {}
     if mine:
-        common = set(range(len(texts[active])))
+        common = np.ones(len(texts[active]), dtype=bool)
         for party in passive:
-            common &= matched[party].keys()
-        agreed = sorted(common, key=lambda row: texts[active][row])
+            common &= matched[party] >= 0
+        agreed = sorted(np.flatnonzero(common).tolist(), key=lambda row: texts[active][row])
         ids_agreed = [texts[active][row] for row in agreed]
         rows[active] = np.asarray(agreed, dtype=np.int64)
     for party in passive:
         positions = (
-            np.sort(np.asarray([matched[party][row] for row in agreed], dtype=np.int64)).astype(MATCH_DTYPE).tobytes()
+            np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes()
             if mine
             else unknown
         )
@@ -215,8 +215,34 @@ def _run(
             raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
         ids_agreed = ids_agreed if mine else theirs_agreed
         rows[party] = np.asarray(order, dtype=np.int64)
-    pairwise = {party: len(matched[party]) for party in passive if party in matched}
+    pairwise = {party: int(np.count_nonzero(matched[party] >= 0)) for party in passive if party in matched}
     return Alignment(ids_agreed, rows, sizes, pairwise)
+
+
+def _points(blob: Any) -> np.ndarray:
+    """A message's 32-byte points as one array (no Python object per point: a million IDs are 32 MB)."""
+    if len(blob) % POINT_BYTES:
+        raise ValueError(f"a PSI message of {len(blob)} bytes is not a whole number of {POINT_BYTES}-byte points")
+    return np.frombuffer(blob, dtype=f"S{POINT_BYTES}")
+
+
+def _match(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
+    """For each point of `mine`, the position of the equal point in `theirs` (-1: none); None if `mine` repeats one.
+
+    By sorting and binary search over the fixed-width points: the same answer as a dict from point to row, at 8
+    bytes a row instead of a Python object per point. `S32` compares all 32 bytes (every point is that wide).
+    """
+    order = np.argsort(mine, kind="stable")
+    ranked = mine[order]
+    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
+        return None
+    found = np.full(len(mine), -1, dtype=np.int64)
+    if not ranked.size or not theirs.size:
+        return found
+    at = np.minimum(np.searchsorted(ranked, theirs), ranked.size - 1)
+    hit = ranked[at] == theirs
+    found[order[at[hit]]] = np.flatnonzero(hit)
+    return found
 
 
 def _bytes(payload: object, sender: str, tag: str, used_here: object) -> object:
