@@ -650,7 +650,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 slices[name], decoders[name] = pixel_slices(x, cols, held, self.scale)
             else:
                 own = None if cats is None else [int(cats[c]) for c in cols]
-                slices[name], fitted = scaled_slices(x, cols, held, is_image, self.scale, own, name)
+                # x is not read again: each party's columns give their memory back as its slices take them
+                slices[name], fitted = scaled_slices(x, cols, held, is_image, self.scale, own, name, release=True)
                 if fitted is not None:
                     self.scaling[name] = fitted
                 party_cats[name] = tuple(own) if own is not None and any(own) else ()

@@ -12,16 +12,20 @@ features, so a statistic pooled across parties could not be computed without a p
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
 import torch
 from sklearn.preprocessing import StandardScaler
 
+from lvfl.datamodules.column_memory import is_releasable, release_rows
+
 __all__ = ["PixelNormalizer", "apply_scaling", "pixel_slices", "scaled_slices"]
 
 _MAX_LISTED = 10  # bad values quoted in an error message
 _FIT_ROWS = 65_536  # rows a scaler takes at a time (its float64 temporaries stay this size, not the table's)
+_GATHER_ROWS = 32_768  # rows copied into a split's slice at a time, then given back (`_gathered`)
 
 
 class PixelNormalizer:
@@ -104,6 +108,7 @@ def scaled_slices(
     scale: bool,
     cats: list[int] | None = None,
     party: str = "",
+    release: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """One party's slice per split, standardized with its training rows' statistics, as contiguous float32.
 
@@ -118,13 +123,15 @@ def scaled_slices(
         scale: whether to standardize (tabular: per column; images: one mean/std per party).
         cats: per column of the party, 0 (numeric) or its number of categories; None: all numeric.
         party: the party's name (in error messages).
+        release: `x`'s columns are never read again: each gives its memory back once copied, where `x` can
+            (`lvfl.datamodules.column_memory`), so that the table and its slices are not both whole at once.
 
     Returns:
         The slice per split, and the fitted standardization (`{"columns": ..., "mean": ..., "scale": ...}`, the
         entry of `VerticalDataModule.scaling`), or None where nothing was scaled.
     """
     if x.ndim == 2:  # only the party's columns of only its rows are copied, never a whole row of every party
-        part = {split: np.ascontiguousarray(x[np.ix_(idx, cols)]) for split, idx in rows.items()}
+        part = _gathered(x, cols, rows, release)
     else:
         part = {split: x[idx][..., cols] for split, idx in rows.items()}
     if cats is not None and any(cats):
@@ -142,6 +149,34 @@ def scaled_slices(
         part = {split: scaler.transform(p, copy=False) for split, p in part.items()}  # the slices are copies
         fitted = {"columns": "all", "mean": scaler.mean_.tolist(), "scale": scaler.scale_.tolist()}
     return {split: torch.from_numpy(np.ascontiguousarray(p, dtype=np.float32)) for split, p in part.items()}, fitted
+
+
+def _gathered(x: np.ndarray, cols: list[int], rows: dict[str, np.ndarray], release: bool) -> dict[str, np.ndarray]:
+    """Each split's rows of the party's columns of `x`, C-contiguous: the values of `x[np.ix_(rows, cols)]`.
+
+    With `release` and a table that can give its memory back (`column_memory.is_releasable`), the party's columns
+    are first put in the splits' row order in place (one column at a time), so that each split is a run of rows;
+    each split is then copied `_GATHER_ROWS` rows at a time, and every run of rows copied is given back at once.
+    The table and the slices never stand whole together: a column-major table's pages hold one column's rows, a
+    row-major slice's pages every column of a few rows, so no other order of copying frees either while it fills.
+    """
+    if not (release and is_releasable(x)):
+        return {split: np.ascontiguousarray(x[np.ix_(idx, cols)]) for split, idx in rows.items()}
+    order = np.concatenate([np.asarray(idx, dtype=np.int64) for idx in rows.values()])
+    for column in cols:  # its rows in the splits' order, in place (a column's copy at a time)
+        values = x[:, column]
+        values[: len(order)] = values[order]
+    part, first, released = {}, 0, 0
+    page_rows = mmap.PAGESIZE // x.itemsize  # a page not yet given back begins after the last end less this
+    for split, idx in rows.items():
+        part[split] = np.empty((len(idx), len(cols)), dtype=x.dtype)
+        for start in range(0, len(idx), _GATHER_ROWS):
+            stop = min(start + _GATHER_ROWS, len(idx))
+            part[split][start:stop] = x[first + start : first + stop][:, cols]
+            release_rows(x, cols, released, first + stop)
+            released = max(0, first + stop - page_rows)
+        first += len(idx)
+    return part
 
 
 def _fitted(train: np.ndarray) -> StandardScaler:

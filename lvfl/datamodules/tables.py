@@ -67,6 +67,7 @@ import torch
 from torch.utils.data import SequentialSampler
 
 from lvfl.datamodules.base import VerticalDataModule
+from lvfl.datamodules.column_memory import column_major_zeros
 from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 from lvfl.datamodules.scaling import apply_scaling
@@ -287,7 +288,7 @@ class PartyTables(VerticalDataModule):
         # column-major, each party's columns encoded straight into it: a party's columns lie apart from the others',
         # whose zeros (in a party's own process, another party's columns) are never written, so the system never
         # backs them with memory; a passive party's rows past the shared ones are never served
-        x = np.zeros((num_rows, int(widths[-1])), dtype=np.float32, order="F")
+        x = column_major_zeros(num_rows, int(widths[-1]))  # its columns given back as the splits take them
         for k, name in enumerate(names):
             if name in tables:
                 rows = own_rows[name]

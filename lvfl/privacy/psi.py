@@ -193,11 +193,7 @@ def _run(
         ids_agreed = [texts[active][row] for row in agreed]
         rows[active] = np.asarray(agreed, dtype=np.int64)
     for party in passive:
-        positions = (
-            np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes()
-            if mine
-            else unknown
-        )
+        positions = np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes() if mine else unknown
         received = wire.send(active, party, positions, f"{tag}/matches")
         if not held(party):
             continue
