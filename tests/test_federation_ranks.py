@@ -98,16 +98,23 @@ def test_devices_without_an_address_per_rank_is_refused_in_one_line(tmp_path):
     assert "lists 1 address(es), but the parties run 2 rank(s) each (--devices)" in errors[0]
 
 
+#: DH masking's pairwise masks, drawn per rank pair (4 parties: DH masking needs two passive ones)
+WINE_DH = ["--config", "configs/easter/wine.yaml", "--trainer.max_epochs=2", "--trainer.accelerator=cpu"]
+
+
 @pytest.mark.slow
-def test_two_parties_of_two_ranks_each_end_bit_identical_to_the_simulated_ddp_run(tmp_path):
-    fit = lvfl("fit", *BANK, *TWO_RANKS, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
+@pytest.mark.parametrize(
+    ("config", "names"), [(BANK, NAMES), (WINE_DH, [f"party{k}" for k in range(4)])], ids=["bank-retailer", "wine-dh"]
+)
+def test_parties_of_two_ranks_each_end_bit_identical_to_the_simulated_ddp_run(tmp_path, config, names):
+    fit = lvfl("fit", *config, *TWO_RANKS, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}")
     assert fit.returncode == 0, fit.stderr[-3000:]
     launch = lvfl(
-        "launch", "--timeout", "60", *BANK, *TWO_RANKS, f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}"
+        "launch", "--timeout", "60", *config, *TWO_RANKS, f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}"
     )
     output = launch.stdout + launch.stderr
     assert launch.returncode == 0, output[-4000:]
-    parties = {name: tmp_path / "launch" / name for name in NAMES}
+    parties = {name: tmp_path / "launch" / name for name in names}
     assert_parity(tmp_path / "fit", parties)  # each party's own tensors equal; the ledgers' union is the fit's
     assert_parity(tmp_path / "fit", parties, which="best")
     assert "summed over 2 ranks" in output  # the active party's meter: its two ranks' messages
