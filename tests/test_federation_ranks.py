@@ -12,7 +12,7 @@ from federation_parity import assert_parity
 from helpers import lvfl
 from lightning.pytorch import Trainer
 
-from lvfl.commands.party import devices_args, process_group_rank
+from lvfl.commands.party import config_fingerprint, devices_args, process_group_rank
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import load_federation, write_federation
 from lvfl.federation.inbox import _differences
@@ -79,9 +79,13 @@ def test_a_bad_rank_address_is_refused_naming_party_and_rank(tmp_path, addresses
 
 
 def test_a_greeting_from_another_rank_names_both_ranks():
-    ours, theirs = "model=0a1b,data=2c3d,rank=0of2", "model=0a1b,data=2c3d,rank=1of2"
+    config = {"model": {"class_path": "lvfl.protocols.EASTER"}, "seed_everything": 0}
+    ours, theirs = config_fingerprint(config, 0, 2), config_fingerprint(config, 1, 2)
+    assert ours.endswith(",rank=0of2")
+    assert config_fingerprint(config).endswith(",rank=0of1")  # a party of one process says so too
     assert _differences(theirs, ours) == "the rank section of the config differs (rank 1of2 vs 0of2)"
-    assert _differences("model=ffff,rank=0of2", "model=0a1b,rank=0of2") == "the model section of the config differs"
+    other = config_fingerprint({**config, "seed_everything": 1}, 0, 2)
+    assert _differences(other, ours) == "the seed section of the config differs"
 
 
 @pytest.mark.slow

@@ -128,16 +128,18 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def config_fingerprint(config: Mapping[str, Any]) -> str:
-    """A digest per section of what every party must agree on: ``model=...,data=...,seed=...,trainer=...``.
+def config_fingerprint(config: Mapping[str, Any], rank: int = 0, ranks: int = 1) -> str:
+    """A digest per section of what every party must agree on: ``model=...,data=...,seed=...,trainer=...,rank=0of1``.
 
     `config` is a fit's parsed config (`cli.config["fit"]` as a dict). Logging, progress bars, callbacks and the
     checkpoint to resume from are each party's own and left out, and so are where the party tables lie: a table's
     `path` is resolved against the config file's folder on each party's own disk (`lvfl.commands.config_files`),
-    and each party reads only its own.
+    and each party reads only its own. The last section is the greeting process's rank among its party's `ranks`
+    (`lvfl party --devices`): rank r talks to rank r of every other party, so a party run with another number of
+    ranks, or a federation file that crosses them, is refused in one line naming both ranks.
     """
     trainer = config.get("trainer") or {}
-    return ",".join(
+    digests = ",".join(
         f"{name}={_digest(value)}"
         for name, value in (
             ("model", config.get("model")),
@@ -146,6 +148,7 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
             ("trainer", {k: trainer.get(k) for k in TRAINER_KEYS}),
         )
     )
+    return f"{digests},{RANK_SECTION}={rank}of{ranks}"
 
 
 def _without_table_paths(data: Any) -> Any:
@@ -220,7 +223,7 @@ class PartySession:
         """Start this party's transport, greet every peer, and put the protocol's wire on it (before fit)."""
         subcommand = cli.config.get("subcommand") or "fit"
         config = cli.config.get(subcommand, cli.config)
-        fingerprint = config_fingerprint(config.as_dict() if hasattr(config, "as_dict") else dict(config))
+        config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
         names = self.check_party(cli.datamodule, coordinator_of(cli.model))
         check_deployable(cli.model, cli.datamodule, cli.trainer)
         if subcommand == "fit":  # where the noise is drawn
@@ -232,11 +235,10 @@ class PartySession:
             raise FederationError(
                 f"the config's parties {missing} are not in the federation file {self.federation} (it has {known})"
             )
-        run_id = self.run_id or "run-" + hashlib.sha256(fingerprint.encode()).hexdigest()[:12]
+        # derived from what every rank of every party shares (the config's sections, as rank 0 of 1 puts them)
+        run_id = self.run_id or "run-" + hashlib.sha256(config_fingerprint(config).encode()).hexdigest()[:12]
         rank, ranks = process_group_rank(cli.trainer, cli.model, self.listen)
-        # rank r talks to rank r of every other party; the rank is in the greeting's fingerprint, so a party run with
-        # another number of ranks, or a federation file that crosses them, is refused in one line
-        fingerprint += f",{RANK_SECTION}={rank}of{ranks}"
+        fingerprint = config_fingerprint(config, rank, ranks)
         self.transport = Transport(
             self.party,
             federation.for_rank(rank, ranks),
