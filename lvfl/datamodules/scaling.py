@@ -123,8 +123,9 @@ def scaled_slices(
         scale: whether to standardize (tabular: per column; images: one mean/std per party).
         cats: per column of the party, 0 (numeric) or its number of categories; None: all numeric.
         party: the party's name (in error messages).
-        release: `x`'s columns are never read again: each gives its memory back once copied, where `x` can
-            (`lvfl.datamodules.column_memory`), so that the table and its slices are not both whole at once.
+        release: the party's columns of `x` are never read again: where `x` can give its memory back
+            (`lvfl.datamodules.column_memory`), they are reordered in place and give it back as the slices take
+            their rows (`_gathered`), so that the table and its slices are not both whole at once.
 
     Returns:
         The slice per split, and the fitted standardization (`{"columns": ..., "mean": ..., "scale": ...}`, the
