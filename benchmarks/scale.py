@@ -4,13 +4,15 @@
         [--overlap 0.7] [--new-rows 100000] [--part-rows 250000] [--batch-size 1024] [--skip-launch] [--out DIR]
     .venv/bin/python benchmarks/scale.py --rows N --from-logs   # the tables again, from the last run's logs
 
-Writes its own data first (`--out`, default `runs/bench/scale/<rows>`; kept, and reused when the same options wrote
-it): per party, `--rows` customers as Parquet parts of `--part-rows` rows, `--numeric` numeric and `--categorical`
-categorical columns (20 levels each) and a customer ID; a share `--overlap` of the customers is every party's, the
-rest each party's own; the active party (party0) holds a binary label that depends on every party's columns. Then:
+Writes its own data first (`--out`, default `runs/bench/scale/<rows>`, or `<rows>x<parties>` for other than 3
+parties; kept, and reused when the same options wrote it): per party, `--rows` customers as Parquet parts of
+`--part-rows` rows, `--numeric` numeric and `--categorical` categorical columns (20 levels each) and a customer ID;
+a share `--overlap` of the customers is every party's, the rest each party's own; the active party (party0) holds a
+binary label that depends on every party's columns. Then:
 
 1. `lvfl fit`, every party in one process: reading, the PSI, the split, encoding (each phase as `lvfl.progress.Phase`
-   prints it: time, and the process's peak memory when it ended), then one epoch of EASTER with DH masking;
+   prints it: time, and the process's peak memory when it ended), then one epoch of EASTER with DH masking (with
+   two parties, Plain: DH masking needs two passive parties);
 2. `lvfl predict` of `--new-rows` new customers per party (the same overlap), from the fit's last checkpoint;
 3. `lvfl launch` of the same fit, one process per party: each party's phases from its own lines (the active
    party's console, the others' logs), so each figure is that party's process alone.
@@ -102,7 +104,10 @@ def _write_parts(folder, options, prefix, ids, x, codes, label) -> None:  # noqa
 
 
 def write_config(out: Path, data: list[Path], new: list[Path], batch_size: int) -> tuple[Path, Path]:
-    """The fit's config (EASTER, DH masking, one epoch) and the piece that adds the new rows for `lvfl predict`."""
+    """The fit's config (EASTER, DH masking, one epoch) and the piece that adds the new rows for `lvfl predict`.
+
+    Two parties train with the Plain backend instead: DH masking needs two passive parties to share a mask.
+    """
     parties = [{"path": str(data[0]), "id_column": "customer_id", "label_column": "label"}]
     parties += [{"path": str(p), "id_column": "customer_id"} for p in data[1:]]
     config = {
@@ -121,7 +126,7 @@ def write_config(out: Path, data: list[Path], new: list[Path], batch_size: int) 
             "class_path": "lvfl.protocols.EASTER",
             "init_args": {
                 "embedding_dim": 16,
-                "aggregation": {"class_path": "lvfl.privacy.DHMasking"},
+                "aggregation": {"class_path": "lvfl.privacy.DHMasking" if len(data) > 2 else "lvfl.privacy.Plain"},
                 "parties": [
                     {
                         "model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [64]}},
@@ -221,7 +226,9 @@ def launched(out: Path, console: str) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000, help="customers per party")
-    parser.add_argument("--parties", type=int, default=3, help="DH masking needs 3 (two passive parties)")
+    parser.add_argument(
+        "--parties", type=int, default=3, help="DH masking needs 3 (two passive parties); 2 train Plain"
+    )
     parser.add_argument("--numeric", type=int, default=100, help="numeric columns per party")
     parser.add_argument("--categorical", type=int, default=10, help="categorical columns per party")
     parser.add_argument("--overlap", type=float, default=0.7, help="the share of customers every party holds")
@@ -238,7 +245,9 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
     from common import machine
 
-    out = options.out or REPO / "runs" / "bench" / "scale" / str(options.rows)
+    out = options.out or REPO / "runs" / "bench" / "scale" / (
+        f"{options.rows}" + ("" if options.parties == 3 else f"x{options.parties}")
+    )
     if options.from_logs:  # the whole commands' times are in the run's own printout, not in the logs
         for log, title in (("fit", "lvfl fit (simulation)"), ("predict", "lvfl predict (simulation)")):
             if (out / f"{log}.log").exists():
