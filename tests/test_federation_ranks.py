@@ -139,8 +139,8 @@ def test_a_process_group_is_started_by_lightnings_ddp_launcher_and_refuses_what_
     paillier = SimpleNamespace(aggregation=SimpleNamespace(coordinator="coordinator"))
     with pytest.raises(ValueError, match=r"coordinator \(the HE backend's key holder\) holds no model .* --devices 1"):
         process_group_rank(ddp, paillier)
-    with pytest.raises(ValueError, match=r"--listen 0.0.0.0:5000: a party of 2 ranks listens at each rank's address"):
-        process_group_rank(ddp, plain, "0.0.0.0:5000")
+    with pytest.raises(ValueError, match=r"--listen 127.0.0.1:5000: a party of 2 ranks listens at each rank's address"):
+        process_group_rank(ddp, plain, "127.0.0.1:5000")
 
 
 def test_devices_stands_for_the_trainer_options_and_refuses_zero():

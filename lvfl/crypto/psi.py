@@ -31,6 +31,7 @@ __all__ = [
     "PSIKey",
     "join_points",
     "secret_permutation",
+    "point_array",
     "split_points",
     "worker_pool",
 ]
@@ -85,9 +86,19 @@ def join_points(points: Sequence[bytes]) -> bytes:
 
 def split_points(blob: bytes) -> list[bytes]:
     """The 32-byte points of a message (refusing a length that is not a whole number of points)."""
+    _check_whole(blob)
+    return [blob[i : i + POINT_BYTES] for i in range(0, len(blob), POINT_BYTES)]
+
+
+def point_array(blob: bytes) -> np.ndarray:
+    """The 32-byte points of a message as one fixed-width array (no Python object per point), checked as above."""
+    _check_whole(blob)
+    return np.frombuffer(blob, dtype=f"S{POINT_BYTES}")
+
+
+def _check_whole(blob: bytes) -> None:
     if len(blob) % POINT_BYTES:
         raise ValueError(f"a PSI message of {len(blob)} bytes is not a whole number of {POINT_BYTES}-byte points")
-    return [blob[i : i + POINT_BYTES] for i in range(0, len(blob), POINT_BYTES)]
 
 
 def worker_pool(workers: int | None = None) -> ProcessPoolExecutor | None:

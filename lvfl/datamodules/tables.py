@@ -288,7 +288,7 @@ class PartyTables(VerticalDataModule):
         # column-major, each party's columns encoded straight into it: a party's columns lie apart from the others',
         # whose zeros (in a party's own process, another party's columns) are never written, so the system never
         # backs them with memory; a passive party's rows past the shared ones are never served
-        x = column_major_zeros(num_rows, int(widths[-1]))  # its columns given back as the splits take them
+        x = column_major_zeros(num_rows, int(widths[-1]))  # its rows given back as the splits take them
         for k, name in enumerate(names):
             if name in tables:
                 rows = own_rows[name]

@@ -30,11 +30,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, worker_pool
+from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, point_array, secret_permutation, worker_pool
 from lvfl.progress import Phase
 from lvfl.wire import Absent, Wire
 
@@ -167,7 +166,7 @@ def _run(
         theirs = PSIKey(keys.get(party), pool) if held(party) else None
         incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
         if theirs:
-            sizes[active] = len(_points(incoming))  # what the passive party learns: the active list's size
+            sizes[active] = len(point_array(incoming))  # what the passive party learns: the active list's size
         reblinded = wire.send(
             party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
         )
@@ -177,7 +176,7 @@ def _run(
         own = blind(theirs, party, [texts[party][row] for row in shuffles[party]]) if theirs else unknown
         peer = _bytes(wire.send(party, active, own, f"{tag}/peer"), party, f"{tag}/peer", mine)
         if mine:
-            matched[party] = _match(_points(reblinded), _points(reblind(mine, active, party, peer)))
+            matched[party] = _match(point_array(reblinded), point_array(reblind(mine, active, party, peer)))
             if matched[party] is None or len(matched[party]) != len(texts[active]):
                 raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
             sizes[party] = len(peer) // POINT_BYTES
@@ -213,13 +212,6 @@ def _run(
         rows[party] = np.asarray(order, dtype=np.int64)
     pairwise = {party: int(np.count_nonzero(matched[party] >= 0)) for party in passive if party in matched}
     return Alignment(ids_agreed, rows, sizes, pairwise)
-
-
-def _points(blob: Any) -> np.ndarray:
-    """A message's 32-byte points as one array (no Python object per point: a million IDs are 32 MB)."""
-    if len(blob) % POINT_BYTES:
-        raise ValueError(f"a PSI message of {len(blob)} bytes is not a whole number of {POINT_BYTES}-byte points")
-    return np.frombuffer(blob, dtype=f"S{POINT_BYTES}")
 
 
 def _match(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
