@@ -9,6 +9,11 @@ init seed) and the same training split:
 - ``bare``: a plain PyTorch loop over batches cut from a random permutation of the training tensors: every party's
   encoder, the mean embedding, ``head_k(E.detach() + (E_k - E_k.detach()) / C)``, cross-entropy, one backward on the
   summed losses, every party's optimizer steps. No Lightning, no wire, no masking, no logging.
+- ``bare_dh``: the same loop with the mean embedding computed as DH masking computes it: each passive party's
+  ``DHMasking.protect`` (fixed point, range check, pairwise AES masks) and the active party's ``combine``, on the
+  backend lvfl uses, set up on a wire of its own. What any implementation of the protocol pays for its masks, so
+  ``dh / bare_dh`` is what lvfl's loaders and step add to a masked run (the issue's "the same models fed from
+  in-memory tensors", masks included on both sides).
 - ``plain``: a real ``lightning.pytorch.Trainer`` fitting ``lvfl.protocols.EASTER`` with ``Plain`` aggregation on the
   lvfl datamodule, with a CSVLogger at Lightning's default logging cadence and the ``CommunicationMeter`` callback;
   progress bar, checkpointing, model summary, sanity check and validation are off, so only training is timed.
@@ -31,8 +36,8 @@ Workloads:
   (250 each), ``MLP(hidden=[512])`` encoders, embedding 128 (``--synthetic-embedding-dim``), batch 512,
   SGD(lr=0.01, momentum=0.9) for every party.
 
-Timing: one repetition runs bare, plain, dh in turn (interleaved, so slow phases of a shared machine hit all
-three), each for ``--epochs`` epochs. An epoch's time is the period from one epoch's start to the next (the last
+Timing: one repetition runs bare, bare_dh, plain, dh in turn (interleaved, so slow phases of a shared machine hit all
+four), each for ``--epochs`` epochs. An epoch's time is the period from one epoch's start to the next (the last
 one: to the end of training), so Lightning's per-epoch work (epoch-end hooks, logger writes) is counted while
 start-up (Trainer construction, setup, the first epoch) is not: the first epoch of every run is dropped. Per
 repetition each variant's time is the median over its remaining epochs; the table gives the median over
@@ -70,8 +75,9 @@ from lvfl.datamodules import Digits, Synthetic, VerticalDataModule  # noqa: E402
 from lvfl.models import CNN, MLP, LeNet, ResNet18  # noqa: E402
 from lvfl.privacy import AggregationBackend, DHMasking, Plain  # noqa: E402
 from lvfl.protocols import EASTER, PartyConfig  # noqa: E402
+from lvfl.wire import Wire  # noqa: E402
 
-VARIANTS = ("bare", "plain", "dh")
+VARIANTS = ("bare", "bare_dh", "plain", "dh")
 BACKENDS: dict[str, Callable[[], AggregationBackend]] = {"plain": Plain, "dh": DHMasking}
 #: the targets the ratios are reported against: lvfl Plain / bare, DHMasking / Plain (per workload)
 PLAIN_TARGET = 1.30
@@ -196,10 +202,16 @@ def cifar_workload(num_samples: int) -> Workload:
 
 
 # ---------------------------------------------------------------------------------------------------- bare PyTorch
-def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int) -> list[float]:
-    """Epoch times (after the first) of the EASTER step math in a plain PyTorch loop."""
+def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int, masked: bool = False) -> list[float]:
+    """Epoch times (after the first) of the EASTER step math in a plain PyTorch loop (with DH masks if `masked`)."""
     torch.manual_seed(seed)
     specs, task = dm.party_specs, dm.task
+    names = [spec.name for spec in specs]
+    active = next(spec.name for spec in specs if spec.role == "active")
+    passive = [name for name in names if name != active]
+    if masked:
+        backend = DHMasking()
+        backend.setup(specs, active, Wire())
     configs = workload.parties * len(specs) if len(workload.parties) == 1 else workload.parties
     models = [
         cfg.model(tuple(spec.input_shape), workload.embedding_dim, task.num_classes)
@@ -212,7 +224,7 @@ def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int)
     num_samples, batch_size, c = len(train), dm.batch_size, len(models)
     generator = torch.Generator().manual_seed(seed)
 
-    marks = []
+    marks, step = [], 0
     for _ in range(epochs):
         marks.append(time.perf_counter())
         for index in torch.randperm(num_samples, generator=generator).split(batch_size):
@@ -222,7 +234,13 @@ def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int)
                 opt.zero_grad(set_to_none=True)
             local = [m.encoder(x) for m, x in zip(models, xs, strict=True)]
             with torch.no_grad():
-                e = torch.stack(local).mean(0)
+                if masked:  # EASTER's aggregate: (E_a + sum of the passive shares' ring sum) / C
+                    by_name = dict(zip(names, local, strict=True))
+                    shares = {k: backend.protect(k, by_name[k], step=step) for k in passive}
+                    e = backend.combine(by_name[active], shares) / c
+                    step += 1
+                else:
+                    e = torch.stack(local).mean(0)
             loss = sum(
                 F.cross_entropy(m.head(e + (e_k - e_k.detach()) / c), y) for m, e_k in zip(models, local, strict=True)
             )
@@ -294,8 +312,8 @@ def measure(workload: Workload, repeats: int, epochs: int, seed: int) -> dict[st
     with tempfile.TemporaryDirectory() as log_dir:
         for rep in range(repeats):
             for variant in VARIANTS:
-                if variant == "bare":
-                    periods = run_bare(workload, dm, epochs, seed)
+                if variant.startswith("bare"):
+                    periods = run_bare(workload, dm, epochs, seed, masked=variant == "bare_dh")
                 else:
                     periods = run_lvfl(workload, dm, variant, epochs, seed, log_dir)
                 per_rep[variant].append(statistics.median(periods))
@@ -358,9 +376,10 @@ def main() -> None:
     )
     print(
         "| workload | bare samples/s | lvfl Plain samples/s | lvfl DHMasking samples/s | Plain / bare time "
-        "| DHMasking / Plain time | DHMasking / bare time |"
+        "| DHMasking / Plain time | DHMasking / bare time | bare with masks / bare time | DHMasking / bare with masks "
+        "time |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for workload, times in rows:
         n = times["samples"][0]
         rate = {v: n / statistics.median(times[v]) for v in VARIANTS}
@@ -368,7 +387,9 @@ def main() -> None:
             f"| {workload.name} | {rate['bare']:,.0f} | {rate['plain']:,.0f} | {rate['dh']:,.0f} "
             f"| {ratio_cell(times['plain'], times['bare'], workload.plain_target)} "
             f"| {ratio_cell(times['dh'], times['plain'], workload.dh_target)} "
-            f"| {ratio_cell(times['dh'], times['bare'], None)} |"
+            f"| {ratio_cell(times['dh'], times['bare'], None)} "
+            f"| {ratio_cell(times['bare_dh'], times['bare'], None)} "
+            f"| {ratio_cell(times['dh'], times['bare_dh'], workload.plain_target)} |"
         )
     print()
     for workload, times in rows:

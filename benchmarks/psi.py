@@ -7,7 +7,8 @@
 Runs `lvfl.privacy.psi.private_intersection` (ECDH over Curve25519, RFC 9380 hash to curve, X25519 via OpenSSL)
 with every message on a `Wire`, on all CPU cores (`--workers`), and prints the wall time, the bytes on the wire
 and IDs per second per core, (|X| + |Y|) / (seconds x cores), the peak resident memory of this process (both
-parties' lists, messages and matching) and of the largest worker process, beside published figures: SecretFlow's
+parties' lists, messages and matching) and of the largest worker process (`WorkerPeaks`), beside published
+figures: SecretFlow's
 ECDH-PSI (~7,400 IDs/s per core, its documentation's benchmark) and FATE 2.0 (100 M x 100 M in 51 min on 2 x 16
 cores, i.e. 200 M IDs / (3,060 s x 32 cores) = 2,042 IDs/s per core). Their hardware differs from this machine's.
 """
@@ -17,14 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import threading
 import time
+from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 from lvfl.crypto.hash_to_curve import hash_to_u
-from lvfl.crypto.psi import DST
-from lvfl.privacy.psi import message_bytes, private_intersection
-from lvfl.wire import Wire
+from lvfl.crypto.psi_batches import DST
+
+# What imports PyTorch is imported in `main`: a spawned worker runs this script's top level again (as
+# `__mp_main__`), and lvfl's workers are meant to be small (`lvfl.crypto.psi_batches`), as they are under `lvfl`.
 
 PUBLISHED = {"SecretFlow ECDH-PSI": 7400.0, "FATE 2.0 (100M x 100M, 51 min, 32 cores)": 200e6 / (51 * 60 * 32)}
 
@@ -42,7 +46,41 @@ def unit_costs(n: int = 5000) -> tuple[float, float]:
     return (hashed - start) / n * 1e6, (done - hashed) / n * 1e6
 
 
+class WorkerPeaks(threading.Thread):
+    """The largest resident high-water mark (`VmHWM`) among this process's children, read from /proc while it runs.
+
+    Why not `getrusage(RUSAGE_CHILDREN)`: a spawned worker starts as a fork of this process, and Linux carries the
+    fork's resident set into the started program's `ru_maxrss`, so that figure is this process's size when the pool
+    started, not the worker's. `VmHWM` belongs to the worker's own program. Read every `period` seconds: growth in a
+    worker's last `period` before it ends would be missed (it is a high-water mark, so nothing earlier is).
+    """
+
+    def __init__(self, period: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.period, self.peak_kb, self._done = period, 0, threading.Event()
+
+    def run(self) -> None:
+        me = str(os.getpid())
+        while not self._done.wait(self.period):
+            for status in Path("/proc").glob("[0-9]*/status"):
+                try:
+                    fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+                except OSError:  # the process ended while being read
+                    continue
+                if fields.get("PPid", "").strip() == me and "VmHWM" in fields:
+                    self.peak_kb = max(self.peak_kb, int(fields["VmHWM"].split()[0]))
+
+    def stop(self) -> float:
+        """Stop reading; the largest `VmHWM` seen, in MB."""
+        self._done.set()
+        self.join()
+        return self.peak_kb / 1024
+
+
 def main() -> None:
+    from lvfl.privacy.psi import message_bytes, private_intersection
+    from lvfl.wire import Wire
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ids", type=int, default=1_000_000, help="IDs per party (default 1,000,000)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: every core)")
@@ -52,11 +90,14 @@ def main() -> None:
     bank = [f"cust-{i:09d}" for i in range(n)]  # business IDs as strings; 50% shared with the retailer
     retailer = [f"cust-{i:09d}" for i in range(half, half + n)][::-1]
     wire = Wire()
+    workers = WorkerPeaks()
+    workers.start()
     start = time.perf_counter()
     alignment = private_intersection(
         {"bank": bank, "retailer": retailer}, active="bank", wire=wire, workers=args.workers
     )
     seconds = time.perf_counter() - start
+    worker = workers.stop()
     assert len(alignment.ids) == n - half, "the intersection is wrong"
     expected = message_bytes({"bank": n, "retailer": n}, "bank", n - half)
     assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in expected.items()}, "the ledger is wrong"
@@ -65,9 +106,9 @@ def main() -> None:
     goal = f" ({'within' if seconds < 50 else 'over'} the goal of 50 s for 1 M x 1 M)" if n == 1_000_000 else ""
     print(f"wall time {seconds:.1f} s{goal}")
     print(f"on the wire {wire.total_bytes() / 1e6:.1f} MB in {wire.total_messages()} messages: {wire.bytes_by_tag()}")
-    own, worker = (resource.getrusage(who).ru_maxrss / 1024 for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak resident memory: {own:,.0f} MB in this process (both parties), {worker:,.0f} MB in the largest of the")
-    print("worker processes (each a fresh Python with lvfl's imports; the largest of those that have ended)")
+    print("worker processes (each a fresh Python with lvfl's imports; VmHWM read every 0.5 s)")
     print("| implementation | IDs/s per core |")
     print("|---|---|")
     print(f"| lvfl (this run) | {rate:,.0f} |")

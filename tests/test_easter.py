@@ -404,6 +404,29 @@ def test_a_diverging_party_under_plain_stops_the_run_naming_it_and_the_step(prot
         assert message.startswith("party 'party2'"), message
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_check_finite_agrees_with_an_elementwise_check(dtype):
+    """The quick sum clears finite values only: NaN/inf anywhere is caught, and finite values whose sum overflows
+    pass (their exact check runs); compared with `torch.isfinite` value by value."""
+    model = easter(4)
+    big = torch.finfo(dtype).max
+    rng = np.random.default_rng(0)
+    cases = [torch.tensor([big, big, -1.0]), torch.tensor([-big, -big]), torch.tensor([big, -big, big])]
+    for _ in range(60):
+        x = torch.from_numpy(rng.normal(size=(5, 4)))
+        spots = rng.integers(0, 20, size=rng.integers(0, 3))
+        x.view(-1)[spots] = torch.from_numpy(rng.choice([np.nan, np.inf, -np.inf, 1e300], size=len(spots)))
+        cases.append(x)
+    for x in cases:
+        x = x.to(dtype)
+        values = {"party0": torch.zeros(3, dtype=dtype), "party2": x}
+        if bool(torch.isfinite(x).all()):
+            model.check_finite(values, "embedding")
+        else:
+            with pytest.raises(FloatingPointError, match=r"party 'party2': non-finite embedding"):
+                model.check_finite(values, "embedding")
+
+
 def test_nan_features_at_one_party_are_named_before_any_update(tmp_path):
     dm = Digits(num_parties=4, batch_size=64)
     dm.setup()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -9,7 +13,7 @@ import pytest
 from helpers import each_in_a_thread
 
 from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
-from lvfl.crypto.psi import DST, PSIKey, secret_permutation, split_points
+from lvfl.crypto.psi import DST, PARALLEL_FROM, PSIKey, secret_permutation, split_points
 from lvfl.privacy.psi import _match, message_bytes, private_intersection
 from lvfl.wire import Wire
 
@@ -154,6 +158,26 @@ def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     two = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=2)
     assert one.ids == two.ids == sorted(str(i) for i in range(n // 2, n))
     assert all(np.array_equal(one.rows[p], two.rows[p]) for p in ids)
+
+
+def libtorch_mapped(pid: int) -> bool:
+    """Whether process `pid` has PyTorch's library in its memory (Linux: /proc)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_worker_process_loads_no_pytorch() -> None:
+    """A worker runs `lvfl.crypto.psi_batches` (about 30 MB), not PyTorch (about 500 MB a worker).
+
+    Read from the worker's memory map: this process maps libtorch (the positive control), the worker must not.
+    """
+    assert libtorch_mapped(os.getpid())
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        key = PSIKey(bytes(range(32)), pool=pool)
+        ids = [str(i).encode() for i in range(PARALLEL_FROM)]
+        assert key.blind(ids) == PSIKey(bytes(range(32))).blind(ids)  # ran on the worker, same points
+        worker = pool.submit(os.getpid).result()
+        assert worker != os.getpid()
+        assert not libtorch_mapped(worker)
 
 
 def test_the_secret_permutation_is_keyed_and_uniform() -> None:

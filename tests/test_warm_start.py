@@ -4,6 +4,7 @@ where their imports depended on the part, end when given none; a warm launch end
 
 from __future__ import annotations
 
+import multiprocessing.spawn
 import os
 import re
 import signal
@@ -15,7 +16,7 @@ from helpers import REPO, checkpoints_of, lvfl
 
 from lvfl.checkpoints import load_checkpoint
 from lvfl.commands.launch_parties import config_parties
-from lvfl.commands.warm_start import IMPORT_TIME, WarmParty, needs_fresh_process, warm_start_possible
+from lvfl.commands.warm_start import IMPORT_TIME, WarmParty, needs_fresh_process, take_front_door, warm_start_possible
 
 DIGITS = ["--config", "configs/easter/digits.yaml"]
 
@@ -118,3 +119,14 @@ def test_a_warm_launch_ends_bit_identical_to_a_cold_one(tmp_path):
         assert warm[party].keys() == cold[party].keys(), party
         for key, tensor in warm[party].items():
             assert torch.equal(tensor, cold[party][key]), f"{party}: {key}"
+
+
+def test_a_warm_party_spawns_its_workers_as_python_m_lvfl_does(monkeypatch):
+    """A spawned child (a PSI worker) skips a package's `__main__`, so it does not import what a warm process did."""
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(main, "__spec__", main.__spec__)
+    take_front_door(["party", "--party", "party1"])
+    assert multiprocessing.spawn.get_preparation_data("worker")["init_main_from_name"] == "lvfl.__main__"
+    assert sys.argv[1:] == ["party", "--party", "party1"]
+    assert sys.argv[0].endswith(os.path.join("lvfl", "__main__.py"))

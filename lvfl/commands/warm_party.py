@@ -9,7 +9,6 @@ replaces the process with a fresh one (`os.execve`): such settings hold from the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -24,7 +23,12 @@ signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 from lvfl.commands import entry  # noqa: E402 - after the handler: the imports this process is started early for
 from lvfl.commands.errors import quiet_third_party  # noqa: E402
 from lvfl.commands.launch_parties import config_parties  # noqa: E402
-from lvfl.commands.warm_start import PARTY_IMPORTED, REPLY_FD, needs_fresh_process  # noqa: E402
+from lvfl.commands.warm_start import (  # noqa: E402
+    PARTY_IMPORTED,
+    REPLY_FD,
+    needs_fresh_process,
+    take_front_door,
+)
 
 IMPORTED = time.time()
 
@@ -55,13 +59,11 @@ def become(part: dict[str, Any], imported: float) -> None:
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.close(log)
-    front_door = importlib.util.find_spec("lvfl.__main__").origin  # sys.argv[0] of `python -m lvfl`
-    argv = [front_door, *part["argv"]]
     if needs_fresh_process(os.environ, env):
         os.execve(sys.executable, [sys.executable, "-m", "lvfl", *part["argv"]], env)  # noqa: S606 - lvfl's own
     os.environ.clear()
     os.environ.update({**env, PARTY_IMPORTED: f"{imported:.6f}"})
-    sys.argv = argv
+    take_front_door(part["argv"])  # sys.argv and __main__ as `python -m lvfl` has them
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the party's own: as `python -m lvfl party` has it
     entry.main()
 

@@ -13,6 +13,7 @@ This module is light (the standard library only): the launcher imports it before
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -31,6 +32,7 @@ __all__ = [
     "SUBCOMMANDS",
     "WarmParty",
     "needs_fresh_process",
+    "take_front_door",
     "warm_start_possible",
 ]
 
@@ -47,6 +49,19 @@ IMPORT_TIME = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "HI
 
 #: the file descriptor a warm process answers the launcher on (its stdout is the party's console)
 REPLY_FD = "LVFL_WARM_REPLY_FD"
+
+
+def take_front_door(argv: list[str]) -> None:
+    """Make this process `python -m lvfl ARGV` as far as Python can tell: `sys.argv` and the `__main__` module.
+
+    `__main__` matters to the processes a party spawns (the PSI's workers, `lvfl.crypto.psi.worker_pool`):
+    multiprocessing's spawn runs the parent's main module again in each child, unless it is a package's `__main__`
+    as `python -m lvfl`'s is, and the warm process's own (`lvfl.commands.warm_party`) imports PyTorch and Lightning,
+    about 900 MB in every worker.
+    """
+    front_door = importlib.util.find_spec("lvfl.__main__")  # found, not imported
+    sys.argv = [front_door.origin, *argv]
+    sys.modules["__main__"].__spec__ = front_door
 
 
 def needs_fresh_process(current: Mapping[str, str], wanted: Mapping[str, str]) -> bool:

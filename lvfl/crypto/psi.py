@@ -8,7 +8,8 @@ Diffie-Hellman assumption with H a random oracle, values indistinguishable from 
 (Meadows 1986; Huberman-Franklin-Hogg 1999; the ECDH-PSI of SecretFlow and FATE). The protocol that moves these
 values between parties is `lvfl.privacy.psi`.
 
-Large batches run on several processes (`workers`): each 32-byte result depends on one ID or point only.
+Large batches run on several processes (`workers`): each 32-byte result depends on one ID or point only. What the
+workers run is `lvfl.crypto.psi_batches`, which imports no PyTorch.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from lvfl.crypto.hash_to_curve import hash_to_u
 from lvfl.crypto.prg import KEY_BYTES, mask_stream
+from lvfl.crypto.psi_batches import DST, POINT_BYTES, hash_and_blind, reblind
 
 __all__ = [
     "DST",
@@ -36,24 +37,9 @@ __all__ = [
     "worker_pool",
 ]
 
-DST = b"lvfl-psi-v1-curve25519_XMD:SHA-512_ELL2_RO_"  #: the hash's domain separation tag (RFC 9380 Sec. 3.1)
-POINT_BYTES = 32  #: one blinded value: an X25519 u-coordinate
 #: below this many items a batch runs in the calling process (starting worker processes costs seconds)
 PARALLEL_FROM = 20_000
 CHUNK = 10_000  #: items per task sent to a worker (~0.5 s of work: small enough to balance, large enough to batch)
-
-
-def _hash_and_blind(secret: bytes, ids: Sequence[bytes]) -> bytes:
-    key = X25519PrivateKey.from_private_bytes(secret)
-    return b"".join(key.exchange(X25519PublicKey.from_public_bytes(hash_to_u(x, DST))) for x in ids)
-
-
-def _reblind(secret: bytes, points: bytes) -> bytes:
-    key = X25519PrivateKey.from_private_bytes(secret)
-    out = []
-    for i in range(0, len(points), POINT_BYTES):
-        out.append(key.exchange(X25519PublicKey.from_public_bytes(points[i : i + POINT_BYTES])))
-    return b"".join(out)
 
 
 SHUFFLE_KEY_BYTES = KEY_BYTES  #: the key of a secret permutation (AES-256)
@@ -128,7 +114,7 @@ class PSIKey:
 
         `done(n)` is told each time n more are ready (a chunk of `CHUNK` on the workers; all at once here).
         """
-        return self._map(_hash_and_blind, list(ids), lambda chunk: chunk, done)
+        return self._map(hash_and_blind, list(ids), lambda chunk: chunk, done)
 
     def reblind(self, points: bytes, done: Callable[[int], None] | None = None) -> bytes:
         """k·P for every 32-byte point P of a message, in the same order (`done` as for `blind`).
@@ -139,7 +125,7 @@ class PSIKey:
         if len(points) % POINT_BYTES:
             raise ValueError(f"a PSI message of {len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
         items = split_points(points)
-        return self._map(_reblind, items, join_points, done)
+        return self._map(reblind, items, join_points, done)
 
     def _map(self, fn, items: list, pack, done: Callable[[int], None] | None) -> bytes:
         done = done or (lambda n: None)

@@ -511,6 +511,13 @@ class VFLModule(
         values = {k: v for k, v in values.items() if not is_shadow(v)}  # a party's view checks what it holds
         if not values:
             return
+        # A tensor's sum is NaN or inf whenever one of its values is (IEEE: NaN and inf propagate through addition,
+        # inf + -inf is NaN), and a sum costs a fraction of `isfinite` (a mask the tensor's size): so one sum per
+        # tensor clears the common case; a sum that is not finite (which finite values can also give, overflowing)
+        # is decided value by value below.
+        sums = torch.stack([v.detach().sum().float() for v in values.values()])  # float32: every device has it
+        if bool(torch.isfinite(sums).all()):
+            return
         flags = torch.stack([torch.isfinite(v.detach()).all() for v in values.values()])
         if bool(flags.all()):
             return
