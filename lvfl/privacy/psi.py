@@ -13,6 +13,13 @@ With the active party's key a and passive party k's key b (fresh per run; `lvfl.
 5. once every passive party has answered, active -> k, `<tag>/matches`: the positions, in k's shuffled message 3,
    of the IDs that *every* party holds, sorted (4 bytes each), from which k finds its rows of the intersection.
 
+The order on the wire is 3, 1, 2 for each passive party in turn, then 5. Message 3 needs nothing from the active
+party, so each passive party computes it first, while the active party computes message 1, and sends it; the active
+party then re-blinds message 3 (step 4) while k computes message 2. With each party in its own process on its own
+cores, the parties blind their own IDs at once (a hash and a multiplication per ID: about three quarters of a
+party's work), and re-blind at once. The active party takes the passive parties one at a time, so it holds at
+most one message of each unread.
+
 What each party learns (semi-honest parties; DDH on Curve25519 with H a random oracle): the active party learns
 the size of every passive party's list and *each pairwise intersection* with its own list (with more than two
 parties this is more than the common intersection: it learns which of its IDs each passive party holds). A passive
@@ -158,25 +165,32 @@ def _run(
     # the active party blinds its IDs once; every passive party gets the same message
     mine = PSIKey(keys.get(active), pool) if held(active) else None
     blinded = blind(mine, active, texts[active]) if mine else unknown
+    # each passive party blinds its own IDs (message 3, in an order it shuffles secretly) before it waits for
+    # anything: it needs no message, so in the parties' own processes it runs while the active party blinds its IDs
+    passive_keys = {party: PSIKey(keys.get(party), pool) for party in passive if held(party)}
+    shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
+    own: dict[str, bytes] = {}
+    for party, theirs in passive_keys.items():
+        shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
+        own[party] = blind(theirs, party, [texts[party][row] for row in shuffles[party]])
     # the active party's view: k -> for each of its rows, that ID's position in k's message 3 (-1: k lacks it)
     matched: dict[str, np.ndarray] = {}
-    shuffles: dict[str, np.ndarray] = {}  # passive party k's secret: position in its message 3 -> its row
     sizes = {party: len(rows) for party, rows in texts.items()}
-    for party in passive:
-        theirs = PSIKey(keys.get(party), pool) if held(party) else None
+    for party in passive:  # one passive party at a time: the active party holds one's messages unread at most
+        theirs = passive_keys.get(party)
+        # message 3 goes first (k has it ready), then message 1; each party then re-blinds what it received, the
+        # active party message 3 while k re-blinds message 1, and k answers with message 2
+        peer = _bytes(wire.send(party, active, own.get(party, unknown), f"{tag}/peer"), party, f"{tag}/peer", mine)
         incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
+        peer_twice = reblind(mine, active, party, peer) if mine else None
         if theirs:
             sizes[active] = len(point_array(incoming))  # what the passive party learns: the active list's size
         reblinded = wire.send(
             party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
         )
         reblinded = _bytes(reblinded, party, f"{tag}/reblinded", mine)
-        if theirs:
-            shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
-        own = blind(theirs, party, [texts[party][row] for row in shuffles[party]]) if theirs else unknown
-        peer = _bytes(wire.send(party, active, own, f"{tag}/peer"), party, f"{tag}/peer", mine)
         if mine:
-            matched[party] = _match(point_array(reblinded), point_array(reblind(mine, active, party, peer)))
+            matched[party] = _match(point_array(reblinded), point_array(peer_twice))
             if matched[party] is None or len(matched[party]) != len(texts[active]):
                 raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
             sizes[party] = len(peer) // POINT_BYTES
