@@ -120,12 +120,10 @@ class PSIKey:
         """k·P for every 32-byte point P of a message, in the same order (`done` as for `blind`).
 
         Raises:
-            ValueError: a point of small order (X25519 gives all zeros), which an honest peer never sends.
+            ValueError: a message that is not a whole number of points (`split_points`), or a point of small order
+                (X25519 gives all zeros), which an honest peer never sends.
         """
-        if len(points) % POINT_BYTES:
-            raise ValueError(f"a PSI message of {len(points)} bytes is not a whole number of {POINT_BYTES}-byte points")
-        items = split_points(points)
-        return self._map(reblind, items, join_points, done)
+        return self._map(reblind, split_points(points), join_points, done)
 
     def _map(self, fn, items: list, pack, done: Callable[[int], None] | None) -> bytes:
         done = done or (lambda n: None)
