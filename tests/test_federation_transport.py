@@ -489,3 +489,36 @@ def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -
     link.step = 0
     link.take("party0", "party1", "gradients", None)
     assert waits == [("psi/blinded", -1, 3540.0), ("gradients", 0, 0.0)]
+
+
+def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, monkeypatch) -> None:
+    """Parts of 40 points between parties whose transports take envelopes of 2 kB and hold two parts unread, not
+    three: the PSI's 900-point messages (28.8 kB) would be refused whole; in parts they align the rows as the
+    simulation does."""
+    import numpy as np
+
+    from lvfl.federation.link import SocketLink
+    from lvfl.privacy import psi
+    from lvfl.wire import Wire
+
+    ids = {"party0": [f"c{i:05d}" for i in range(900)], "party1": [f"c{i:05d}" for i in range(300, 1250)][::-1]}
+    expected = psi.private_intersection(ids, active="party0", wire=Wire())
+    monkeypatch.setattr(psi, "PART_BYTES", 40 * psi.POINT_BYTES)
+    part = 40 * psi.POINT_BYTES  # 1,280 bytes: an envelope of about 1,325 (header, run, tag)
+    limits = {"max_message_bytes": 2048, "max_queued_bytes": 2 * part + 512, "timeout": 20}
+    ends = {name: make(name, **limits) for name in ids}
+    results = {}
+
+    def body(name: str) -> Callable[[], None]:
+        def run() -> None:
+            wire = Wire(here=name, transport=SocketLink(ends[name]))
+            results[name] = psi.private_intersection({name: ids[name]}, parties=list(ids), active="party0", wire=wire)
+
+        return run
+
+    run_parties(*(body(name) for name in ids))
+    for name in ids:
+        assert results[name].ids == expected.ids
+        assert np.array_equal(results[name].rows[name], expected.rows[name]), name
+    sent = ends["party0"].payload_bytes
+    assert sent["party0", "party1", "psi/blinded"] == 900 * psi.POINT_BYTES

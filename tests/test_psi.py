@@ -4,18 +4,32 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import gmpy2
 import numpy as np
 import pytest
 from helpers import each_in_a_thread
 
-from lvfl.crypto.hash_to_curve import hash_to_curve, hash_to_u
-from lvfl.crypto.psi import DST, PARALLEL_FROM, PSIKey, secret_permutation, split_points
-from lvfl.privacy.psi import _match, message_bytes, private_intersection
-from lvfl.wire import Wire
+from lvfl.crypto.hash_to_curve import (
+    P,
+    _add,
+    _map_projective,
+    _sum_of_maps,
+    _sum_u,
+    hash_to_curve,
+    hash_to_u,
+    map_to_curve_elligator2,
+)
+from lvfl.crypto.psi import DST, PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points
+from lvfl.federation import FederationError
+from lvfl.privacy import psi as psi_module
+from lvfl.privacy.psi import _match, _send, message_bytes, private_intersection
+from lvfl.wire import Absent, Wire, payload_nbytes
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
 SHUFFLE = {"retailer": bytes(range(100, 132)), "insurer": bytes(range(140, 172)), "shop": bytes(range(1, 33))}
@@ -44,6 +58,25 @@ def test_hash_to_curve_matches_the_rfc_vectors(msg: bytes, x: str, y: str) -> No
     assert hash_to_curve(msg, RFC_DST) == (int(x, 16), int(y, 16))
 
 
+def test_the_straight_line_map_gives_the_affine_maps_point() -> None:
+    rng = np.random.default_rng(5)
+    specials = [0, 1, 2, P - 1, P - 2, (P - 1) // 2]
+    for u in specials + [int.from_bytes(rng.bytes(32), "little") % P for _ in range(500)]:
+        xn, xd, y = _map_projective(gmpy2.mpz(u))
+        assert (xn * pow(int(xd), -1, P) % P, int(y)) == map_to_curve_elligator2(u), u
+
+
+def test_hash_to_u_is_the_u_coordinate_of_the_rfc_point_before_the_cofactor_is_cleared() -> None:
+    messages = [msg for msg, _, _ in RFC_VECTORS] + [str(i).encode() for i in range(300)]
+    for msg in messages:
+        assert int.from_bytes(hash_to_u(msg, RFC_DST), "little") == _sum_of_maps(msg, RFC_DST)[0], msg
+    # the same u twice (a doubling) and u against -u (the same point: Elligator 2 maps both there) take the
+    # affine reference; opposite points would be the point at infinity, which u-coordinates alone never reach
+    u = 123456789
+    assert _sum_u(u, u) == _add(map_to_curve_elligator2(u), map_to_curve_elligator2(u))[0]
+    assert _sum_u(u, P - u) == _sum_u(u, u)
+
+
 def test_blinding_commutes_and_clears_the_cofactor() -> None:
     a, b = PSIKey(bytes(range(32))), PSIKey(bytes(range(1, 33)))
     ids = [b"alice", b"bob", b"carol"]
@@ -63,6 +96,20 @@ def parties(order_seed: int = 0) -> dict[str, list]:
     retailer = [str(i) for i in rng.permutation(np.arange(base + 296, base + 1200))]  # 604 shared with the bank
     insurer = [str(i) for i in rng.permutation(np.arange(base, base + 2000, 3))]
     return {"bank": bank, "retailer": retailer, "insurer": insurer}
+
+
+def each_in_its_view(ids: dict[str, list], keys: dict[str, bytes], transport: Any) -> tuple[dict, dict]:
+    """Every party's part of the PSI in a thread of its own, on its own wire view over `transport` (as separate
+    processes would run it): the views and what each party's part returns."""
+    names = list(ids)
+    views = {name: Wire(here=name, transport=transport) for name in names}
+
+    def run(name: str) -> Any:
+        return private_intersection(
+            {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
+        )
+
+    return views, each_in_a_thread(run, names)
 
 
 @pytest.mark.parametrize("names", [("bank", "retailer"), ("bank", "retailer", "insurer")])
@@ -285,14 +332,7 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     whole = Wire()
     expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE)
     transport = MemoryTransport(timeout=60)
-    views = {name: Wire(here=name, transport=transport) for name in names}
-
-    def run(name: str) -> Any:
-        return private_intersection(
-            {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
-        )
-
-    results = each_in_a_thread(run, names)
+    views, results = each_in_its_view(ids, keys, transport)
     for name in names:
         got = results[name]
         assert list(got.rows) == [name]
@@ -306,3 +346,71 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     for name in ("retailer", "insurer"):
         assert results[name].sizes == {name: len(ids[name]), "bank": len(ids["bank"])}
         assert results[name].pairwise == {}
+
+
+class QueueBound:
+    """A `MemoryTransport` that refuses a message as the socket transport's inbox does: when what its sender has
+    queued unread at the receiver is not empty and would pass `limit` bytes with it (`Inbox._reserve`)."""
+
+    def __init__(self, limit: int) -> None:
+        from lvfl.federation.rehearsal import MemoryTransport
+
+        self.inner, self.limit = MemoryTransport(timeout=20), limit
+        self.identities = self.inner.identities
+        self.unread: Counter = Counter()
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        size = payload_nbytes(payload)
+        with self.lock:
+            queued = self.unread[src, dst]
+            if queued and queued + size > self.limit:
+                raise FederationError(f"{src} has {queued} bytes unread at {dst} and sent a {size}-byte {tag!r}")
+            self.unread[src, dst] += size
+            self.peak = max(self.peak, self.unread[src, dst])
+        self.inner.post(src, dst, tag, payload)
+
+    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+        payload = self.inner.take(src, dst, tag, expected)
+        with self.lock:
+            self.unread[src, dst] -= payload_nbytes(payload)
+        return payload
+
+
+def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monkeypatch) -> None:
+    """Parts of 40 points: every message of three parties' lists in several parts, the result and the ledger as
+    one-part messages give, and no receiver holding more than two parts (and a part number) of a peer unread."""
+    ids = parties()
+    names = list(ids)
+    keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
+    whole = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE)
+    monkeypatch.setattr(psi_module, "PART_BYTES", 40 * POINT_BYTES)
+    wire = Wire()
+    parted = private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE)
+    assert parted.ids == whole.ids
+    assert all(np.array_equal(parted.rows[k], whole.rows[k]) for k in names)
+    sizes = {k: len(v) for k, v in ids.items()}
+    expected = message_bytes(sizes, "bank", len(whole.ids))
+    assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in expected.items()}
+    # bank's 900 points: 22 full parts and one of 20 to each passive party, so 22 reads back from each
+    assert wire.messages["bank", "retailer", "psi/blinded"] == 23
+    assert wire.messages["retailer", "bank", "psi/blinded/read"] == 22
+    assert expected["blinded/read"] == 2 * 22 * 4
+
+    bound = 2 * 40 * POINT_BYTES + psi_module.READ_DTYPE.itemsize  # two parts and a part number
+    transport = QueueBound(limit=bound)
+    _, results = each_in_its_view(ids, keys, transport)
+    for name in names:
+        assert np.array_equal(results[name].rows[name], whole.rows[name]), name
+        assert results[name].ids == whole.ids, name
+    assert 40 * POINT_BYTES < transport.peak <= bound
+
+
+def test_a_part_longer_than_a_part_is_refused_naming_the_sender() -> None:
+    from lvfl.federation.rehearsal import MemoryTransport
+
+    transport = MemoryTransport(timeout=5)
+    transport.post("retailer", "bank", "psi/peer", bytes(psi_module.PART_BYTES + POINT_BYTES))
+    with pytest.raises(ValueError, match=r"retailer sent a \d+-byte part of 'psi/peer'; a part is at most"):
+        _send(Wire(here="bank", transport=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")

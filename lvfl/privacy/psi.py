@@ -20,6 +20,13 @@ cores, the parties blind their own IDs at once (a hash and a multiplication per 
 party's work), and re-blind at once. The active party takes the passive parties one at a time, so it holds at
 most one message of each unread.
 
+A message of `PART_BYTES` (16 MiB: a list of 524,288 IDs) or more goes in parts of that size, the last one shorter
+(empty if need be), so that no envelope is over the transport's `max_message_bytes` however long the lists. Before
+it sends part i + 2, the sender waits for `<tag>/read` from the receiver: the number i of the part the receiver has
+read (4 bytes), sent once it has read part i + 1. So a receiver holds at most two parts of a peer's messages unread,
+and the peer's last `read` of the message before (32 MiB and 4 bytes, about half the transport's default
+`max_queued_bytes`), while it is busy with its own hashing.
+
 What each party learns (semi-honest parties; DDH on Curve25519 with H a random oracle): the active party learns
 the size of every passive party's list and *each pairwise intersection* with its own list (with more than two
 parties this is more than the common intersection: it learns which of its IDs each passive party holds). A passive
@@ -47,6 +54,9 @@ from lvfl.wire import Absent, Wire
 __all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
 
 MATCH_DTYPE = np.dtype(">u4")  #: the wire format of a matched position: 4-byte big-endian unsigned
+#: the longest part of a PSI message (a whole number of points and of positions): longer messages go in parts
+PART_BYTES = 16 * 2**20
+READ_DTYPE = np.dtype(">u4")  #: the wire format of `<tag>/read`: the number of the part read, 4-byte big-endian
 
 
 @dataclass(frozen=True)
@@ -180,15 +190,14 @@ def _run(
         theirs = passive_keys.get(party)
         # message 3 goes first (k has it ready), then message 1; each party then re-blinds what it received, the
         # active party message 3 while k re-blinds message 1, and k answers with message 2
-        peer = _bytes(wire.send(party, active, own.get(party, unknown), f"{tag}/peer"), party, f"{tag}/peer", mine)
-        incoming = _bytes(wire.send(active, party, blinded, f"{tag}/blinded"), active, f"{tag}/blinded", theirs)
+        peer = _send(wire, party, active, own.get(party, unknown), f"{tag}/peer")
+        incoming = _send(wire, active, party, blinded, f"{tag}/blinded")
         peer_twice = reblind(mine, active, party, peer) if mine else None
         if theirs:
             sizes[active] = len(point_array(incoming))  # what the passive party learns: the active list's size
-        reblinded = wire.send(
-            party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
+        reblinded = _send(
+            wire, party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
         )
-        reblinded = _bytes(reblinded, party, f"{tag}/reblinded", mine)
         if mine:
             matched[party] = _match(point_array(reblinded), point_array(peer_twice))
             if matched[party] is None or len(matched[party]) != len(texts[active]):
@@ -207,10 +216,9 @@ def _run(
         rows[active] = np.asarray(agreed, dtype=np.int64)
     for party in passive:
         positions = np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes() if mine else unknown
-        received = wire.send(active, party, positions, f"{tag}/matches")
+        received = _send(wire, active, party, positions, f"{tag}/matches")
         if not held(party):
             continue
-        received = _bytes(received, active, f"{tag}/matches", True)
         # passive party k: its rows at the matched positions, put in the agreed order by their own ID text
         if len(received) % MATCH_DTYPE.itemsize:
             raise ValueError(f"{active}'s PSI matches ({len(received)} bytes) are not whole {MATCH_DTYPE} positions")
@@ -247,19 +255,66 @@ def _match(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
     return found
 
 
-def _bytes(payload: object, sender: str, tag: str, used_here: object) -> object:
-    """A received PSI message, which must be bytes where this process uses it (a peer's tensor is refused)."""
-    if used_here and not isinstance(payload, bytes):
-        raise ValueError(f"{sender} sent {tag!r} as {type(payload).__name__}; a PSI message is bytes")
-    return payload
+def _part_size() -> int:
+    """The length of a full part: `PART_BYTES`, a whole number of points and of matched positions."""
+    unit = int(np.lcm(POINT_BYTES, MATCH_DTYPE.itemsize))
+    return max(unit, PART_BYTES - PART_BYTES % unit)
+
+
+def _send(wire: Wire, src: str, dst: str, payload: object, tag: str) -> object:
+    """Move one PSI message from `src` to `dst` in parts (see the module docstring); the whole message at `dst`.
+
+    Where `dst` is held the parts are read until a short one and joined; where only `src` is, what `dst` receives is
+    not known here (a shadow); where neither is, one shadow stands for all the parts, which this process never sees.
+    """
+    if not (wire.holds(src) or wire.holds(dst)):
+        return wire.send(src, dst, payload, tag)
+    size = _part_size()
+    if wire.holds(src):
+        if not isinstance(payload, bytes):
+            raise TypeError(f"{src}'s {tag!r} is {type(payload).__name__}; a PSI message is bytes")
+        parts: list[object] = [payload[i : i + size] for i in range(0, len(payload), size)]
+        if not parts or len(parts[-1]) == size:
+            parts.append(b"")  # the receiver stops at a short part
+    received: list[bytes] = []
+    number = 0
+    while True:
+        got = wire.send(src, dst, parts[number] if wire.holds(src) else Absent("PSI points"), tag)
+        if wire.holds(dst):
+            if not isinstance(got, bytes):
+                raise ValueError(f"{src} sent {tag!r} as {type(got).__name__}; a PSI message is bytes")
+            if len(got) > size:
+                raise ValueError(f"{src} sent a {len(got)}-byte part of {tag!r}; a part is at most {size} bytes")
+            received.append(got)
+            last = len(got) < size
+        else:
+            last = number == len(parts) - 1
+        if number >= 1:  # part number - 1 is read: the sender may go on to part number + 1
+            read = np.array([number - 1], dtype=READ_DTYPE).tobytes() if wire.holds(dst) else Absent("a part number")
+            read = wire.send(dst, src, read, f"{tag}/read")
+            if wire.holds(src) and read != np.array([number - 1], dtype=READ_DTYPE).tobytes():
+                raise ValueError(f"{dst} acknowledged {read!r} of {tag!r}; {src} expected part {number - 1}")
+        if last:
+            break
+        number += 1
+    return b"".join(received) if wire.holds(dst) else Absent("PSI points")
 
 
 def message_bytes(sizes: Mapping[str, int], active: str, common: int) -> dict[str, int]:
-    """The bytes each PSI message tag carries in all, for lists of `sizes` and `common` shared IDs (the ledger)."""
+    """The bytes each PSI message tag carries in all, for lists of `sizes` and `common` shared IDs (the ledger).
+
+    A message in more than one part adds a `<tag>/read` of 4 bytes for each part after the first.
+    """
     passive = [p for p in sizes if p != active]
-    return {
-        "blinded": POINT_BYTES * sizes[active] * len(passive),
-        "reblinded": POINT_BYTES * sizes[active] * len(passive),
-        "peer": POINT_BYTES * sum(sizes[p] for p in passive),
-        "matches": MATCH_DTYPE.itemsize * common * len(passive),
+    messages = {
+        "blinded": [POINT_BYTES * sizes[active]] * len(passive),
+        "reblinded": [POINT_BYTES * sizes[active]] * len(passive),
+        "peer": [POINT_BYTES * sizes[p] for p in passive],
+        "matches": [MATCH_DTYPE.itemsize * common] * len(passive),
     }
+    out = {tag: sum(lengths) for tag, lengths in messages.items()}
+    for tag, lengths in messages.items():
+        reads = sum(n // _part_size() for n in lengths)  # parts - 1: every full part has one after it
+        if reads:
+            out[f"{tag}/read"] = READ_DTYPE.itemsize * reads
+    return out
