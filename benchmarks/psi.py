@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/psi.py                # 1,000,000 x 1,000,000 (the goal: 50 s on 2 cores)
     .venv/bin/python benchmarks/psi.py --ids 100000   # a quicker look
     .venv/bin/python benchmarks/psi.py --ids 10000000 --skip-unit-costs   # 10 M x 10 M: time and peak memory
+    .venv/bin/python benchmarks/psi.py --protocol kkrt   # KKRT16's OT-based PSI (`lvfl.privacy.psi_ot`), one process
 
 Runs `lvfl.privacy.psi.private_intersection` (ECDH over Curve25519, RFC 9380 hash to curve, X25519 via OpenSSL)
 with every message on a `Wire`, on all CPU cores (`--workers`), and prints the wall time, the bytes on the wire
@@ -90,6 +91,7 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=1_000_000, help="IDs per party (default 1,000,000)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: every core)")
     parser.add_argument("--skip-unit-costs", action="store_true", help="leave out the per-operation timing")
+    parser.add_argument("--protocol", choices=["ecdh", "kkrt"], default="ecdh", help="the PSI (default ecdh)")
     args = parser.parse_args()
     n, half = args.ids, args.ids // 2
     bank = [f"cust-{i:09d}" for i in range(n)]  # business IDs as strings; 50% shared with the retailer
@@ -99,27 +101,31 @@ def main() -> None:
     workers.start()
     start = time.perf_counter()
     alignment = private_intersection(
-        {"bank": bank, "retailer": retailer}, active="bank", wire=wire, workers=args.workers
+        {"bank": bank, "retailer": retailer}, active="bank", wire=wire, workers=args.workers, protocol=args.protocol
     )
     seconds = time.perf_counter() - start
     worker = workers.stop()
     assert len(alignment.ids) == n - half, "the intersection is wrong"
-    expected = message_bytes({"bank": n, "retailer": n}, "bank", n - half)
+    expected = message_bytes({"bank": n, "retailer": n}, "bank", n - half, args.protocol)
     assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in expected.items()}, "the ledger is wrong"
-    rate = 2 * n / (seconds * args.workers)
-    print(f"{n:,} x {n:,} IDs, {n - half:,} shared, {args.workers} worker process(es) on {os.cpu_count()} core(s)")
+    cores = args.workers if args.protocol == "ecdh" else 1  # KKRT runs in the parties' process alone
+    rate = 2 * n / (seconds * cores)
+    print(f"{n:,} x {n:,} IDs, {n - half:,} shared, {args.protocol}, {cores} core(s) used of {os.cpu_count()}")
     goal = f" ({'within' if seconds < 50 else 'over'} the goal of 50 s for 1 M x 1 M)" if n == 1_000_000 else ""
     print(f"wall time {seconds:.1f} s{goal}")
     print(f"on the wire {wire.total_bytes() / 1e6:.1f} MB in {wire.total_messages()} messages: {wire.bytes_by_tag()}")
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak resident memory: {own:,.0f} MB in this process (both parties), {worker:,.0f} MB in the largest of the")
-    print("worker processes (each a fresh Python with lvfl's imports; VmHWM read every 0.5 s)")
+    if args.protocol == "ecdh":
+        print(f"peak resident memory: {own:,.0f} MB in this process (both parties), {worker:,.0f} MB in the largest")
+        print("of the worker processes (each a fresh Python with lvfl's imports; VmHWM read every 0.5 s)")
+    else:
+        print(f"peak resident memory: {own:,.0f} MB in this process (both parties; KKRT runs no workers)")
     print("| implementation | IDs/s per core |")
     print("|---|---|")
-    print(f"| lvfl (this run) | {rate:,.0f} |")
+    print(f"| lvfl {args.protocol.upper()} (this run) | {rate:,.0f} |")
     for name, value in PUBLISHED.items():
         print(f"| {name} (published) | {value:,.0f} |")
-    if args.skip_unit_costs:
+    if args.skip_unit_costs or args.protocol != "ecdh":
         return
     hash_us, reference_us, mult_us = unit_costs()
     print(

@@ -491,28 +491,32 @@ def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -
     assert waits == [("psi/blinded", -1, 3540.0), ("gradients", 0, 0.0)]
 
 
-def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, monkeypatch) -> None:
-    """Parts of 40 points between parties whose transports take envelopes of 2 kB and hold two parts unread, not
-    three: the PSI's 900-point messages (28.8 kB) would be refused whole; in parts they align the rows as the
-    simulation does."""
+@pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
+def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, monkeypatch, protocol) -> None:
+    """Parts of 40 points between parties whose transports take small envelopes and hold two parts unread, not
+    three: the PSI's long messages (ECDH's 28.8 kB of points, KKRT's 73 kB matrix) would be refused whole; in parts
+    they align the rows as the simulation does. KKRT's base-OT messages (17 and 33 kB) always go whole."""
     import numpy as np
 
     from lvfl.federation.link import SocketLink
-    from lvfl.privacy import psi
+    from lvfl.privacy import psi, psi_ot, psi_wire
     from lvfl.wire import Wire
 
     ids = {"party0": [f"c{i:05d}" for i in range(900)], "party1": [f"c{i:05d}" for i in range(300, 1250)][::-1]}
-    expected = psi.private_intersection(ids, active="party0", wire=Wire())
-    monkeypatch.setattr(psi, "PART_BYTES", 40 * psi.POINT_BYTES)
+    expected = psi.private_intersection(ids, active="party0", wire=Wire(), protocol=protocol)
+    monkeypatch.setattr(psi_wire, "PART_BYTES", 40 * psi.POINT_BYTES)
     part = 40 * psi.POINT_BYTES  # 1,280 bytes: an envelope of about 1,325 (header, run, tag)
-    limits = {"max_message_bytes": 2048, "max_queued_bytes": 2 * part + 512, "timeout": 20}
+    whole = psi_ot.SEEDS_BYTES + 512 if protocol == "kkrt" else 0  # the largest message sent whole, and its envelope
+    limits = {"max_message_bytes": 2048 + whole, "max_queued_bytes": 2 * part + 512 + whole, "timeout": 20}
     ends = {name: make(name, **limits) for name in ids}
     results = {}
 
     def body(name: str) -> Callable[[], None]:
         def run() -> None:
             wire = Wire(here=name, transport=SocketLink(ends[name]))
-            results[name] = psi.private_intersection({name: ids[name]}, parties=list(ids), active="party0", wire=wire)
+            results[name] = psi.private_intersection(
+                {name: ids[name]}, parties=list(ids), active="party0", wire=wire, protocol=protocol
+            )
 
         return run
 
@@ -521,4 +525,5 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
         assert results[name].ids == expected.ids
         assert np.array_equal(results[name].rows[name], expected.rows[name]), name
     sent = ends["party0"].payload_bytes
-    assert sent["party0", "party1", "psi/blinded"] == 900 * psi.POINT_BYTES
+    long = ("psi/blinded", 900 * psi.POINT_BYTES) if protocol == "ecdh" else ("psi/matrix", 1143 * 64)
+    assert sent["party0", "party1", long[0]] == long[1]

@@ -78,6 +78,19 @@ def test_rows_line_up_by_business_id_and_the_intersection_is_what_every_party_ho
     assert served == 604
 
 
+def test_kkrt_aligns_the_tables_as_ecdh_does_and_a_bad_psi_is_refused_by_name(bank_retailer) -> None:
+    ecdh, kkrt = tables(bank_retailer), tables(bank_retailer, psi="kkrt")
+    for split in ("train", "val", "test"):
+        a, b = getattr(ecdh, f"{split}_set"), getattr(kkrt, f"{split}_set")
+        assert ecdh.business_ids(a.ids) == kkrt.business_ids(b.ids)
+        for party in ("party0", "party1"):
+            assert torch.equal(a.features[party], b.features[party])
+    tags = {m[3] for m in kkrt.alignment_messages()}
+    assert tags == {"psi/setup", "psi/choices", "psi/seeds", "psi/matrix", "psi/values", "psi/matches"}
+    with pytest.raises(ValueError, match=r"PartyTables: psi must be one of \['ecdh', 'kkrt'\], got psi='rsa'"):
+        tables(bank_retailer, psi="rsa")
+
+
 def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retailer, tmp_path: Path) -> None:
     dm = tables(bank_retailer)
     sgd = partial(torch.optim.SGD, lr=0.1)

@@ -27,8 +27,9 @@ from lvfl.crypto.hash_to_curve import (
 )
 from lvfl.crypto.psi import DST, PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points
 from lvfl.federation import FederationError
-from lvfl.privacy import psi as psi_module
-from lvfl.privacy.psi import _match, _send, message_bytes, private_intersection
+from lvfl.privacy import psi_ot, psi_wire
+from lvfl.privacy.psi import message_bytes, private_intersection
+from lvfl.privacy.psi_wire import match_positions, send_in_parts
 from lvfl.wire import Absent, Wire, payload_nbytes
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
@@ -98,7 +99,9 @@ def parties(order_seed: int = 0) -> dict[str, list]:
     return {"bank": bank, "retailer": retailer, "insurer": insurer}
 
 
-def each_in_its_view(ids: dict[str, list], keys: dict[str, bytes], transport: Any) -> tuple[dict, dict]:
+def each_in_its_view(
+    ids: dict[str, list], keys: dict[str, bytes], transport: Any, protocol: str = "ecdh"
+) -> tuple[dict, dict]:
     """Every party's part of the PSI in a thread of its own, on its own wire view over `transport` (as separate
     processes would run it): the views and what each party's part returns."""
     names = list(ids)
@@ -106,28 +109,42 @@ def each_in_its_view(ids: dict[str, list], keys: dict[str, bytes], transport: An
 
     def run(name: str) -> Any:
         return private_intersection(
-            {name: ids[name]}, parties=names, active="bank", wire=views[name], keys=keys, shuffle_keys=SHUFFLE
+            {name: ids[name]},
+            parties=names,
+            active="bank",
+            wire=views[name],
+            keys=keys,
+            shuffle_keys=SHUFFLE,
+            protocol=protocol,
         )
 
     return views, each_in_a_thread(run, names)
 
 
+@pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
 @pytest.mark.parametrize("names", [("bank", "retailer"), ("bank", "retailer", "insurer")])
-def test_the_intersection_is_the_plain_one_and_lines_every_partys_rows_up(names) -> None:
+def test_the_intersection_is_the_plain_one_and_lines_every_partys_rows_up(names, protocol) -> None:
     ids = {k: v for k, v in parties().items() if k in names}
     wire = Wire()
-    alignment = private_intersection(ids, active="bank", wire=wire)
+    alignment = private_intersection(ids, active="bank", wire=wire, protocol=protocol)
     texts = {k: [str(x) for x in v] for k, v in ids.items()}
     expected = sorted(set.intersection(*(set(t) for t in texts.values())))
     assert alignment.ids == expected
     assert len(expected) == (604 if len(names) == 2 else 201)  # the multiples of 3 in 297..897
     for party, rows in alignment.rows.items():
         assert [texts[party][r] for r in rows] == expected, party
-    # every message on the wire, exactly: 32 bytes a point, 4 bytes a matched position
+    # every message on the wire, exactly: 32 bytes a point, 4 bytes a matched position; for KKRT, 64 bytes a bin
+    # of the matrix, 3 values per ID of 8 bytes (40 + 11 + 12 bits at these sizes)
     sizes = {k: len(v) for k, v in ids.items()}
-    assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in message_bytes(sizes, "bank", len(expected)).items()}
-    assert wire.total_messages() == 4 * (len(names) - 1)
-    assert message_bytes(sizes, "bank", len(expected))["blinded"] == 32 * 900 * (len(names) - 1)
+    ledger = message_bytes(sizes, "bank", len(expected), protocol)
+    assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in ledger.items()}
+    if protocol == "ecdh":
+        assert wire.total_messages() == 4 * (len(names) - 1)
+        assert ledger["blinded"] == 32 * 900 * (len(names) - 1)
+    else:
+        assert wire.total_messages() == 6 * (len(names) - 1)
+        assert ledger["matrix"] == 64 * 1143 * (len(names) - 1)
+        assert ledger["values"] == 3 * 8 * sum(n for k, n in sizes.items() if k != "bank")
 
 
 def inbox(wire: Wire, party: str) -> list:
@@ -163,6 +180,77 @@ def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
     assert seen2[0][1] != seen[0][1]
 
 
+def test_in_kkrt_neither_party_receives_the_others_ids_nor_their_digests_or_code_words() -> None:
+    """KKRT's views. The retailer's inbox (setup, seeds, matrix, matches) holds no bank ID it lacks in the clear, as
+    its digest under the public hash key, or as a code word row of U; replacing those IDs (same count) leaves its
+    matches unchanged. The bank's inbox (choices, values) holds no retailer ID or digest, and exactly one of the
+    retailer's values equals one of the bank's own for each shared ID: the rest match nothing the bank holds."""
+    from lvfl.crypto import oprf
+
+    ids = parties()
+    ids.pop("insurer")
+    shared = set(map(str, ids["bank"])) & set(ids["retailer"])
+    others = [str(x).encode() for x in ids["bank"] if str(x) not in shared]
+    theirs = [x.encode() for x in ids["retailer"] if x not in shared]
+
+    wire = Wire()
+    seen, at_bank = inbox(wire, "retailer"), inbox(wire, "bank")
+    private_intersection(ids, active="bank", wire=wire, shuffle_keys=SHUFFLE, protocol="kkrt")
+    assert [tag for tag, _ in seen] == ["psi/setup", "psi/seeds", "psi/matrix", "psi/matches"]
+    setup, matrix = seen[0][1], seen[2][1]
+    hash_key, code_key = setup[33:49], setup[49:65]
+    blob = b"".join(payload for _, payload in seen)
+    digests = oprf.digests(others, hash_key)
+    rows = {matrix[i : i + 64] for i in range(0, len(matrix), 64)}
+    for x, digest in zip(others, digests, strict=True):
+        assert x not in blob
+        assert digest.tobytes() not in blob
+    for i in range(oprf.HASHES):
+        words = oprf.code_words(digests, np.full(len(others), i), code_key)
+        assert not rows & {w.tobytes() for w in words}
+
+    assert [tag for tag, _ in at_bank] == ["psi/choices", "psi/values"]
+    inbound = b"".join(payload for _, payload in at_bank)
+    for x, digest in zip(theirs, oprf.digests(theirs, hash_key), strict=True):
+        assert x not in inbound
+        assert digest.tobytes() not in inbound
+    width = oprf.value_bytes(oprf.bins_for(900), len(ids["retailer"]))
+    values = np.frombuffer(at_bank[1][1], dtype=f"S{width}")
+    assert len(values) == 3 * len(ids["retailer"])
+
+    changed = dict(ids, bank=[x if str(x) in shared else x + 100_000 for x in ids["bank"]])  # same count, new IDs
+    wire2 = Wire()
+    seen2 = inbox(wire2, "retailer")
+    private_intersection(changed, active="bank", wire=wire2, shuffle_keys=SHUFFLE, protocol="kkrt")
+    assert seen2[3] == seen[3]  # the matches: positions in the retailer's own shuffled list only
+    assert [len(p) for _, p in seen2] == [len(p) for _, p in seen]
+
+
+def test_kkrt_matches_exactly_the_shared_ids_among_the_values(monkeypatch) -> None:
+    """The bank's own values (H(b, t_b) of its filled bins) meet the retailer's three lists exactly once per shared
+    ID: counted on the values themselves, not through the protocol's matching."""
+    from lvfl.crypto import oprf
+    from lvfl.privacy import psi_ot as module
+
+    own = {}
+    real = oprf.prf_values
+
+    def spy(bins, rows, width):
+        values = real(bins, rows, width)
+        own.setdefault("first", values)  # the bank's own values come first (its OT extension)
+        return values
+
+    monkeypatch.setattr(module.oprf, "prf_values", spy)
+    ids = parties()
+    ids.pop("insurer")
+    wire = Wire()
+    at_bank = inbox(wire, "bank")
+    alignment = private_intersection(ids, active="bank", wire=wire, shuffle_keys=SHUFFLE, protocol="kkrt")
+    width = own["first"].dtype.itemsize
+    values = np.frombuffer(at_bank[1][1], dtype=f"S{width}")
+    assert int(np.isin(values, own["first"]).sum()) == len(alignment.ids) == 604
+
+
 def test_duplicate_missing_and_bad_ids_are_refused_by_name() -> None:
     wire = Wire()
     with pytest.raises(ValueError, match=r"party 'shop': ID 'x7' occurs more than once"):
@@ -191,10 +279,10 @@ def test_points_are_matched_as_a_dict_from_point_to_row_would_match_them() -> No
         for position, point in enumerate(theirs):
             if point in row_of:
                 expected[row_of[point]] = position
-        got = _match(np.frombuffer(b"".join(mine), "S32"), np.frombuffer(b"".join(theirs), "S32"))
+        got = match_positions(np.frombuffer(b"".join(mine), "S32"), np.frombuffer(b"".join(theirs), "S32"))
         assert np.array_equal(got, expected)
     repeated = np.frombuffer(bytes(32) * 2, "S32")  # the active party's points must be one per ID
-    assert _match(repeated, repeated[:1]) is None
+    assert match_positions(repeated, repeated[:1]) is None
 
 
 def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
@@ -320,7 +408,8 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
     assert correct <= 8, f"{correct} of 604 rows recovered from the config seed"
 
 
-def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docstring_says() -> None:
+@pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
+def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docstring_says(protocol) -> None:
     """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
     gets the simulation's rows for itself, nothing for the others; a passive party learns the bank's list size and
     the intersection, not the pairwise counts; each party's ledger is its share of the simulation's."""
@@ -330,9 +419,9 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     names = list(ids)
     keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
     whole = Wire()
-    expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE)
+    expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
     transport = MemoryTransport(timeout=60)
-    views, results = each_in_its_view(ids, keys, transport)
+    views, results = each_in_its_view(ids, keys, transport, protocol)
     for name in names:
         got = results[name]
         assert list(got.rows) == [name]
@@ -378,29 +467,35 @@ class QueueBound:
         return payload
 
 
-def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monkeypatch) -> None:
-    """Parts of 40 points: every message of three parties' lists in several parts, the result and the ledger as
-    one-part messages give, and no receiver holding more than two parts (and a part number) of a peer unread."""
+@pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
+def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monkeypatch, protocol) -> None:
+    """Parts of 1,280 bytes: the long messages of three parties' lists in several parts, the result and the ledger
+    as one-part messages give, and no receiver holding more than two parts (and a part number) of a peer unread."""
     ids = parties()
     names = list(ids)
     keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
-    whole = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE)
-    monkeypatch.setattr(psi_module, "PART_BYTES", 40 * POINT_BYTES)
+    whole = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
+    monkeypatch.setattr(psi_wire, "PART_BYTES", 40 * POINT_BYTES)
     wire = Wire()
-    parted = private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE)
+    parted = private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
     assert parted.ids == whole.ids
     assert all(np.array_equal(parted.rows[k], whole.rows[k]) for k in names)
     sizes = {k: len(v) for k, v in ids.items()}
-    expected = message_bytes(sizes, "bank", len(whole.ids))
+    expected = message_bytes(sizes, "bank", len(whole.ids), protocol)
     assert wire.bytes_by_tag() == {f"psi/{k}": v for k, v in expected.items()}
-    # bank's 900 points: 22 full parts and one of 20 to each passive party, so 22 reads back from each
-    assert wire.messages["bank", "retailer", "psi/blinded"] == 23
-    assert wire.messages["retailer", "bank", "psi/blinded/read"] == 22
-    assert expected["blinded/read"] == 2 * 22 * 4
+    if protocol == "ecdh":  # bank's 900 points: 22 full parts and one of 20 to each passive party, so 22 reads back
+        assert wire.messages["bank", "retailer", "psi/blinded"] == 23
+        assert wire.messages["retailer", "bank", "psi/blinded/read"] == 22
+        assert expected["blinded/read"] == 2 * 22 * 4
+    else:  # the matrix: 1,143 rows of 64 bytes, 57 full parts and one of 192
+        assert wire.messages["bank", "retailer", "psi/matrix"] == 58
+        assert wire.messages["retailer", "bank", "psi/matrix/read"] == 57
 
-    bound = 2 * 40 * POINT_BYTES + psi_module.READ_DTYPE.itemsize  # two parts and a part number
+    bound = 2 * 40 * POINT_BYTES + psi_wire.READ_DTYPE.itemsize  # two parts and a part number
+    if protocol == "kkrt":  # and the seeds (32 kB, whole), which the bank sends just before the matrix
+        bound += psi_ot.SEEDS_BYTES
     transport = QueueBound(limit=bound)
-    _, results = each_in_its_view(ids, keys, transport)
+    _, results = each_in_its_view(ids, keys, transport, protocol)
     for name in names:
         assert np.array_equal(results[name].rows[name], whole.rows[name]), name
         assert results[name].ids == whole.ids, name
@@ -411,6 +506,6 @@ def test_a_part_longer_than_a_part_is_refused_naming_the_sender() -> None:
     from lvfl.federation.rehearsal import MemoryTransport
 
     transport = MemoryTransport(timeout=5)
-    transport.post("retailer", "bank", "psi/peer", bytes(psi_module.PART_BYTES + POINT_BYTES))
+    transport.post("retailer", "bank", "psi/peer", bytes(psi_wire.PART_BYTES + POINT_BYTES))
     with pytest.raises(ValueError, match=r"retailer sent a \d+-byte part of 'psi/peer'; a part is at most"):
-        _send(Wire(here="bank", transport=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")
+        send_in_parts(Wire(here="bank", transport=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")

@@ -20,12 +20,8 @@ cores, the parties blind their own IDs at once (a hash and a multiplication per 
 party's work), and re-blind at once. The active party takes the passive parties one at a time, so it holds at
 most one message of each unread.
 
-A message of `PART_BYTES` (16 MiB: a list of 524,288 IDs) or more goes in parts of that size, the last one shorter
-(empty if need be), so that no envelope is over the transport's `max_message_bytes` however long the lists. Before
-it sends part i + 2, the sender waits for `<tag>/read` from the receiver: the number i of the part the receiver has
-read (4 bytes), sent once it has read part i + 1. So a receiver holds at most two parts of a peer's messages unread,
-and the peer's last `read` of the message before (32 MiB and 4 bytes, about half the transport's default
-`max_queued_bytes`), while it is busy with its own hashing.
+A message of 16 MiB or more (a list of 524,288 IDs) goes in parts, each after the receiver has read the one before
+the one before (`lvfl.privacy.psi_wire`), so that the lists may be of any length.
 
 What each party learns (semi-honest parties; DDH on Curve25519 with H a random oracle): the active party learns
 the size of every passive party's list and *each pairwise intersection* with its own list (with more than two
@@ -43,36 +39,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from lvfl.crypto.psi import PARALLEL_FROM, POINT_BYTES, PSIKey, point_array, secret_permutation, worker_pool
+from lvfl.privacy import psi_ot
+from lvfl.privacy.psi_wire import (
+    MATCH_DTYPE,
+    READ_DTYPE,
+    Alignment,
+    Exchanged,
+    agree,
+    match_positions,
+    reads,
+    send_in_parts,
+)
 from lvfl.progress import Phase
 from lvfl.wire import Absent, Wire
 
 __all__ = ["Alignment", "id_text", "message_bytes", "private_intersection"]
 
-MATCH_DTYPE = np.dtype(">u4")  #: the wire format of a matched position: 4-byte big-endian unsigned
-#: the longest part of a PSI message (a whole number of points and of positions): longer messages go in parts
-PART_BYTES = 16 * 2**20
-READ_DTYPE = np.dtype(">u4")  #: the wire format of `<tag>/read`: the number of the part read, 4-byte big-endian
-
-
-@dataclass(frozen=True)
-class Alignment:
-    """The samples every party holds: their IDs in the agreed order, and each party's row of each.
-
-    `rows[party][i]` is the row of `ids[i]` in that party's list, so `table[rows[party]]` lines every party's rows
-    up in the same order.
-    """
-
-    ids: list[str]
-    rows: dict[str, np.ndarray]
-    #: what the active party learns besides: each party's list size and each passive party's pairwise intersection
-    #: with the active party's list (the active party's own entry: its list size)
-    sizes: dict[str, int] = field(default_factory=dict)
-    pairwise: dict[str, int] = field(default_factory=dict)
+PROTOCOLS = ("ecdh", "kkrt")  #: the PSI protocols `private_intersection` runs (`protocol`)
 
 
 def id_text(value: object, party: str) -> str:
@@ -107,8 +94,11 @@ def private_intersection(
     workers: int | None = None,
     parties: Sequence[str] | None = None,
     phase: Callable[..., Phase] = Phase,
+    protocol: str = "ecdh",
 ) -> Alignment:
-    """Align the parties' IDs by ECDH-PSI (see the module docstring for the messages and what each party learns).
+    """Align the parties' IDs by private set intersection: ECDH-PSI (this module) or KKRT16's (`lvfl.privacy.psi_ot`).
+
+    Each module's docstring has its messages and what each party learns.
 
     Each party's part runs where the wire holds it (`Wire.holds`): every part in simulation, one party's in its own
     process, where `ids` holds that party's list only and the returned `Alignment` what that party learns (its own
@@ -125,11 +115,15 @@ def private_intersection(
         workers: processes for large lists (`PSIKey`); None: every CPU core.
         parties: every party's name, in order (default: the keys of `ids`, which then hold every party's list).
         phase: makes the `lvfl.progress.Phase` that reports each step's progress (its name, total and unit).
+        protocol: "ecdh" (this module) or "kkrt" (an oblivious PRF from OT extension, `lvfl.privacy.psi_ot`: about
+            six times faster a core, the same party learning the same things; `keys` and `workers` are ECDH's).
 
     Raises:
         ValueError: a party holds no IDs, or one ID twice (named); a party held here is missing from `ids`.
         TypeError: an ID that is neither a string nor an integer (named).
     """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"the PSI protocol must be one of {list(PROTOCOLS)}, got {protocol!r}")
     parties = list(ids) if parties is None else list(parties)
     if active not in parties:
         raise ValueError(f"the active party {active!r} is not among the parties {sorted(parties)}")
@@ -141,15 +135,20 @@ def private_intersection(
     passive = [p for p in parties if p != active]
     shuffle_keys = shuffle_keys or {}
 
-    pool = worker_pool(workers) if sum(len(t) for t in texts.values()) >= PARALLEL_FROM else None
+    large = sum(len(t) for t in texts.values()) >= PARALLEL_FROM
+    pool = worker_pool(workers) if protocol == "ecdh" and large else None
     try:
-        return _run(texts, active, passive, wire, tag, keys, shuffle_keys, pool, phase)
+        if protocol == "kkrt":
+            matched, sizes, shuffles = psi_ot.exchange(texts, active, passive, wire, tag, shuffle_keys, phase)
+        else:
+            matched, sizes, shuffles = _exchange(texts, active, passive, wire, tag, keys, shuffle_keys, pool, phase)
     finally:
         if pool is not None:
             pool.shutdown()
+    return agree(texts, active, passive, wire, tag, matched, sizes, shuffles)
 
 
-def _run(
+def _exchange(
     texts: dict[str, list[str]],
     active: str,
     passive: list[str],
@@ -159,8 +158,8 @@ def _run(
     shuffle_keys: Mapping[str, bytes],
     pool: ProcessPoolExecutor | None,
     phase: Callable[..., Phase],
-) -> Alignment:
-    """Each party's part where the wire holds it; what crosses between parties goes on `wire` only."""
+) -> Exchanged:
+    """ECDH-PSI's messages 1-3, each party's part where the wire holds it: what `agree` takes (its docstring)."""
     held = wire.holds
     unknown = Absent("PSI points")  # a message another party computes: its size is its sender's
 
@@ -190,131 +189,41 @@ def _run(
         theirs = passive_keys.get(party)
         # message 3 goes first (k has it ready), then message 1; each party then re-blinds what it received, the
         # active party message 3 while k re-blinds message 1, and k answers with message 2
-        peer = _send(wire, party, active, own.get(party, unknown), f"{tag}/peer")
-        incoming = _send(wire, active, party, blinded, f"{tag}/blinded")
+        peer = send_in_parts(wire, party, active, own.get(party, unknown), f"{tag}/peer")
+        incoming = send_in_parts(wire, active, party, blinded, f"{tag}/blinded")
         peer_twice = reblind(mine, active, party, peer) if mine else None
         if theirs:
             sizes[active] = len(point_array(incoming))  # what the passive party learns: the active list's size
-        reblinded = _send(
+        reblinded = send_in_parts(
             wire, party, active, reblind(theirs, party, active, incoming) if theirs else unknown, f"{tag}/reblinded"
         )
         if mine:
-            matched[party] = _match(point_array(reblinded), point_array(peer_twice))
+            matched[party] = match_positions(point_array(reblinded), point_array(peer_twice))
             if matched[party] is None or len(matched[party]) != len(texts[active]):
                 raise ValueError(f"{party}'s reblinded points are not one per ID of {active}'s list")
             sizes[party] = len(peer) // POINT_BYTES
 
-    # the active party: the rows every passive party holds, in the agreed order (sorted by ID text)
-    ids_agreed: list[str] = []
-    rows: dict[str, np.ndarray] = {}
-    if mine:
-        common = np.ones(len(texts[active]), dtype=bool)
-        for party in passive:
-            common &= matched[party] >= 0
-        agreed = sorted(np.flatnonzero(common).tolist(), key=lambda row: texts[active][row])
-        ids_agreed = [texts[active][row] for row in agreed]
-        rows[active] = np.asarray(agreed, dtype=np.int64)
-    for party in passive:
-        positions = np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes() if mine else unknown
-        received = _send(wire, active, party, positions, f"{tag}/matches")
-        if not held(party):
-            continue
-        # passive party k: its rows at the matched positions, put in the agreed order by their own ID text
-        if len(received) % MATCH_DTYPE.itemsize:
-            raise ValueError(f"{active}'s PSI matches ({len(received)} bytes) are not whole {MATCH_DTYPE} positions")
-        matches = np.frombuffer(received, dtype=MATCH_DTYPE).astype(np.int64)
-        if matches.size and (matches.max() >= len(texts[party]) or np.any(np.diff(matches) <= 0)):
-            raise ValueError(f"{active}'s PSI matches are not distinct positions in {party}'s {len(texts[party])} IDs")
-        mine_rows = shuffles[party][matches]
-        order = sorted(mine_rows.tolist(), key=lambda row: texts[party][row])
-        theirs_agreed = [texts[party][row] for row in order]
-        if mine and theirs_agreed != ids_agreed:  # cannot happen unless a hash collides
-            raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
-        ids_agreed = ids_agreed if mine else theirs_agreed
-        rows[party] = np.asarray(order, dtype=np.int64)
-    pairwise = {party: int(np.count_nonzero(matched[party] >= 0)) for party in passive if party in matched}
-    return Alignment(ids_agreed, rows, sizes, pairwise)
+    return matched, sizes, shuffles
 
 
-def _match(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
-    """For each point of `mine`, the position of the equal point in `theirs` (-1: none); None if `mine` repeats one.
-
-    By sorting and binary search over the fixed-width points: the same answer as a dict from point to row, at 8
-    bytes a row instead of a Python object per point. `S32` compares all 32 bytes (every point is that wide).
-    """
-    order = np.argsort(mine, kind="stable")
-    ranked = mine[order]
-    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
-        return None
-    found = np.full(len(mine), -1, dtype=np.int64)
-    if not ranked.size or not theirs.size:
-        return found
-    at = np.minimum(np.searchsorted(ranked, theirs), ranked.size - 1)
-    hit = ranked[at] == theirs
-    found[order[at[hit]]] = np.flatnonzero(hit)
-    return found
-
-
-def _part_size() -> int:
-    """The length of a full part: `PART_BYTES`, a whole number of points and of matched positions."""
-    unit = int(np.lcm(POINT_BYTES, MATCH_DTYPE.itemsize))
-    return max(unit, PART_BYTES - PART_BYTES % unit)
-
-
-def _send(wire: Wire, src: str, dst: str, payload: object, tag: str) -> object:
-    """Move one PSI message from `src` to `dst` in parts (see the module docstring); the whole message at `dst`.
-
-    Where `dst` is held the parts are read until a short one and joined; where only `src` is, what `dst` receives is
-    not known here (a shadow); where neither is, one shadow stands for all the parts, which this process never sees.
-    """
-    if not (wire.holds(src) or wire.holds(dst)):
-        return wire.send(src, dst, payload, tag)
-    size = _part_size()
-    if wire.holds(src):
-        if not isinstance(payload, bytes):
-            raise TypeError(f"{src}'s {tag!r} is {type(payload).__name__}; a PSI message is bytes")
-        parts: list[object] = [payload[i : i + size] for i in range(0, len(payload), size)]
-        if not parts or len(parts[-1]) == size:
-            parts.append(b"")  # the receiver stops at a short part
-    received: list[bytes] = []
-    number = 0
-    while True:
-        got = wire.send(src, dst, parts[number] if wire.holds(src) else Absent("PSI points"), tag)
-        if wire.holds(dst):
-            if not isinstance(got, bytes):
-                raise ValueError(f"{src} sent {tag!r} as {type(got).__name__}; a PSI message is bytes")
-            if len(got) > size:
-                raise ValueError(f"{src} sent a {len(got)}-byte part of {tag!r}; a part is at most {size} bytes")
-            received.append(got)
-            last = len(got) < size
-        else:
-            last = number == len(parts) - 1
-        if number >= 1:  # part number - 1 is read: the sender may go on to part number + 1
-            read = np.array([number - 1], dtype=READ_DTYPE).tobytes() if wire.holds(dst) else Absent("a part number")
-            read = wire.send(dst, src, read, f"{tag}/read")
-            if wire.holds(src) and read != np.array([number - 1], dtype=READ_DTYPE).tobytes():
-                raise ValueError(f"{dst} acknowledged {read!r} of {tag!r}; {src} expected part {number - 1}")
-        if last:
-            break
-        number += 1
-    return b"".join(received) if wire.holds(dst) else Absent("PSI points")
-
-
-def message_bytes(sizes: Mapping[str, int], active: str, common: int) -> dict[str, int]:
+def message_bytes(sizes: Mapping[str, int], active: str, common: int, protocol: str = "ecdh") -> dict[str, int]:
     """The bytes each PSI message tag carries in all, for lists of `sizes` and `common` shared IDs (the ledger).
 
     A message in more than one part adds a `<tag>/read` of 4 bytes for each part after the first.
     """
     passive = [p for p in sizes if p != active]
-    messages = {
-        "blinded": [POINT_BYTES * sizes[active]] * len(passive),
-        "reblinded": [POINT_BYTES * sizes[active]] * len(passive),
-        "peer": [POINT_BYTES * sizes[p] for p in passive],
-        "matches": [MATCH_DTYPE.itemsize * common] * len(passive),
-    }
-    out = {tag: sum(lengths) for tag, lengths in messages.items()}
-    for tag, lengths in messages.items():
-        reads = sum(n // _part_size() for n in lengths)  # parts - 1: every full part has one after it
-        if reads:
-            out[f"{tag}/read"] = READ_DTYPE.itemsize * reads
+    whole: dict[str, list[int]] = {}
+    if protocol == "kkrt":
+        parted, whole = psi_ot.message_lengths(sizes, active)
+    else:
+        parted = {
+            "blinded": [POINT_BYTES * sizes[active]] * len(passive),
+            "reblinded": [POINT_BYTES * sizes[active]] * len(passive),
+            "peer": [POINT_BYTES * sizes[p] for p in passive],
+        }
+    parted["matches"] = [MATCH_DTYPE.itemsize * common] * len(passive)
+    out = {tag: sum(lengths) for tag, lengths in {**parted, **whole}.items()}
+    for tag, lengths in parted.items():
+        if sum(reads(n) for n in lengths):
+            out[f"{tag}/read"] = READ_DTYPE.itemsize * sum(reads(n) for n in lengths)
     return out

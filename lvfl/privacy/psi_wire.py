@@ -1,0 +1,169 @@
+"""How the PSI's messages cross between parties, whichever PSI: in parts with read receipts, and matched by value.
+
+A message of `PART_BYTES` (16 MiB) or more goes in parts of that size, the last one shorter (empty if need be), so
+that no envelope is over the transport's `max_message_bytes` however long the lists. Before it sends part i + 2,
+the sender waits for `<tag>/read` from the receiver: the number i of the part the receiver has read (4 bytes), sent
+once it has read part i + 1. So a receiver holds at most two parts of a peer's messages unread, and the peer's last
+`read` of the message before (32 MiB and 4 bytes, about half the transport's default `max_queued_bytes`), while it
+is busy with its own work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lvfl.wire import Absent, Wire
+
+__all__ = [
+    "MATCH_DTYPE",
+    "PART_BYTES",
+    "READ_DTYPE",
+    "Alignment",
+    "Exchanged",
+    "agree",
+    "match_positions",
+    "reads",
+    "send_in_parts",
+]
+
+MATCH_DTYPE = np.dtype(">u4")  #: the wire format of a matched position: 4-byte big-endian unsigned
+PART_BYTES = 16 * 2**20  #: the longest part of a PSI message: longer messages go in parts
+READ_DTYPE = np.dtype(">u4")  #: the wire format of `<tag>/read`: the number of the part read, 4-byte big-endian
+#: what a PSI's exchange gives `agree`: the active party's matched positions and every size known here (per party),
+#: and each passive party's secret shuffle held here
+Exchanged = tuple[dict[str, np.ndarray], dict[str, int], dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Alignment:
+    """The samples every party holds: their IDs in the agreed order, and each party's row of each.
+
+    `rows[party][i]` is the row of `ids[i]` in that party's list, so `table[rows[party]]` lines every party's rows
+    up in the same order.
+    """
+
+    ids: list[str]
+    rows: dict[str, np.ndarray]
+    #: what the active party learns besides: each party's list size and each passive party's pairwise intersection
+    #: with the active party's list (the active party's own entry: its list size)
+    sizes: dict[str, int] = field(default_factory=dict)
+    pairwise: dict[str, int] = field(default_factory=dict)
+
+
+def reads(length: int) -> int:
+    """How many `<tag>/read` messages a message of `length` bytes brings: one for each part after the first."""
+    return length // PART_BYTES  # every full part has one after it (the last may be empty)
+
+
+def match_positions(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
+    """For each value of `mine`, the position of the equal value in `theirs` (-1: none); None if `mine` repeats one.
+
+    By sorting and binary search over fixed-width byte strings (ECDH's 32-byte points, an OPRF's values): the same
+    answer as a dict from value to row, at 8 bytes a row instead of a Python object per value.
+    """
+    order = np.argsort(mine, kind="stable")
+    ranked = mine[order]
+    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
+        return None
+    found = np.full(len(mine), -1, dtype=np.int64)
+    if not ranked.size or not theirs.size:
+        return found
+    at = np.minimum(np.searchsorted(ranked, theirs), ranked.size - 1)
+    hit = ranked[at] == theirs
+    found[order[at[hit]]] = np.flatnonzero(hit)
+    return found
+
+
+def send_in_parts(wire: Wire, src: str, dst: str, payload: object, tag: str) -> object:
+    """Move one PSI message from `src` to `dst` in parts (see the module docstring); the whole message at `dst`.
+
+    Where `dst` is held the parts are read until a short one and joined; where only `src` is, what `dst` receives is
+    not known here (a shadow); where neither is, one shadow stands for all the parts, which this process never sees.
+    """
+    if not (wire.holds(src) or wire.holds(dst)):
+        return wire.send(src, dst, payload, tag)
+    size = PART_BYTES
+    if wire.holds(src):
+        if not isinstance(payload, bytes):
+            raise TypeError(f"{src}'s {tag!r} is {type(payload).__name__}; a PSI message is bytes")
+        parts: list[object] = [payload[i : i + size] for i in range(0, len(payload), size)]
+        if not parts or len(parts[-1]) == size:
+            parts.append(b"")  # the receiver stops at a short part
+    received: list[bytes] = []
+    number = 0
+    while True:
+        got = wire.send(src, dst, parts[number] if wire.holds(src) else Absent("PSI points"), tag)
+        if wire.holds(dst):
+            if not isinstance(got, bytes):
+                raise ValueError(f"{src} sent {tag!r} as {type(got).__name__}; a PSI message is bytes")
+            if len(got) > size:
+                raise ValueError(f"{src} sent a {len(got)}-byte part of {tag!r}; a part is at most {size} bytes")
+            received.append(got)
+            last = len(got) < size
+        else:
+            last = number == len(parts) - 1
+        if number >= 1:  # part number - 1 is read: the sender may go on to part number + 1
+            read = np.array([number - 1], dtype=READ_DTYPE).tobytes() if wire.holds(dst) else Absent("a part number")
+            read = wire.send(dst, src, read, f"{tag}/read")
+            if wire.holds(src) and read != np.array([number - 1], dtype=READ_DTYPE).tobytes():
+                raise ValueError(f"{dst} acknowledged {read!r} of {tag!r}; {src} expected part {number - 1}")
+        if last:
+            break
+        number += 1
+    return b"".join(received) if wire.holds(dst) else Absent("PSI points")
+
+
+def agree(
+    texts: Mapping[str, list[str]],
+    active: str,
+    passive: Sequence[str],
+    wire: Wire,
+    tag: str,
+    matched: Mapping[str, np.ndarray],
+    sizes: dict[str, int],
+    shuffles: Mapping[str, np.ndarray],
+) -> Alignment:
+    """The last step of either PSI: the matches, and each party's rows of the IDs every party holds, in order.
+
+    The active party tells each passive party k the positions, in k's shuffled list, of the IDs every party holds
+    (`<tag>/matches`), and each party puts its rows of them in the agreed order (sorted by ID text).
+
+    `matched[k]` (at the active party): for each of its rows, that ID's position in k's shuffled list (-1: k lacks
+    it); `shuffles[k]` (at k): position in its shuffled list -> its row.
+    """
+    held = wire.holds
+    mine = held(active)
+    unknown = Absent("PSI points")
+    # the active party: the rows every passive party holds, in the agreed order (sorted by ID text)
+    ids_agreed: list[str] = []
+    rows: dict[str, np.ndarray] = {}
+    if mine:
+        common = np.ones(len(texts[active]), dtype=bool)
+        for party in passive:
+            common &= matched[party] >= 0
+        agreed = sorted(np.flatnonzero(common).tolist(), key=lambda row: texts[active][row])
+        ids_agreed = [texts[active][row] for row in agreed]
+        rows[active] = np.asarray(agreed, dtype=np.int64)
+    for party in passive:
+        positions = np.sort(matched[party][rows[active]]).astype(MATCH_DTYPE).tobytes() if mine else unknown
+        received = send_in_parts(wire, active, party, positions, f"{tag}/matches")
+        if not held(party):
+            continue
+        # passive party k: its rows at the matched positions, put in the agreed order by their own ID text
+        if len(received) % MATCH_DTYPE.itemsize:
+            raise ValueError(f"{active}'s PSI matches ({len(received)} bytes) are not whole {MATCH_DTYPE} positions")
+        matches = np.frombuffer(received, dtype=MATCH_DTYPE).astype(np.int64)
+        if matches.size and (matches.max() >= len(texts[party]) or np.any(np.diff(matches) <= 0)):
+            raise ValueError(f"{active}'s PSI matches are not distinct positions in {party}'s {len(texts[party])} IDs")
+        mine_rows = shuffles[party][matches]
+        order = sorted(mine_rows.tolist(), key=lambda row: texts[party][row])
+        theirs_agreed = [texts[party][row] for row in order]
+        if mine and theirs_agreed != ids_agreed:  # cannot happen unless a hash collides
+            raise RuntimeError(f"party {party!r} and the active party disagree on the intersection")
+        ids_agreed = ids_agreed if mine else theirs_agreed
+        rows[party] = np.asarray(order, dtype=np.int64)
+    pairwise = {party: int(np.count_nonzero(matched[party] >= 0)) for party in passive if party in matched}
+    return Alignment(ids_agreed, rows, sizes, pairwise)
