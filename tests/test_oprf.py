@@ -13,13 +13,14 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from lvfl.crypto import oprf
 
 
-def test_prg_rows_are_the_bitwise_transpose_of_the_seeds_keystreams() -> None:
-    seeds, bins = [os.urandom(16) for _ in range(oprf.CODE_BITS)], 1000
+@pytest.mark.parametrize("bins", [1000, 2 * 65536 + 1003])  # one chunk; three, the last not a whole byte
+def test_prg_rows_are_the_bitwise_transpose_of_the_seeds_keystreams(bins: int) -> None:
+    seeds = [os.urandom(16) for _ in range(oprf.CODE_BITS)]
     rows = oprf.prg_rows(seeds, bins)
-    for j in (0, 7, 300, 511):  # column j, bit by bit, against its own keystream
-        stream = Cipher(algorithms.AES(seeds[j]), modes.CTR(bytes(16))).encryptor().update(bytes(125))
-        column = [(stream[b // 8] >> (b % 8)) & 1 for b in range(bins)]
-        assert [(rows[b, j // 8] >> (j % 8)) & 1 for b in range(bins)] == column
+    for j in (0, 7, 300, 511):  # column j, bit by bit, against its own keystream drawn in one go
+        stream = Cipher(algorithms.AES(seeds[j]), modes.CTR(bytes(16))).encryptor().update(bytes((bins + 7) // 8))
+        column = np.unpackbits(np.frombuffer(stream, dtype=np.uint8), bitorder="little")[:bins]
+        assert np.array_equal((rows[:, j // 8] >> (j % 8)) & 1, column)
     with pytest.raises(ValueError, match="takes 512 seeds, got 3"):
         oprf.prg_rows(seeds[:3], bins)
 

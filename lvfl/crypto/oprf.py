@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+from array import array
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -93,22 +94,23 @@ def cuckoo(candidates: np.ndarray, bins: int, seed: int, max_moves: int = 500) -
         CuckooFailed: an item found no free bin within `max_moves` moves (rare at 1.27 bins an item).
     """
     rng = np.random.default_rng(seed)
-    table, function = [-1] * bins, [0] * bins
-    where = candidates.tolist()
-    for item in range(len(where)):
+    # flat machine arrays, not lists of Python ints: 8 bytes an entry (a list of lists costs about 20 times that)
+    table, function = array("q", [-1]) * bins, array("b", [0]) * bins
+    where = array("q", np.ascontiguousarray(candidates, dtype=np.int64).tobytes())
+    for item in range(len(candidates)):
         current = item
         for _ in range(max_moves):
-            choices = where[current]
-            free = next((i for i in range(HASHES) if table[choices[i]] == -1), None)
+            base = HASHES * current
+            free = next((i for i in range(HASHES) if table[where[base + i]] == -1), None)
             if free is not None:
-                table[choices[free]], function[choices[free]] = current, free
+                table[where[base + free]], function[where[base + free]] = current, free
                 break
             i = int(rng.integers(HASHES))
-            b = choices[i]
+            b = where[base + i]
             table[b], current, function[b] = current, table[b], i
         else:
-            raise CuckooFailed(f"cuckoo hashing of {len(where)} items into {bins} bins failed")
-    return np.asarray(table, dtype=np.int64), np.asarray(function, dtype=np.int64)
+            raise CuckooFailed(f"cuckoo hashing of {len(candidates)} items into {bins} bins failed")
+    return np.frombuffer(table, dtype=np.int64).copy(), np.frombuffer(function, dtype=np.int8).astype(np.int64)
 
 
 def code_words(digest: np.ndarray, function: np.ndarray, key: bytes) -> np.ndarray:
@@ -122,19 +124,20 @@ def code_words(digest: np.ndarray, function: np.ndarray, key: bytes) -> np.ndarr
 def prg_rows(seeds: list[bytes], bins: int) -> np.ndarray:
     """Column j is `bins` bits of AES-128-CTR under seed j; returned as rows, 64 bytes a bin.
 
-    Bit j of a row is bit j % 8 (least significant first) of its byte j // 8.
+    Bit j of a row is bit j % 8 (least significant first) of its byte j // 8. The keystreams are drawn and
+    transposed 65,536 bins at a time, so that beside the rows this holds 4 MB of columns, not another matrix.
     """
     if len(seeds) != CODE_BITS:
         raise ValueError(f"the matrix takes {CODE_BITS} seeds, got {len(seeds)}")
-    width = (bins + 7) // 8
-    columns = np.empty((CODE_BITS, width), dtype=np.uint8)
-    for j, seed in enumerate(seeds):
-        stream = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor().update(bytes(width))
-        columns[j] = np.frombuffer(stream, dtype=np.uint8)
+    streams = [Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor() for seed in seeds]
     rows = np.empty((bins, CODE_BYTES), dtype=np.uint8)
-    for start in range(0, bins, _ROWS):
+    columns = np.empty((CODE_BITS, _ROWS // 8), dtype=np.uint8)
+    for start in range(0, bins, _ROWS):  # _ROWS is a multiple of 8: each chunk starts on a whole byte
         stop = min(bins, start + _ROWS)
-        bits = np.unpackbits(columns[:, start // 8 : (stop + 7) // 8], axis=1, bitorder="little")
+        width = (stop - start + 7) // 8
+        for j, stream in enumerate(streams):  # each stream goes on where the last chunk left it
+            columns[j, :width] = np.frombuffer(stream.update(bytes(width)), dtype=np.uint8)
+        bits = np.unpackbits(columns[:, :width], axis=1, bitorder="little")
         rows[start:stop] = np.packbits(bits[:, : stop - start].T, axis=1, bitorder="little")
     return rows
 

@@ -92,27 +92,26 @@ def exchange(
     unknown = Absent("PSI values")
     mine = held(active)
     sizes = {party: len(rows) for party, rows in texts.items()}
-    table = function = words = None
+    table = function = inputs = None
     hash_key = code_key = b""
     if mine:  # R: its IDs into bins, each bin's code word (for every passive party alike)
         with phase(f"{active}: PSI, hashing its IDs into bins", total=len(texts[active]), unit="IDs") as step:
-            ids = [t.encode() for t in texts[active]]
-            bins = oprf.bins_for(len(ids))
+            count = len(texts[active])
+            bins = oprf.bins_for(count)
             for _ in range(CUCKOO_TRIES):
                 hash_key, code_key = os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)
-                digest = oprf.digests(ids, hash_key)
+                digest = oprf.digests([t.encode() for t in texts[active]], hash_key)
                 try:
                     table, function = oprf.cuckoo(oprf.candidate_bins(digest, bins), bins, oprf.random_seed())
                     break
                 except oprf.CuckooFailed:
                     continue
             else:
-                raise RuntimeError(f"{active}: cuckoo hashing of its {len(ids)} IDs failed {CUCKOO_TRIES} times")
+                raise RuntimeError(f"{active}: cuckoo hashing of its {count} IDs failed {CUCKOO_TRIES} times")
             filled = table >= 0
             inputs = np.frombuffer(os.urandom(16 * bins), dtype=np.uint8).reshape(bins, 16).copy()  # empty: random
-            inputs[filled] = digest[table[filled]]
-            words = oprf.code_words(inputs, function, code_key)
-            step.advance(len(ids))
+            inputs[filled] = digest[table[filled]]  # each bin's code word C(input, function) is made as U is
+            step.advance(count)
 
     own_values: dict[str, np.ndarray] = {}  # R: per passive party, its own value of each filled bin
     values_out: dict[str, bytes] = {}  # k: its message 5
@@ -164,9 +163,10 @@ def exchange(
                 t = oprf.prg_rows([k0 for k0, _ in pairs], len(table))
                 u = oprf.prg_rows([k1 for _, k1 in pairs], len(table))
                 u ^= t
-                u ^= words
-                matrix = u.tobytes()
-                del u
+                for start in range(0, len(table), CHUNK):  # the code words, a chunk at a time
+                    rows = slice(start, start + CHUNK)
+                    u[rows] ^= oprf.code_words(inputs[rows], function[rows], code_key)
+                matrix = memoryview(u.reshape(-1))  # sent a part at a time (`send_in_parts`), not copied whole
                 filled = np.flatnonzero(table >= 0)
                 width = oprf.value_bytes(len(table), sizes[party])
                 own_values[party] = np.concatenate(
@@ -175,16 +175,22 @@ def exchange(
                 del t
                 step.advance(len(table))
         matrix = send_in_parts(wire, active, party, matrix, f"{tag}/matrix")
+        u = None  # R's matrix is sent: let it go before k's work (in simulation both are in this process)
         if theirs:
             if len(matrix) != bins * oprf.CODE_BYTES:
                 raise ValueError(
                     f"{active}'s {tag}/matrix is {len(matrix)} bytes, not {bins} rows of {oprf.CODE_BYTES}"
                 )
-            chosen = receiver.receive(ciphertexts)
+            with phase(f"{party}: PSI, its rows of the OT extension", total=bins, unit="bins") as step:
+                q = oprf.prg_rows(receiver.receive(ciphertexts), bins)  # the seeds k chose: PRG(k_{s_j, j})
+                received = np.frombuffer(matrix, np.uint8).reshape(bins, oprf.CODE_BYTES)
+                for start in range(0, bins, CHUNK):  # q = PRG(chosen seeds) xor (s and u), a chunk at a time
+                    q[start : start + CHUNK] ^= received[start : start + CHUNK] & s
+                matrix = received = None  # only q is needed from here
+                step.advance(bins)
             shuffles[party] = secret_permutation(len(texts[party]), shuffle_keys.get(party))
-            values_out[party] = _values(
-                texts[party], shuffles[party], chosen, s, matrix, bins, k_hash, k_code, party, active, phase
-            )
+            values_out[party] = _values(texts[party], shuffles[party], q, s, k_hash, k_code, party, active, phase)
+            q = None
 
     matched: dict[str, np.ndarray] = {}
     for party in passive:
@@ -199,10 +205,8 @@ def exchange(
 def _values(
     ids: list[str],
     shuffle: np.ndarray,
-    chosen: list[bytes],
+    q: np.ndarray,
     s: np.ndarray,
-    matrix: bytes,
-    bins: int,
     hash_key: bytes,
     code_key: bytes,
     party: str,
@@ -210,11 +214,8 @@ def _values(
     phase: Callable[..., Phase],
 ) -> bytes:
     """Message 5 of passive party k: per function, each ID's PRF value (shuffled order) at that function's bin."""
+    bins = len(q)
     with phase(f"{party}: PSI, its OPRF values for {active}", total=oprf.HASHES * len(ids), unit="values") as step:
-        u = np.frombuffer(matrix, np.uint8).reshape(bins, oprf.CODE_BYTES)
-        q = oprf.prg_rows(chosen, bins)
-        for start in range(0, bins, CHUNK):  # q = PRG(chosen seeds) xor (s and u), a chunk of rows at a time
-            q[start : start + CHUNK] ^= u[start : start + CHUNK] & s
         digest = oprf.digests([ids[row].encode() for row in shuffle], hash_key)
         where = oprf.candidate_bins(digest, bins)
         width = oprf.value_bytes(bins, len(ids))

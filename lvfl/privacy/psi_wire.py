@@ -87,15 +87,16 @@ def send_in_parts(wire: Wire, src: str, dst: str, payload: object, tag: str) -> 
         return wire.send(src, dst, payload, tag)
     size = PART_BYTES
     if wire.holds(src):
-        if not isinstance(payload, bytes):
+        if not isinstance(payload, bytes | memoryview):
             raise TypeError(f"{src}'s {tag!r} is {type(payload).__name__}; a PSI message is bytes")
-        parts: list[object] = [payload[i : i + size] for i in range(0, len(payload), size)]
+        view = memoryview(payload)  # each part is copied out as it goes, never the whole message at once
+        parts: list[memoryview] = [view[i : i + size] for i in range(0, len(view), size)]
         if not parts or len(parts[-1]) == size:
-            parts.append(b"")  # the receiver stops at a short part
+            parts.append(view[:0])  # the receiver stops at a short part
     received: list[bytes] = []
     number = 0
     while True:
-        got = wire.send(src, dst, parts[number] if wire.holds(src) else Absent("PSI points"), tag)
+        got = wire.send(src, dst, bytes(parts[number]) if wire.holds(src) else Absent("PSI points"), tag)
         if wire.holds(dst):
             if not isinstance(got, bytes):
                 raise ValueError(f"{src} sent {tag!r} as {type(got).__name__}; a PSI message is bytes")
