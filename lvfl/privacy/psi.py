@@ -116,7 +116,7 @@ def private_intersection(
         parties: every party's name, in order (default: the keys of `ids`, which then hold every party's list).
         phase: makes the `lvfl.progress.Phase` that reports each step's progress (its name, total and unit).
         protocol: "ecdh" (this module) or "kkrt" (an oblivious PRF from OT extension, `lvfl.privacy.psi_ot`: about
-            six times faster a core, the same party learning the same things; `keys` and `workers` are ECDH's).
+            a thirteenth of ECDH's core time, the same party learning the same things; `keys` and `workers` are ECDH's).
 
     Raises:
         ValueError: a party holds no IDs, or one ID twice (named); a party held here is missing from `ids`.
