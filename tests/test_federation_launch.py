@@ -102,6 +102,17 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
         assert state["key_peers"] == ([] if name == "party0" else [name])
 
 
+def test_the_bank_and_the_retailer_launched_with_kkrt_end_bit_identical_to_fit(tmp_path):
+    """`psi: kkrt` across processes: each party's own process runs its part of KKRT16's PSI on its own table (the
+    active party's OT extension, the retailer's values) and the launch ends with `lvfl fit`'s parameters."""
+    config = ["--config", "examples/bank_retailer/config.yaml", "--data.init_args.psi=kkrt"]
+    _, launch = fit_and_launch(tmp_path, config)
+    assert_parity(tmp_path / "fit", {k: tmp_path / "launch" / k for k in ("party0", "party1")})
+    console = launch.stdout + launch.stderr  # the active party's lines
+    assert "party0: PSI, the OT extension with party1" in console
+    assert "party0: PSI, hashing and blinding" not in console  # not ECDH-PSI
+
+
 def assert_exports_equal(tmp_path: Path, config: list[str], names: list[str]) -> None:
     """`lvfl export` of the fit, and `lvfl export --party P` of each party's own checkpoint of the launch, give equal
     tensors: the same state dicts, and traced files that compute the same outputs on the same inputs."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 import torch
 
@@ -21,7 +22,8 @@ from lvfl.federation.federation_file import Federation, write_federation
 from lvfl.federation.link import SocketLink
 from lvfl.federation.pki import PKIFiles, issue_certificate, write_test_pki
 from lvfl.federation.transport import DELIVER, Transport, transports
-from lvfl.wire import payload_nbytes
+from lvfl.privacy import psi, psi_ot, psi_wire
+from lvfl.wire import Wire, payload_nbytes
 
 NAMES = ["party0", "party1", "party2"]
 TIMEOUT = 3.0  # generous for a busy machine; every test that waits for a failure sets its own short timeout
@@ -496,12 +498,6 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
     """Parts of 40 points between parties whose transports take small envelopes and hold two parts unread, not
     three: the PSI's long messages (ECDH's 28.8 kB of points, KKRT's 73 kB matrix) would be refused whole; in parts
     they align the rows as the simulation does. KKRT's base-OT messages (17 and 33 kB) always go whole."""
-    import numpy as np
-
-    from lvfl.federation.link import SocketLink
-    from lvfl.privacy import psi, psi_ot, psi_wire
-    from lvfl.wire import Wire
-
     ids = {"party0": [f"c{i:05d}" for i in range(900)], "party1": [f"c{i:05d}" for i in range(300, 1250)][::-1]}
     expected = psi.private_intersection(ids, active="party0", wire=Wire(), protocol=protocol)
     monkeypatch.setattr(psi_wire, "PART_BYTES", 40 * psi.POINT_BYTES)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import each_in_a_thread
 
+from lvfl.crypto import oprf
 from lvfl.crypto.hash_to_curve import (
     P,
     _add,
@@ -27,6 +28,7 @@ from lvfl.crypto.hash_to_curve import (
 )
 from lvfl.crypto.psi import DST, PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points
 from lvfl.federation import FederationError
+from lvfl.federation.rehearsal import MemoryTransport
 from lvfl.privacy import psi_ot, psi_wire
 from lvfl.privacy.psi import message_bytes, private_intersection
 from lvfl.privacy.psi_wire import match_positions, send_in_parts
@@ -185,8 +187,6 @@ def test_in_kkrt_neither_party_receives_the_others_ids_nor_their_digests_or_code
     its digest under the public hash key, or as a code word row of U; replacing those IDs (same count) leaves its
     matches unchanged. The bank's inbox (choices, values) holds no retailer ID or digest, and exactly one of the
     retailer's values equals one of the bank's own for each shared ID: the rest match nothing the bank holds."""
-    from lvfl.crypto import oprf
-
     ids = parties()
     ids.pop("insurer")
     shared = set(map(str, ids["bank"])) & set(ids["retailer"])
@@ -229,8 +229,6 @@ def test_in_kkrt_neither_party_receives_the_others_ids_nor_their_digests_or_code
 def test_kkrt_matches_exactly_the_shared_ids_among_the_values(monkeypatch) -> None:
     """The bank's own values (H(b, t_b) of its filled bins) meet the retailer's three lists exactly once per shared
     ID: counted on the values themselves, not through the protocol's matching."""
-    from lvfl.crypto import oprf
-    from lvfl.privacy import psi_ot as module
 
     own = {}
     real = oprf.prf_values
@@ -240,7 +238,7 @@ def test_kkrt_matches_exactly_the_shared_ids_among_the_values(monkeypatch) -> No
         own.setdefault("first", values)  # the bank's own values come first (its OT extension)
         return values
 
-    monkeypatch.setattr(module.oprf, "prf_values", spy)
+    monkeypatch.setattr(oprf, "prf_values", spy)
     ids = parties()
     ids.pop("insurer")
     wire = Wire()
@@ -413,8 +411,6 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
     gets the simulation's rows for itself, nothing for the others; a passive party learns the bank's list size and
     the intersection, not the pairwise counts; each party's ledger is its share of the simulation's."""
-    from lvfl.federation.rehearsal import MemoryTransport
-
     ids = parties()
     names = list(ids)
     keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
@@ -442,8 +438,6 @@ class QueueBound:
     queued unread at the receiver is not empty and would pass `limit` bytes with it (`Inbox._reserve`)."""
 
     def __init__(self, limit: int) -> None:
-        from lvfl.federation.rehearsal import MemoryTransport
-
         self.inner, self.limit = MemoryTransport(timeout=20), limit
         self.identities = self.inner.identities
         self.unread: Counter = Counter()
@@ -503,8 +497,6 @@ def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monke
 
 
 def test_a_part_longer_than_a_part_is_refused_naming_the_sender() -> None:
-    from lvfl.federation.rehearsal import MemoryTransport
-
     transport = MemoryTransport(timeout=5)
     transport.post("retailer", "bank", "psi/peer", bytes(psi_wire.PART_BYTES + POINT_BYTES))
     with pytest.raises(ValueError, match=r"retailer sent a \d+-byte part of 'psi/peer'; a part is at most"):

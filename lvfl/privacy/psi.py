@@ -2,7 +2,9 @@
 
 Each party holds a list of business IDs (strings or integers, compared by their text). The active party runs the
 two-party protocol below with each passive party k; the samples every party holds are the intersection of all
-lists, which each party then orders the same way (sorted by ID text) and finds among its own rows.
+lists, which each party then orders the same way (sorted by ID text) and finds among its own rows. This module's
+protocol is ECDH-PSI, the default; `protocol="kkrt"` runs KKRT16's OT-based PSI instead (`lvfl.privacy.psi_ot`),
+which ends with the same matches and in which each party learns the same.
 
 With the active party's key a and passive party k's key b (fresh per run; `lvfl.crypto.psi`), per passive party:
 
@@ -20,8 +22,8 @@ cores, the parties blind their own IDs at once (a hash and a multiplication per 
 party's work), and re-blind at once. The active party takes the passive parties one at a time, so it holds at
 most one message of each unread.
 
-A message of 16 MiB or more (a list of 524,288 IDs) goes in parts, each after the receiver has read the one before
-the one before (`lvfl.privacy.psi_wire`), so that the lists may be of any length.
+A message of 16 MiB or more (a list of 524,288 IDs) goes in parts, the receiver acknowledging each
+(`lvfl.privacy.psi_wire`), so that the lists may be of any length.
 
 What each party learns (semi-honest parties; DDH on Curve25519 with H a random oracle): the active party learns
 the size of every passive party's list and *each pairwise intersection* with its own list (with more than two

@@ -28,8 +28,9 @@ every other value k sends is a PRF value under k's secret s on an input R does n
 OT points are uniform whatever s is. A passive party learns the size of R's list and the common intersection:
 the seeds it did not choose are encrypted under keys it cannot compute, and U is each code word masked by the
 pseudorandom stream of a seed it does not hold, so U is pseudorandom to k. The hash and code keys are public, and
-drawn afresh by R (a cuckoo hashing that fails draws another hash key before anything is sent; it fails with
-probability far below 2^-20 at 1.27 bins an ID, and the key R sends tells k only that R's list hashed under it).
+drawn afresh by R (a cuckoo hashing that fails draws another hash key before anything is sent: rare at 1.27 bins
+an ID, below the load where 3-way cuckoo hashing stops succeeding, 0.91 items a bin; it has not failed in any run
+here. The key R sends then tells k only that R's list hashed under it).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ SETUP_BYTES = OT_POINT_BYTES + 2 * KEY_BYTES + 8  #: message 1
 CHOICES_BYTES = 8 + oprf.CODE_BITS * OT_POINT_BYTES  #: message 2
 SEEDS_BYTES = oprf.CODE_BITS * 2 * (SEED_BYTES + TAG_BYTES)  #: message 3
 CHUNK = 1 << 16  #: rows or IDs a step, so that the temporaries stay a few MB
-CUCKOO_TRIES = 8  #: hash keys drawn before cuckoo hashing is given up (each fails with probability far below 2^-20)
+CUCKOO_TRIES = 8  #: hash keys drawn before cuckoo hashing is given up (a failure is rare: see the docstring)
 _SIZE = np.dtype(">u8")
 
 
