@@ -39,6 +39,7 @@ __all__ = [
     "digests",
     "prf_values",
     "prg_rows",
+    "random_seed",
     "value_bytes",
 ]
 
@@ -87,8 +88,9 @@ def candidate_bins(digest: np.ndarray, bins: int) -> np.ndarray:
 def cuckoo(candidates: np.ndarray, bins: int, seed: int, max_moves: int = 500) -> tuple[np.ndarray, np.ndarray]:
     """Each item in one of its candidate bins, one item a bin, by random-walk insertion.
 
-    Returns per bin the item it holds (-1: empty) and the function that put it there. `seed` only picks which
-    item is moved out of a full bin (a choice that decides nothing secret).
+    Returns per bin the item it holds (-1: empty) and the function that put it there. `seed` picks which
+    item is moved out of a full bin: the PSI draws it from the OS (`random_seed`), never from a config, although the
+    placement it decides leaves the receiver only inside U, masked.
 
     Raises:
         CuckooFailed: an item found no free bin within `max_moves` moves (rare at 1.27 bins an item).
