@@ -1,12 +1,13 @@
 """Private set intersection throughput: N x N business IDs with 50% overlap, both parties in this process.
 
-    .venv/bin/python benchmarks/psi.py                # 1,000,000 x 1,000,000 (the goal: 50 s on 2 cores)
+    .venv/bin/python benchmarks/psi.py                # 1,000,000 x 1,000,000 (the goal: 50 s on 2 cores), KKRT16's PSI
     .venv/bin/python benchmarks/psi.py --ids 100000   # a quicker look
     .venv/bin/python benchmarks/psi.py --ids 10000000 --skip-unit-costs   # 10 M x 10 M: time and peak memory
-    .venv/bin/python benchmarks/psi.py --protocol kkrt   # KKRT16's OT-based PSI (`lvfl.privacy.psi_ot`), one process
+    .venv/bin/python benchmarks/psi.py --protocol ecdh   # ECDH-PSI, on every core, and its unit costs
 
-Runs `lvfl.privacy.psi.private_intersection` (ECDH over Curve25519, RFC 9380 hash to curve, X25519 via OpenSSL)
-with every message on a `Wire`, on all CPU cores (`--workers`), and prints the wall time, the bytes on the wire
+Runs `lvfl.privacy.psi.private_intersection` (by default KKRT16's OT-based PSI, `lvfl.privacy.psi_ot`, in this
+process; with `--protocol ecdh` ECDH over Curve25519, RFC 9380 hash to curve, X25519 via OpenSSL, on all CPU cores,
+`--workers`) with every message on a `Wire`, and prints the wall time, the bytes on the wire
 and IDs per second per core, (|X| + |Y|) / (seconds x cores), the peak resident memory of this process (both
 parties' lists, messages and matching) and of the largest worker process (`WorkerPeaks`), beside published
 figures: SecretFlow's
@@ -91,7 +92,7 @@ def main() -> None:
     parser.add_argument("--ids", type=int, default=1_000_000, help="IDs per party (default 1,000,000)")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="processes (default: every core)")
     parser.add_argument("--skip-unit-costs", action="store_true", help="leave out the per-operation timing")
-    parser.add_argument("--protocol", choices=["ecdh", "kkrt"], default="ecdh", help="the PSI (default ecdh)")
+    parser.add_argument("--protocol", choices=["kkrt", "ecdh"], default="kkrt", help="the PSI (default kkrt, lvfl's)")
     args = parser.parse_args()
     n, half = args.ids, args.ids // 2
     bank = [f"cust-{i:09d}" for i in range(n)]  # business IDs as strings; 50% shared with the retailer

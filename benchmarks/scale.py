@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py [--rows 1000000] [--parties 3] [--numeric 100] [--categorical 10]
         [--overlap 0.7] [--new-rows 100000] [--part-rows 250000] [--batch-size 1024] [--skip-launch] [--out DIR]
-        [--psi ecdh|kkrt]
+        [--psi kkrt|ecdh]
     .venv/bin/python benchmarks/scale.py --rows N --from-logs   # the tables again, from the last run's logs
 
 Writes its own data first (`--out`, default `runs/bench/scale/<rows>`, or `<rows>x<parties>` for other than 3
@@ -104,7 +104,7 @@ def _write_parts(folder, options, prefix, ids, x, codes, label) -> None:  # noqa
         pq.write_table(pa.table(columns), folder / f"part-{part:03d}.parquet")
 
 
-def write_config(out: Path, data: list[Path], new: list[Path], batch_size: int, psi: str = "ecdh") -> tuple[Path, Path]:
+def write_config(out: Path, data: list[Path], new: list[Path], batch_size: int, psi: str = "kkrt") -> tuple[Path, Path]:
     """The fit's config (EASTER, DH masking, one epoch) and the piece that adds the new rows for `lvfl predict`.
 
     Two parties train with the Plain backend instead: DH masking needs two passive parties to share a mask.
@@ -236,7 +236,7 @@ def main() -> None:
     parser.add_argument("--new-rows", type=int, default=100_000, help="new customers per party, for lvfl predict")
     parser.add_argument("--part-rows", type=int, default=250_000, help="rows per Parquet part")
     parser.add_argument("--batch-size", type=int, default=1024)
-    parser.add_argument("--psi", choices=["ecdh", "kkrt"], default="ecdh", help="the PSI (PartyTables' psi)")
+    parser.add_argument("--psi", choices=["kkrt", "ecdh"], default="kkrt", help="PartyTables' psi (its default, kkrt)")
     parser.add_argument("--skip-launch", action="store_true", help="simulation only")
     parser.add_argument("--skip-simulation", action="store_true", help="lvfl launch only")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/bench/scale/<rows>")

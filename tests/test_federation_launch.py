@@ -102,15 +102,15 @@ def test_launch_ends_bit_identical_to_fit(tmp_path, config):
         assert state["key_peers"] == ([] if name == "party0" else [name])
 
 
-def test_the_bank_and_the_retailer_launched_with_kkrt_end_bit_identical_to_fit(tmp_path):
-    """`psi: kkrt` across processes: each party's own process runs its part of KKRT16's PSI on its own table (the
-    active party's OT extension, the retailer's values) and the launch ends with `lvfl fit`'s parameters."""
-    config = ["--config", "examples/bank_retailer/config.yaml", "--data.init_args.psi=kkrt"]
+def test_the_bank_and_the_retailer_launched_with_ecdh_end_bit_identical_to_fit(tmp_path):
+    """`psi: ecdh` across processes (the other launches run the default, KKRT16's PSI): each party's own process
+    runs its part of ECDH-PSI on its own table and the launch ends with `lvfl fit`'s parameters."""
+    config = ["--config", "examples/bank_retailer/config.yaml", "--data.init_args.psi=ecdh"]
     _, launch = fit_and_launch(tmp_path, config)
     assert_parity(tmp_path / "fit", {k: tmp_path / "launch" / k for k in ("party0", "party1")})
     console = launch.stdout + launch.stderr  # the active party's lines
-    assert "party0: PSI, the OT extension with party1" in console
-    assert "party0: PSI, hashing and blinding" not in console  # not ECDH-PSI
+    assert "party0: PSI, hashing and blinding its IDs" in console
+    assert "party0: PSI, the OT extension" not in console  # not KKRT16's
 
 
 def assert_exports_equal(tmp_path: Path, config: list[str], names: list[str]) -> None:
@@ -495,7 +495,7 @@ def test_the_bank_and_the_retailer_each_on_its_own_disk_end_bit_identical_with_p
     whole = Counter({(s, d, t): n for s, d, t, n in state["fit"]["ledger"]})
     assert dict(sent) == dict(whole), "the ledgers differ"
     tags = {t for _, _, t in whole}
-    assert {"psi/blinded", "split", "task", "inputs", "teacher/embeddings", "soft_labels"} <= tags, tags
+    assert {"psi/matrix", "split", "task", "inputs", "teacher/embeddings", "soft_labels"} <= tags, tags
     for name in sites:
         assert state[name]["tables"] == [name], state[name]["tables"]
         for split, held in state[name]["splits"].items():

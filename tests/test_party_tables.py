@@ -79,7 +79,8 @@ def test_rows_line_up_by_business_id_and_the_intersection_is_what_every_party_ho
 
 
 def test_kkrt_aligns_the_tables_as_ecdh_does_and_a_bad_psi_is_refused_by_name(bank_retailer) -> None:
-    ecdh, kkrt = tables(bank_retailer), tables(bank_retailer, psi="kkrt")
+    ecdh, kkrt = tables(bank_retailer, psi="ecdh"), tables(bank_retailer)
+    assert kkrt.psi == "kkrt"  # the default
     for split in ("train", "val", "test"):
         a, b = getattr(ecdh, f"{split}_set"), getattr(kkrt, f"{split}_set")
         assert ecdh.business_ids(a.ids) == kkrt.business_ids(b.ids)
@@ -91,8 +92,27 @@ def test_kkrt_aligns_the_tables_as_ecdh_does_and_a_bad_psi_is_refused_by_name(ba
         tables(bank_retailer, psi="rsa")
 
 
-def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retailer, tmp_path: Path) -> None:
-    dm = tables(bank_retailer)
+PSI_ORDER = {  # the order of each PSI module's docstring, party1 being the bank's one partner
+    "kkrt": [  # the default
+        ("party0", "party1", "psi/setup"),
+        ("party1", "party0", "psi/choices"),
+        ("party0", "party1", "psi/seeds"),
+        ("party0", "party1", "psi/matrix"),
+        ("party1", "party0", "psi/values"),
+    ],
+    "ecdh": [  # message 3 first, which needs nothing from party0
+        ("party1", "party0", "psi/peer"),
+        ("party0", "party1", "psi/blinded"),
+        ("party1", "party0", "psi/reblinded"),
+    ],
+}
+
+
+@pytest.mark.parametrize("psi", [None, "ecdh"])
+def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retailer, tmp_path: Path, psi) -> None:
+    """The default PSI (`psi` unset) is KKRT16's; ECDH-PSI's messages reach the wire the same way."""
+    dm = tables(bank_retailer) if psi is None else tables(bank_retailer, psi=psi)
+    protocol = psi or "kkrt"
     sgd = partial(torch.optim.SGD, lr=0.1)
     model = EASTER([PartyConfig(partial(MLP, hidden=[8]), sgd)], embedding_dim=4)
     trainer = pl.Trainer(
@@ -109,11 +129,10 @@ def test_the_psi_messages_reach_the_protocols_wire_as_set_up_traffic(bank_retail
     model.wire.subscribe(lambda src, dst, tag, payload: seen.append((src, dst, tag)))
     trainer.fit(model, datamodule=dm)
     psi = {k: v for k, v in model.wire.bytes_by_tag().items() if k.startswith("psi/")}
-    assert psi == {f"psi/{k}": v for k, v in message_bytes({"party0": 900, "party1": 900}, "party0", 604).items()}
-    assert seen[:5] == [  # the order of the PSI's docstring: message 3 first, which needs nothing from party0
-        ("party1", "party0", "psi/peer"),
-        ("party0", "party1", "psi/blinded"),
-        ("party1", "party0", "psi/reblinded"),
+    sizes = {"party0": 900, "party1": 900}
+    assert psi == {f"psi/{k}": v for k, v in message_bytes(sizes, "party0", 604, protocol).items()}
+    assert seen[: len(PSI_ORDER[protocol]) + 2] == [
+        *PSI_ORDER[protocol],
         ("party0", "party1", "psi/matches"),
         ("party0", "party1", "split"),  # then the retailer's rows of each split, one byte per shared customer
     ]
@@ -147,18 +166,33 @@ def test_fit_prints_and_logs_the_psis_counts(bank_retailer, tmp_path: Path, caps
     }
 
 
-def test_each_phase_of_the_set_up_reports_as_it_runs_and_keeps_its_figures(bank_retailer, capsys) -> None:
+PSI_PHASES = {
+    "kkrt": [  # the default
+        ("party0: PSI, hashing its IDs into bins", 900, "IDs"),
+        ("party0: PSI, the OT extension with party1", 1143, "bins"),  # ceil(1.27 x 900)
+        ("party1: PSI, its rows of the OT extension", 1143, "bins"),
+        ("party1: PSI, its OPRF values for party0", 2700, "values"),  # three for each of its 900 IDs
+        ("party0: PSI, matching party1's values", 900, "IDs"),
+    ],
+    "ecdh": [
+        ("party0: PSI, hashing and blinding its IDs", 900, "IDs"),
+        ("party1: PSI, hashing and blinding its IDs", 900, "IDs"),
+        ("party0: PSI, blinding party1's IDs again", 900, "IDs"),
+        ("party1: PSI, blinding party0's IDs again", 900, "IDs"),
+    ],
+}
+
+
+@pytest.mark.parametrize("psi", ["kkrt", "ecdh"])
+def test_each_phase_of_the_set_up_reports_as_it_runs_and_keeps_its_figures(bank_retailer, capsys, psi) -> None:
     """Reading, each PSI step, the split, fitting, encoding: a line each on standard error (no terminal), in order."""
-    dm = tables(bank_retailer)
+    dm = tables(bank_retailer, psi=psi)
     dm.setup("fit")
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("party")]
     want = [
         ("party0: reading its table", 900, "rows"),
         ("party1: reading its table", 900, "rows"),
-        ("party0: PSI, hashing and blinding its IDs", 900, "IDs"),
-        ("party1: PSI, hashing and blinding its IDs", 900, "IDs"),
-        ("party0: PSI, blinding party1's IDs again", 900, "IDs"),
-        ("party1: PSI, blinding party0's IDs again", 900, "IDs"),
+        *PSI_PHASES[psi],
         ("party0: drawing the split", 900, "rows"),
         ("party0: fitting its encoders", 2, "columns"),
         ("party1: fitting its encoders", 2, "columns"),

@@ -166,7 +166,7 @@ def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
 
     wire = Wire()
     seen = inbox(wire, "retailer")
-    private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE)
+    private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE, protocol="ecdh")
     assert [tag for tag, _ in seen] == ["psi/blinded", "psi/matches"]
     blob = b"".join(payload for _, payload in seen)
     for x in others:
@@ -176,7 +176,7 @@ def test_a_passive_partys_view_holds_none_of_the_partners_other_ids() -> None:
     changed = dict(ids, bank=[x if str(x) in shared else x + 100_000 for x in ids["bank"]])  # same count, new IDs
     wire2 = Wire()
     seen2 = inbox(wire2, "retailer")
-    private_intersection(changed, active="bank", wire=wire2, keys=keys, shuffle_keys=SHUFFLE)
+    private_intersection(changed, active="bank", wire=wire2, keys=keys, shuffle_keys=SHUFFLE, protocol="ecdh")
     assert seen2[1] == seen[1]  # the matches: positions in the retailer's own shuffled list only
     assert len(seen2[0][1]) == len(seen[0][1])  # the blinded points: their count is all that is fixed
     assert seen2[0][1] != seen[0][1]
@@ -287,8 +287,12 @@ def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     n = 30_000  # above PARALLEL_FROM: two spawned workers
     ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}
     keys = {"bank": bytes(range(32)), "shop": bytes(range(3, 35))}
-    one = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=1)
-    two = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=2)
+    one = private_intersection(
+        ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=1, protocol="ecdh"
+    )
+    two = private_intersection(
+        ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, workers=2, protocol="ecdh"
+    )
     assert one.ids == two.ids == sorted(str(i) for i in range(n // 2, n))
     assert all(np.array_equal(one.rows[p], two.rows[p]) for p in ids)
 
@@ -337,7 +341,9 @@ def recovered_rows(
     Returns (correct guesses, shared IDs, the true rows, the guessed rows)."""
     wire = Wire()
     seen = inbox(wire, "bank")
-    private_intersection(ids, active="bank", wire=wire, keys={"bank": active_key}, shuffle_keys=shuffle_keys)
+    private_intersection(
+        ids, active="bank", wire=wire, keys={"bank": active_key}, shuffle_keys=shuffle_keys, protocol="ecdh"
+    )
     reblinded = dict(seen)["psi/reblinded"]  # b·a·H(x) for the bank's IDs, in the bank's order
     peer = dict(seen)["psi/peer"]  # b·H(y) for the retailer's IDs, in its secret order
     mine = PSIKey(active_key)
@@ -392,7 +398,9 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
         tables_module, "private_intersection", lambda *a, **kw: real(*a, **{**kw, "keys": {"party0": active_key}})
     )
     dm = PartyTables(
-        [PartyTable(str(files["bank"]), "id", label_column="y"), PartyTable(str(files["retailer"]), "id")], seed=0
+        [PartyTable(str(files["bank"]), "id", label_column="y"), PartyTable(str(files["retailer"]), "id")],
+        seed=0,
+        psi="ecdh",  # the attack reads ECDH's points; KKRT's PSI takes its shuffle key from the same place
     )
     dm.setup("fit")
     inbox_of_active = {tag: payload for src, dst, payload, tag in dm.setup_messages() if dst == "party0"}
