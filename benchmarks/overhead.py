@@ -42,6 +42,10 @@ one: to the end of training), so Lightning's per-epoch work (epoch-end hooks, lo
 start-up (Trainer construction, setup, the first epoch) is not: the first epoch of every run is dropped. Per
 repetition each variant's time is the median over its remaining epochs; the table gives the median over
 repetitions as samples/s, and each ratio as the median over repetitions of the paired ratio (with its min-max).
+A second table gives the same ratios of the process's CPU time (`time.process_time`, every thread of this process)
+over the same epochs: on a shared machine another program's work stretches the wall time of whichever variant it
+overlaps, not this process's CPU time, so those ratios spread less (both are printed; the wall time is the one a
+user waits).
 
 Threads: ``torch.set_num_threads(--threads)``, default 1, because the reference machine has 2 shared cores. More
 threads shrink the model compute but not lvfl's per-step Python work or the (single-threaded) AES-CTR masks, so the
@@ -202,8 +206,11 @@ def cifar_workload(num_samples: int) -> Workload:
 
 
 # ---------------------------------------------------------------------------------------------------- bare PyTorch
-def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int, masked: bool = False) -> list[float]:
-    """Epoch times (after the first) of the EASTER step math in a plain PyTorch loop (with DH masks if `masked`)."""
+def run_bare(
+    workload: Workload, dm: VerticalDataModule, epochs: int, seed: int, masked: bool = False
+) -> tuple[list[float], list[float]]:
+    """Epoch wall and CPU times (after the first) of the EASTER step math in a plain PyTorch loop (with DH masks if
+    `masked`)."""
     torch.manual_seed(seed)
     specs, task = dm.party_specs, dm.task
     names = [spec.name for spec in specs]
@@ -224,9 +231,10 @@ def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int,
     num_samples, batch_size, c = len(train), dm.batch_size, len(models)
     generator = torch.Generator().manual_seed(seed)
 
-    marks, step = [], 0
+    marks, cpu, step = [], [], 0
     for _ in range(epochs):
         marks.append(time.perf_counter())
+        cpu.append(time.process_time())
         for index in torch.randperm(num_samples, generator=generator).split(batch_size):
             xs = [x.index_select(0, index) for x in features]
             y = labels.index_select(0, index)
@@ -248,7 +256,8 @@ def run_bare(workload: Workload, dm: VerticalDataModule, epochs: int, seed: int,
             for opt in optimizers:
                 opt.step()
     marks.append(time.perf_counter())
-    return [b - a for a, b in pairwise(marks)][1:]
+    cpu.append(time.process_time())
+    return [b - a for a, b in pairwise(marks)][1:], [b - a for a, b in pairwise(cpu)][1:]
 
 
 # ---------------------------------------------------------------------------------------------------- lvfl
@@ -257,16 +266,23 @@ class EpochClock(pl.Callback):
 
     def __init__(self) -> None:
         self.marks: list[float] = []
+        self.cpu: list[float] = []
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.marks.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.marks.append(time.perf_counter())
+        self.cpu.append(time.process_time())
 
     def periods(self) -> list[float]:
-        """Epoch times after the first epoch."""
+        """Epoch wall times after the first epoch."""
         return [b - a for a, b in pairwise(self.marks)][1:]
+
+    def cpu_periods(self) -> list[float]:
+        """The process's CPU time in each of those epochs."""
+        return [b - a for a, b in pairwise(self.cpu)][1:]
 
 
 def make_lvfl(
@@ -293,30 +309,32 @@ def make_lvfl(
 
 def run_lvfl(
     workload: Workload, dm: VerticalDataModule, variant: str, epochs: int, seed: int, log_dir: str
-) -> list[float]:
-    """Epoch times (after the first) of a Lightning fit of EASTER with the variant's aggregation backend."""
+) -> tuple[list[float], list[float]]:
+    """Epoch wall and CPU times (after the first) of a Lightning fit of EASTER with the variant's backend."""
     trainer, module, clock = make_lvfl(workload, variant, epochs, seed, log_dir)
     trainer.fit(module, datamodule=dm)
     periods = clock.periods()
     if len(periods) != epochs - 1:
         raise RuntimeError(f"{workload.name}/{variant}: expected {epochs - 1} timed epochs, got {len(periods)}")
-    return periods
+    return periods, clock.cpu_periods()
 
 
 # ---------------------------------------------------------------------------------------------------- the table
 def measure(workload: Workload, repeats: int, epochs: int, seed: int) -> dict[str, list[float]]:
-    """Per repetition and variant, the median epoch time (seconds); variants interleaved within a repetition."""
+    """Per repetition and variant, the median epoch time (seconds; `<variant>_cpu`: the process's CPU time);
+    variants interleaved within a repetition."""
     dm = workload.datamodule()
     dm.setup("fit")
-    per_rep: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    per_rep: dict[str, list[float]] = {k: [] for v in VARIANTS for k in (v, f"{v}_cpu")}
     with tempfile.TemporaryDirectory() as log_dir:
         for rep in range(repeats):
             for variant in VARIANTS:
                 if variant.startswith("bare"):
-                    periods = run_bare(workload, dm, epochs, seed, masked=variant == "bare_dh")
+                    periods, cpu = run_bare(workload, dm, epochs, seed, masked=variant == "bare_dh")
                 else:
-                    periods = run_lvfl(workload, dm, variant, epochs, seed, log_dir)
+                    periods, cpu = run_lvfl(workload, dm, variant, epochs, seed, log_dir)
                 per_rep[variant].append(statistics.median(periods))
+                per_rep[f"{variant}_cpu"].append(statistics.median(cpu))
             cells = ", ".join(f"{v} {per_rep[v][-1] * 1e3:.1f} ms" for v in VARIANTS)
             print(f"{workload.name} repetition {rep + 1}/{repeats}: epoch {cells}", file=sys.stderr, flush=True)
     per_rep["samples"] = [float(len(dm.train_set))]
@@ -390,6 +408,21 @@ def main() -> None:
             f"| {ratio_cell(times['dh'], times['bare'], None)} "
             f"| {ratio_cell(times['bare_dh'], times['bare'], None)} "
             f"| {ratio_cell(times['dh'], times['bare_dh'], workload.plain_target)} |"
+        )
+    print("\nThe same ratios of this process's CPU time over the same epochs:\n")
+    print(
+        "| workload | Plain / bare | DHMasking / Plain | DHMasking / bare | bare with masks / bare "
+        "| DHMasking / bare with masks |"
+    )
+    print("|---|---|---|---|---|---|")
+    for workload, times in rows:
+        cpu = {v: times[f"{v}_cpu"] for v in VARIANTS}
+        print(
+            f"| {workload.name} | {ratio_cell(cpu['plain'], cpu['bare'], workload.plain_target)} "
+            f"| {ratio_cell(cpu['dh'], cpu['plain'], workload.dh_target)} "
+            f"| {ratio_cell(cpu['dh'], cpu['bare'], None)} "
+            f"| {ratio_cell(cpu['bare_dh'], cpu['bare'], None)} "
+            f"| {ratio_cell(cpu['dh'], cpu['bare_dh'], workload.plain_target)} |"
         )
     print()
     for workload, times in rows:
