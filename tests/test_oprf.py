@@ -34,7 +34,7 @@ def test_cuckoo_puts_every_item_in_one_of_its_bins_once() -> None:
     for b in np.flatnonzero(table >= 0):
         assert candidates[table[b], function[b]] == b
     with pytest.raises(oprf.CuckooFailed, match="5000 items into 4000 bins failed"):  # past 3-way cuckoo's load limit
-        oprf.cuckoo(oprf.candidate_bins(digest, 4000), 4000, seed=1, max_moves=50)
+        oprf.cuckoo(oprf.candidate_bins(digest, 4000), 4000, seed=1, max_rounds=50)
 
 
 def test_the_senders_prf_is_the_receivers_value_exactly_on_the_receivers_item() -> None:

@@ -283,6 +283,27 @@ def test_points_are_matched_as_a_dict_from_point_to_row_would_match_them() -> No
     assert match_positions(repeated, repeated[:1]) is None
 
 
+@pytest.mark.parametrize("width", [5, 8, 11, 32])
+def test_values_matched_by_their_first_word_are_checked_on_the_whole_value(width) -> None:
+    """The fast path (pseudorandom values, no two of the active party's with the same first 8 bytes) against a dict:
+    values of `theirs` that share a first word with one of `mine` but differ after it must not match, and a value
+    `theirs` repeats matches at its last position."""
+    rng = np.random.default_rng(width)
+    for _ in range(50):
+        mine = list(dict.fromkeys(rng.bytes(width) for _ in range(int(rng.integers(1, 60)))))
+        shared = [mine[i] for i in rng.permutation(len(mine))[: len(mine) // 2]]
+        near = [m[:8] + bytes(b ^ 1 for b in m[8:]) for m in mine[:5] if width > 8]  # the same first word only
+        theirs = [*shared, *near, *(rng.bytes(width) for _ in range(20)), *shared[:2]]  # two repeated
+        theirs = [theirs[i] for i in rng.permutation(len(theirs))]
+        row_of = {value: row for row, value in enumerate(mine)}
+        expected = np.full(len(mine), -1)
+        for position, value in enumerate(theirs):
+            if value in row_of:
+                expected[row_of[value]] = position
+        got = match_positions(np.frombuffer(b"".join(mine), f"S{width}"), np.frombuffer(b"".join(theirs), f"S{width}"))
+        assert np.array_equal(got, expected)
+
+
 def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     n = 30_000  # above PARALLEL_FROM: two spawned workers
     ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}
