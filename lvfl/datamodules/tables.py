@@ -104,9 +104,9 @@ class PartyTables(VerticalDataModule):
             party fitted on its training rows; the rows every party holds are predicted by the VFL model, the
             active party's others by the student when the run saved one (`new_rows_active_only`).
         psi: the private set intersection that aligns the tables (and the new rows): "kkrt" (the default: an
-            oblivious PRF from OT extension, `lvfl.privacy.psi_ot`, 13.7 s for a million IDs a side on one core) or
+            oblivious PRF from OT extension, `lvfl.privacy.psi_ot`, 11.8 s for a million IDs a side on one core) or
             "ecdh" (ECDH-PSI over Curve25519, `lvfl.privacy.psi`: the same result, each party learning the same, in
-            about 13 times KKRT's core time, with 18% fewer bytes).
+            about 15 times KKRT's core time, with 18% fewer bytes).
         **kwargs: `VerticalDataModule` arguments (`num_parties` is the number of tables; `overlap` must stay 1: the
             tables say which samples every party holds).
     """

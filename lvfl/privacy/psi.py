@@ -5,7 +5,7 @@ two-party protocol below with each passive party k; the samples every party hold
 lists, which each party then orders the same way (sorted by ID text) and finds among its own rows. This module's
 protocol is ECDH-PSI (`protocol="ecdh"`); the default, `protocol="kkrt"`, runs KKRT16's OT-based PSI instead
 (`lvfl.privacy.psi_ot`), which ends with the same matches and in which each party learns the same, in about a
-thirteenth of the core time.
+fifteenth of the core time.
 
 With the active party's key a and passive party k's key b (fresh per run; `lvfl.crypto.psi`), per passive party:
 
@@ -64,7 +64,7 @@ __all__ = ["DEFAULT_PROTOCOL", "PROTOCOLS", "Alignment", "id_text", "message_byt
 
 PROTOCOLS = ("ecdh", "kkrt")  #: the PSI protocols `private_intersection` runs (`protocol`)
 #: The PSI `private_intersection` and `PartyTables` run unless told otherwise: KKRT16's, which meets a million IDs a
-#: side in 14 s on one core where ECDH-PSI takes 90 s on two, each party learning the same (results, section 11).
+#: side in 12 s on one core where ECDH-PSI takes 90 s on two, each party learning the same (results, section 11).
 DEFAULT_PROTOCOL = "kkrt"
 
 
@@ -121,7 +121,7 @@ def private_intersection(
         workers: processes for large lists (`PSIKey`); None: every CPU core.
         parties: every party's name, in order (default: the keys of `ids`, which then hold every party's list).
         phase: makes the `lvfl.progress.Phase` that reports each step's progress (its name, total and unit).
-        protocol: "kkrt" (the default: an oblivious PRF from OT extension, `lvfl.privacy.psi_ot`, about a thirteenth
+        protocol: "kkrt" (the default: an oblivious PRF from OT extension, `lvfl.privacy.psi_ot`, about a fifteenth
             of ECDH's core time, the same party learning the same things) or "ecdh" (this module); `keys` and
             `workers` are ECDH's.
 

@@ -1,7 +1,7 @@
 """Aligning the parties' IDs by KKRT16's PSI: an oblivious PRF from OT extension, every message on the `Wire`.
 
 `private_intersection(..., protocol="kkrt")` (`lvfl.privacy.psi`; the default) runs this, not ECDH-PSI: the same result
-and the same final message (`<tag>/matches`, `lvfl.privacy.psi_wire.agree`), about a thirteenth of its core time, no
+and the same final message (`<tag>/matches`, `lvfl.privacy.psi_wire.agree`), about a fifteenth of its core time, no
 public-key operation per ID. The arithmetic is `lvfl.crypto.oprf` (its docstring has the construction); the base
 OTs are `lvfl.crypto.ot`'s simplest OT.
 
