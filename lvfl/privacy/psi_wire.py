@@ -65,9 +65,9 @@ def match_positions(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray | None:
     match them (the last position where `theirs` repeats a value), at a few machine words a row instead of a Python
     object per value. The values are pseudorandom, so their first 8 bytes as one integer tell them apart: both
     sides are sorted by that word and `theirs` searched for in `mine` in order, which keeps the searches in cache
-    (a search per value in random order took 6.5 s for 10,000,000 values against 3,333,333, in order 0.25 s); a
-    match of the word is then checked on the whole string. Where two of `mine` share their first word, the strings
-    themselves are sorted and searched (`_match_strings`).
+    (the matching of `benchmarks/psi.py --ids 10000000`, three searches of ten million values: 7.3 s, 29 s by
+    searching the strings in random order); a match of the word is then checked on the whole string. Where two of
+    `mine` share their first word, the strings themselves are sorted and searched (`_match_strings`).
     """
     words = _first_words(mine)
     order = np.argsort(words, kind="stable")
