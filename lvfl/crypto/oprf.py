@@ -165,5 +165,5 @@ def prf_values(bins: np.ndarray, rows: np.ndarray, width: int) -> np.ndarray:
 
 
 def random_seed() -> int:
-    """A seed for `cuckoo`'s choices of which item to move, from the OS (never a config's)."""
+    """A seed for `cuckoo`'s choices of the functions moved items switch to, from the OS (never a config's)."""
     return int.from_bytes(os.urandom(8), "little")
