@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import torch
 
+from lvfl.schedule import Links
 from lvfl.shadows import Shadow, as_shadow
 
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
@@ -155,6 +156,9 @@ class Wire:
         self._held: list[Held] | None = None  # set inside `recording`
         self._tagged = ""  # set inside `tags_under`: a prefix on every tag sent on this wire object
         self._identities: Any = None  # simulated identities, drawn on first use (see `identities`)
+        #: the run's declared links (`lvfl.schedule.run_links`, set by the protocol's `setup`): a message on any other
+        #: link is refused in one line; None (a wire outside a run) checks nothing
+        self.links: Links | None = None
 
     # -- views and recordings: the same wire, used another way -----------------------------------------------------
     def prefixed(self, prefix: str) -> Wire:
@@ -276,6 +280,8 @@ class Wire:
             return received
         if self._parent is not None:
             return self._parent.send(src, dst, payload, self._prefix + tag)
+        if self.links is not None:  # in every process alike: simulation fails where a deployed peer would refuse
+            self.links.check(src, dst, tag)
         key = (src, dst, tag)
         if self.here is not None and self.here not in (src, dst):
             return shadow(payload)  # a message between two other parties: only its shape is known here

@@ -28,7 +28,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"privacy", "models"},
         {"federation", "observing", "checkpoints", "runs"},
         {"wire", "network", "loggers", "messages", "checks", "parties", "progress"},
-        {"shadows", "crypto"},
+        {"shadows", "crypto", "schedule"},
     ],
     "lvfl.commands": [
         {"warm_party"},

@@ -53,6 +53,7 @@ from lvfl.loggers import log_to_loggers
 from lvfl.models.base import PartyModelFactory
 from lvfl.models.logistic import LogisticRegression
 from lvfl.privacy.soft_labels import PlainSoftLabels, SoftLabelChannel, check_lam
+from lvfl.schedule import Links, Roles
 
 PREFIX = "student"
 
@@ -143,6 +144,16 @@ class StudentDistillation(Callback):
         self.student: torch.nn.Module | None = None
         self.losses: list[float] = []
         self.metrics: dict[str, float] = {}
+
+    def links(self, roles: Roles) -> Links:
+        """The links the student adds to the protocol's (`lvfl.schedule`).
+
+        In the teacher's inference every passive party's prediction goes to the producer (one-way), the producer's
+        part to the active party, and the channel adds its own.
+        """
+        producer = self.producer if self.producer is not None else (roles.passive or (roles.active,))[0]
+        to_producer = Links((k, producer) for k in roles.passive)
+        return to_producer | Links([(producer, roles.active)]) | self.channel.links(roles.active, producer)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Keep an unbuilt copy of the protocol for the fold teachers (callbacks set up before the module builds).

@@ -144,15 +144,19 @@ class VFLCLI(LightningCLI):
             self.party_session.abort(" ".join(str(err).split()) or type(err).__name__)
             joined = getattr(self.party_session, "transport", None) is not None  # else: refused before it talked
             if isinstance(err, FederationError) and joined:  # a peer is missing, refused or stopped: where to resume
-                raise FederationError(f"{err}; {self._resume_hint()}") from err
+                raise FederationError(f"{err}; {self._resume_hint(subcommand)}") from err
             raise
         finally:
             if self.party_session is not None:
                 self.party_session.close()
 
-    def _resume_hint(self) -> str:
-        """Where a stopped party resumes from, in words (`lvfl party`)."""
+    def _resume_hint(self, subcommand: str = "fit") -> str:
+        """What helps a stopped party, in words (`lvfl party`): resuming only where training stopped part-way."""
+        if subcommand != "fit":
+            return f"run every party's lvfl {subcommand} again"
         path = self._resume_file()
+        if path is not None and getattr(self.trainer.fit_loop, "done", False):  # it failed after the last epoch
+            return f"training itself had ended, so resuming would not redo it (this party's last checkpoint: {path})"
         if path is None:
             return "no checkpoint was written yet: start every party again"
         return f"resume every party with --ckpt_path last (this party's: {path})"

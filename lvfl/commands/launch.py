@@ -25,6 +25,7 @@ paces the bytes as that access link would; the launch ends with the bytes it car
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
@@ -61,6 +62,10 @@ LAUNCH_HELP = (
 )
 
 
+#: the environment variable that gives `--jitter_ms` its default (the test suite's stress mode sets it)
+JITTER_VARIABLE = "LVFL_LAUNCH_JITTER_MS"
+
+
 def launch_parser() -> argparse.ArgumentParser:
     """The options of `lvfl launch` itself; every other argument is `lvfl fit`'s, passed to every party."""
     parser = OneLineParser(prog="lvfl launch", add_help=False)
@@ -88,6 +93,13 @@ def launch_parser() -> argparse.ArgumentParser:
         "rate, as NetworkSimulator's preset of the name: wan = 100 Mbps and 50 ms one way between two parties); "
         "default: localhost as it is",
     )
+    parser.add_argument(
+        "--jitter_ms",
+        type=float,
+        default=float(os.environ.get(JITTER_VARIABLE) or 0.0),
+        help="hold every chunk between two parties a further random 0 to this many ms (through the proxy, on the "
+        f"--network's links or on localhost's), as a busy network would; default ${JITTER_VARIABLE} or 0",
+    )
     parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
     return parser
 
@@ -102,12 +114,14 @@ def launch(
     network: str | None = None,
     warm: bool | None = None,
     setup_timeout: float = SETUP_TIMEOUT,
+    jitter_ms: float = 0.0,
 ) -> int:
     """Start one `lvfl party` process per party of the config in `fit_args`; their exit status (0: all succeeded).
 
-    With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link.
-    `warm` (default: where `warm_start_possible`) starts two party processes before the config is read, one of which
-    reads it (`lvfl.commands.warm_start`); the others start once their names are known.
+    With `network` (a `lvfl.network.LINK_PRESETS` name) the parties talk through a `LinkProxy` giving each that link;
+    with `jitter_ms` through one that also holds each chunk a random 0 to `jitter_ms` ms (localhost's links where
+    no `network` is given). `warm` (default: where `warm_start_possible`) starts two party processes before the
+    config is read, one of which reads it (`lvfl.commands.warm_start`); the others start once their names are known.
     """
     marks = {LAUNCH_STARTED: f"{time.time():.6f}"}  # the set-up report's first mark (`lvfl.commands.party.SetupReport`)
     subcommand = fit_args[0] if fit_args and fit_args[0] in SUBCOMMANDS else None
@@ -138,7 +152,7 @@ def launch(
         try:
             return _launch_parties(
                 names, active, save_dir, pki_dir, subcommand, fit_args, timeout, run_id, threads, network, marks, pool,
-                ranks,
+                ranks, jitter_ms,
             )  # fmt: skip
         finally:
             if pki is None:  # throw-away keys: nothing of them stays on the disk
@@ -162,6 +176,7 @@ def _launch_parties(
     marks: dict[str, str],
     pool: list[WarmParty],
     ranks: int = 1,
+    jitter_ms: float = 0.0,
 ) -> int:
     """Write the PKI and the federation file into `pki_dir`, start a process per party, wait for them all.
 
@@ -174,8 +189,10 @@ def _launch_parties(
     addresses = {name: list(party.addresses) if ranks > 1 else party.address for name, party in written.items()}
     files = dict.fromkeys(names, federation)
     proxy = None
-    if network is not None:  # each party's own file: its own address, and each peer's at the proxy's port for the pair
-        proxy = LinkProxy(dict.fromkeys(names, LINK_PRESETS[network]))
+    if network is not None or jitter_ms > 0:  # each party's own file: its own address, each peer's at the proxy's
+        link = LINK_PRESETS[network or "unlimited"]
+        # each end draws half: a chunk's extra delay is then uniform in [0, jitter_ms]
+        proxy = LinkProxy(dict.fromkeys(names, dataclasses.replace(link, jitter_ms=jitter_ms / 2)))
         for name in names:  # a peer's ranks share its access link: one route per rank, paced as one link
             routed = {
                 peer: proxy.route(name, peer, a) if isinstance(a, str) else [proxy.route(name, peer, r) for r in a]
@@ -194,7 +211,8 @@ def _launch_parties(
             proxy.close()
             total = sum(proxy.socket_bytes.values())
             each = ", ".join(f"{src}->{dst} {n:,}" for (src, dst), n in sorted(proxy.socket_bytes.items()))
-            print(f"lvfl launch: the {network} network carried {total:,} bytes ({each})", flush=True)
+            what = f"the {network or 'localhost'} network" + (f" with {jitter_ms:g} ms of jitter" if jitter_ms else "")
+            print(f"lvfl launch: {what} carried {total:,} bytes ({each})", flush=True)
 
 
 def _run_parties(
@@ -344,6 +362,8 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--timeout must be a positive number of seconds, got {own.timeout}")
         if not own.setup_timeout >= own.timeout:
             raise ValueError(f"--setup_timeout must be at least --timeout ({own.timeout:g} s), got {own.setup_timeout}")
+        if not 0 <= own.jitter_ms <= 10_000:
+            raise ValueError(f"--jitter_ms must be between 0 and 10000 ms, got {own.jitter_ms}")
         if own.threads is not None and own.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {own.threads}")
         status = launch(
@@ -355,5 +375,6 @@ def main(argv: list[str]) -> None:
             own.allow_public_seeds,
             own.network,
             setup_timeout=own.setup_timeout,
+            jitter_ms=own.jitter_ms,
         )
     raise SystemExit(status)

@@ -22,6 +22,7 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ from lvfl.federation.link import SocketLink, StepClock
 from lvfl.federation.transport import Transport
 from lvfl.parties import party_name
 from lvfl.privacy import CKKS, DHMasking, Paillier, Plain
+from lvfl.protocols.base import run_roles
+from lvfl.schedule import Links, run_links
 from lvfl.wire import Wire
 
 __all__ = ["PARTY_HELP", "RANK_SECTION", "PartySession", "config_fingerprint", "main", "party_parser"]
@@ -217,6 +220,7 @@ class PartySession:
     allow_public_seeds: bool = False
     setup_timeout: float = SETUP_TIMEOUT  # how long set-up messages may take while their sender is up
     transport: Any = field(default=None, init=False)
+    links: Links | None = field(default=None, init=False)  # the run's declared links, once joined
     marks: dict[str, float] = field(default_factory=dict)  # set-up's phases: when each ended (`SetupReport`)
 
     def join(self, cli: Any) -> None:
@@ -248,14 +252,14 @@ class PartySession:
             fingerprint=fingerprint,
             listen=self.listen,
         ).start()
-        # every lvfl protocol is a star around the active party (the DH keys are relayed by it, an HE backend's
-        # coordinator answers it only): the active party greets every other one and each other one the active one,
-        # so only those connections must open. A coordinator also sends every party its public key, which they
-        # take without greeting it (before any greeting: it may come as soon as the coordinator is greeted)
-        active, coordinator = party_name(cli.datamodule.active_party), coordinator_of(cli.model)
-        if coordinator is not None and self.party not in (active, coordinator):
-            self.transport.expect([coordinator])
-        self.transport.hello([n for n in names if n != self.party] if self.party == active else [active])
+        # who talks to whom is the run's one declaration (`lvfl.schedule`: the protocol's star, its backend's
+        # coordinator, a callback's links such as the student's producer), which the simulation checks every message
+        # against: this party greets the peers it talks with both ways, and takes the messages of those that only send
+        # to it (an HE coordinator's public key, another passive party's predictions for the producer) without a
+        # greeting; it expects them before any greeting, as they may send as soon as they are greeted by another
+        self.links = run_links(run_roles(cli.datamodule, cli.model), cli.model, cli.trainer.callbacks)
+        self.transport.expect(self.links.expected(self.party))
+        self.transport.hello(self.links.greeted(self.party))
         link = SocketLink(self.transport, setup_patience=self.setup_timeout - self.timeout)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))
@@ -279,9 +283,22 @@ class PartySession:
             self.transport.abort(reason)
 
     def finish(self) -> None:
-        """Wait until every message this party queued is delivered (raises the failure of one that was not)."""
-        if self.transport is not None:
+        """End in order (`Transport.goodbye`): deliver what is queued, tell the peers it is done, wait for their word.
+
+        No party stops its server while a peer may still send to it, and every message a peer sent must have been
+        taken here. A peer that is gone once this party's work is done is no error: it is said, on standard error.
+        """
+        if self.transport is None:
+            return
+        if self.links is None:  # joined without a declaration (never, through `join`): deliver what is queued
             self.transport.flush()
+            return
+        me = self.party
+        gone = self.transport.goodbye(
+            self.links.receivers_from(me), self.links.senders_to(me), patience=self.setup_timeout - self.timeout
+        )
+        for peer in gone:
+            print(f"lvfl party: {peer} was gone before it said it was done; {me}'s part is complete", file=sys.stderr)
 
     def close(self) -> None:
         """Close the transport (idempotent)."""

@@ -21,6 +21,9 @@ from typing import Any
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.predict import read_ids, summary
 
+#: seconds `lvfl score` waits for a server to come up by default: a loaded machine starts `lvfl serve` in about 40
+WAIT = 180.0
+
 __all__ = ["main", "score_parser"]
 
 
@@ -39,8 +42,9 @@ def score_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline", type=float, default=0.0, help="seconds to wait for the passive parties "
                         "(default: the server's --deadline; scoring here, 60: a batch)")  # fmt: skip
     parser.add_argument("--server", default=None, metavar="HOST:PORT", help="a running lvfl serve's --api")
-    parser.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the server (or, without "
-                        "--server, the passive parties) to come up (default 30)")  # fmt: skip
+    parser.add_argument("--wait", type=float, default=WAIT, help="seconds to wait for the server (or, without "
+                        f"--server, the passive parties) to come up (default {WAIT:g}: a server starting on a "
+                        "loaded machine)")  # fmt: skip
     parser.add_argument("--party", default=None, help="without --server: the active party")
     parser.add_argument("--federation", type=Path, default=None, help="without --server: the federation file")
     parser.add_argument("--model", type=Path, default=None, help="without --server: the active party's export folder")
@@ -50,6 +54,10 @@ def score_parser() -> argparse.ArgumentParser:
                         "contributions by oblivious lookups (they serve with --oblivious); with --server the server's "
                         "mode holds")  # fmt: skip
     return parser
+
+
+def _say(line: str) -> None:
+    print(f"lvfl score: {line}", file=sys.stderr, flush=True)
 
 
 def _read_rows(path: Path, id_column: str | None) -> tuple[dict[str, list[str]], list[str]]:
@@ -92,7 +100,7 @@ def main(argv: list[str]) -> None:
             from lvfl.serving.api import score_remote
 
             rows, columns = _read_rows(own.rows, own.id_column) if own.rows is not None else ({}, [])
-            answers = score_remote(own.server, ids, rows, columns, own.deadline, wait=own.wait)
+            answers = score_remote(own.server, ids, rows, columns, own.deadline, wait=own.wait, waiting=_say)
         else:
             answers = _score_here(own, ids)
         from lvfl.callbacks.predictions import write_predictions

@@ -24,7 +24,7 @@ module that registers a record type (`lvfl.federation.codec.register_record`) co
 
 from __future__ import annotations
 
-__all__ = ["FederationError"]
+__all__ = ["FederationError", "PeerGone"]
 
 
 class FederationError(ValueError):
@@ -32,4 +32,11 @@ class FederationError(ValueError):
 
     A `ValueError`, so the command line's error boundary (`lvfl.commands.errors.reported_errors`) prints it as one line:
     a refusal is a property of the input (a peer's message, a file), not a bug in lvfl.
+    """
+
+
+class PeerGone(FederationError):
+    """A peer that nothing answers for any more: it stopped, died, or its machine is out of reach.
+
+    Raised where a party waits on that peer; after this party's work is done (`Transport.goodbye`) it is no error.
     """

@@ -38,7 +38,7 @@ from typing import Any
 
 import grpc
 
-from lvfl.federation import FederationError
+from lvfl.federation import FederationError, PeerGone
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
 from lvfl.federation.channels import PinnedCaller
@@ -54,7 +54,7 @@ from lvfl.federation.codec import (
 from lvfl.federation.federation_file import Federation
 from lvfl.wire import payload_nbytes
 
-__all__ = ["ABORT_GRACE", "ABORT_TAG", "HELLO_TAG", "Inbox"]
+__all__ = ["ABORT_GRACE", "ABORT_TAG", "DONE_TAG", "HELLO_TAG", "Inbox"]
 
 # the transport's logger, as before the receiving side had a module of its own (operators filter on its name)
 log = logging.getLogger("lvfl.federation.transport")
@@ -67,6 +67,8 @@ ABORT_GRACE = 5.0
 ABORT_TAG = "abort"
 #: the tag of the greeting every party sends every peer before set-up (`Transport.hello`)
 HELLO_TAG = "hello"
+#: the tag of a party's word at the end of a run (`Transport.goodbye`): it sent all it will, and how many of each tag
+DONE_TAG = "done"
 #: the most messages a peer may have queued here, unread (each costs Python objects beyond its bytes)
 MAX_QUEUED_MESSAGES = 65536
 #: the most single calls (a greeting, an abort, a send that waits) a peer may have open here at once, besides a stream
@@ -171,7 +173,7 @@ class Inbox:
                     finally:
                         self._cond.acquire()
                     if not answers:  # it died, or its machine is out of reach
-                        raise FederationError(
+                        raise PeerGone(
                             f"{src} is unreachable (nothing answers at {address}): {self.me} waited {wait:g} s for "
                             f"{tag!r} (step {step})"
                         )
@@ -196,6 +198,15 @@ class Inbox:
             payload = payload.tensor()
         conform(payload, expected, sender=src, tag=tag)
         return payload
+
+    def taken(self, src: str) -> dict[str, tuple[int, int]]:
+        """Per tag, (messages `src` had filed here, of which still unread): what this party took from `src`."""
+        with self._cond:
+            return {
+                tag: (count, len(self._inbox.get((peer, tag)) or ()))
+                for (peer, tag), count in self._next_in.items()
+                if peer == src and tag not in (HELLO_TAG, DONE_TAG)
+            }
 
     def _deliver(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
         """The server's handler of one envelope: identify the sender by its certificate, check the message, file it.

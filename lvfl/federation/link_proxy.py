@@ -11,7 +11,10 @@ links, by `lvfl.network`'s model, so that `NetworkSimulator` can be checked agai
   seconds, from when both are free (FIFO, as the simulator's messages do), and arrives latency(s) + latency(r)
   after its last byte left;
 - both directions of a connection cross the links: a message, its answer, HTTP/2's window updates and TLS's
-  handshake each pay their way.
+  handshake each pay their way;
+- jitter: each chunk is held a further uniform draw in [0, jitter(s) + jitter(r)] ms, never overtaking the chunk
+  before it on its connection (TCP's order), so the parties see every message late by a varying amount
+  (`lvfl launch --jitter_ms`, and every launch in the test suite's stress mode).
 
 What it does not model: TCP between a party and the proxy is localhost's (no loss, no slow start); a chunk is what
 one read returns (at most `CHUNK` bytes), so pacing is per chunk; sleeps are the OS's (tens of microseconds late).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import queue
+import random
 import socket
 import sys
 import threading
@@ -119,6 +123,10 @@ class LinkProxy:
         """One-way propagation delay from `src` to `dst`, in seconds."""
         return (self.links[src].latency_ms + self.links[dst].latency_ms) / 1e3
 
+    def jitter_s(self, src: str, dst: str) -> float:
+        """The most extra delay a chunk from `src` to `dst` draws, in seconds (0: none)."""
+        return (self.links[src].jitter_ms + self.links[dst].jitter_ms) / 1e3
+
     def rate_bps(self, src: str, dst: str) -> float:
         """The rate of a transfer from `src` to `dst`, in bit/s: the slower of src's uplink and dst's downlink."""
         return min(self.links[src].up_mbps, self.links[dst].down_mbps) * 1e6
@@ -153,7 +161,8 @@ class LinkProxy:
         """Read `source` (bytes from `src` to `dst`), pace and delay each chunk, and hand it to a writer."""
         pending: queue.SimpleQueue = queue.SimpleQueue()
         self._spawn(self._write, sink, pending)
-        delay, rate = self.delay_s(src, dst), self.rate_bps(src, dst)
+        delay, rate, jitter = self.delay_s(src, dst), self.rate_bps(src, dst), self.jitter_s(src, dst)
+        draw, last = random.Random(), 0.0  # noqa: S311 - jitter, no secret: seeded from the OS's entropy
         try:
             while not self._closing.is_set():
                 data = source.recv(CHUNK)
@@ -164,7 +173,8 @@ class LinkProxy:
                     start = max(time.monotonic(), self._free.get(up, 0.0), self._free.get(down, 0.0))
                     done = self._free[up] = self._free[down] = start + 8.0 * len(data) / rate
                     self.socket_bytes[(src, dst)] += len(data)
-                pending.put((done + delay, data))
+                last = max(last, done + delay + (draw.uniform(0.0, jitter) if jitter else 0.0))  # in order
+                pending.put((last, data))
         except OSError:  # reset, or closed by `close`
             pass
         finally:

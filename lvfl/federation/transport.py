@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections import Counter
@@ -45,13 +46,13 @@ from pathlib import Path
 
 import grpc
 
-from lvfl.federation import FederationError
-from lvfl.federation.addresses import check_port_free
+from lvfl.federation import FederationError, PeerGone
+from lvfl.federation.addresses import check_port_free, port_answers
 from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
 from lvfl.federation.codec import MAX_NODES, RECORDS, Header, RecordRegistry, encode_envelope
 from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.identity import TLSIdentities
-from lvfl.federation.inbox import ABORT_TAG, HELLO_TAG, MAX_CALLS, Inbox
+from lvfl.federation.inbox import ABORT_TAG, DONE_TAG, HELLO_TAG, MAX_CALLS, Inbox
 from lvfl.federation.outbox import DELIVER, Outbox
 from lvfl.federation.pki import check_key
 
@@ -61,6 +62,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUED_BYTES",
     "DEFAULT_TIMEOUT",
     "DELIVER",
+    "DONE_TAG",
     "HELLO_TAG",
     "Transport",
     "transports",
@@ -256,6 +258,66 @@ class Transport(Inbox, Outbox):
             self._check_peer(peer)
         with self._cond:
             self._expected.update(peers)
+
+    def goodbye(self, to: Sequence[str], waits_for: Sequence[str], patience: float = 0.0) -> list[str]:
+        """The orderly end of a run: say this party is done, wait for its peers' word, check every message was taken.
+
+        First every queued message is delivered (`flush`). Then each peer in `to` (those this party sends to) is told,
+        in one acknowledged call, that this party sends nothing more and how many messages of each tag it sent; and
+        this party waits for the same word from each peer in `waits_for` (those that send to it), `timeout` at a time
+        while the peer is up, for at most `timeout + patience` seconds: so no party stops its server while a peer may
+        still deliver to it. A peer's count is then checked against what this party took: a message it sent that
+        this party never read means the parties' code disagrees about the schedule, and fails the run in one line
+        naming the tag, the sender and the receiver.
+
+        Returns the peers that were gone (nothing answers at their address) before they said they were done: after
+        this party's work is done that is no error, and the caller says so.
+
+        Raises:
+            FederationError: a queued message was not delivered, a peer stopped on an error (its abort), a peer's
+                message was never taken, or a peer that is up did not say it was done in time.
+        """
+        self.flush()
+        gone: list[str] = []
+        for peer in to:
+            self._check_peer(peer)
+            sent = {
+                tag: n
+                for (src, dst, tag), n in sorted(self.messages.items())
+                if src == self.me and dst == peer and tag not in (HELLO_TAG, DONE_TAG)
+            }
+            try:
+                self.send(peer, DONE_TAG, -1, json.dumps(sent, sort_keys=True).encode(), wait=True)
+            except FederationError:
+                if port_answers(self.federation.party(peer).address):
+                    raise
+                gone.append(peer)  # it left after taking all this party delivered (`flush` confirmed it)
+        for peer in waits_for:
+            try:
+                word = self.receive(peer, DONE_TAG, -1, patience=patience)
+            except PeerGone:
+                if peer not in gone:
+                    gone.append(peer)
+                continue
+            self._check_taken(peer, word)
+        return gone
+
+    def _check_taken(self, peer: str, word: object) -> None:
+        """Refuse, in one line, a `done` word whose counts are not what this party took from `peer`."""
+        try:
+            said = json.loads(bytes(word).decode("utf-8")) if isinstance(word, bytes | bytearray) else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            said = None
+        if not isinstance(said, dict) or not all(isinstance(n, int) and n >= 0 for n in said.values()):
+            raise FederationError(f"{peer} said it was done with a word that is not its message counts")
+        taken = self.taken(peer)
+        for tag in sorted(set(said) | set(taken)):
+            sent, (filed, unread) = int(said.get(tag, 0)), taken.get(tag, (0, 0))
+            if unread or filed != sent:
+                raise FederationError(
+                    f"{peer} sent {tag!r} to {self.me} {sent} times and {self.me} took {filed - unread}: "
+                    f"{sent - filed + unread} never taken (the parties' code disagrees about the message schedule)"
+                )
 
     def abort(self, reason: str) -> None:
         """Tell every peer this party stops, and why, so that they stop at once (best effort: a second each)."""

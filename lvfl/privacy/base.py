@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import torch
 
 from lvfl.parties import PartySpec
+from lvfl.schedule import Links, Roles
 from lvfl.wire import Wire
 
 
@@ -56,6 +57,17 @@ class AggregationBackend(ABC):
     refuses_nonfinite: ClassVar[bool] = True
     #: masks derive from (step, index), so `protect` refuses a pair the party already used
     refuses_reused_step: ClassVar[bool] = False
+
+    def links(self, roles: Roles) -> Links:
+        """The links this backend adds to the protocol's star (`lvfl.schedule`).
+
+        With a `coordinator`: both ways between it and the active party (the aggregate up, its decryption down), and
+        from it to every passive party (its public key: the passive parties never write back).
+        """
+        if self.coordinator is None:
+            return Links()
+        c = self.coordinator
+        return Links([(roles.active, c), (c, roles.active), *((c, k) for k in roles.passive)])
 
     def setup(self, parties: Sequence[PartySpec], active: str, wire: Wire, rank: int = 0) -> None:
         """Agree on keys among `parties` (passive ones protect, `active` combines); bytes go on `wire`."""

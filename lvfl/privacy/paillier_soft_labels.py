@@ -19,6 +19,7 @@ from torch import nn
 from lvfl.checks import OptionError
 from lvfl.crypto import fixedpoint, paillier
 from lvfl.privacy.soft_labels import LOG_EPS, SoftLabelChannel, SoftLabelParts, last_linear
+from lvfl.schedule import Links
 from lvfl.wire import Wire
 
 
@@ -97,6 +98,14 @@ class PaillierSoftLabels(SoftLabelChannel):
                 f"active={active!r}, producer={producer!r} and coordinator={self.coordinator!r} must be distinct "
                 "parties"
             )
+
+    def links(self, active: str, producer: str) -> Links:
+        """The coordinator's links (`lvfl.schedule`).
+
+        Its key to the active party and the producer; the masked gradients and losses both ways with the active party.
+        """
+        c = self.coordinator
+        return Links([(c, active), (c, producer), (active, c)])
 
     def setup(self, wire: Wire, active: str, producer: str) -> None:
         """Generate the coordinator's key pair and send n to the active party and the producer (tag "keys")."""

@@ -74,6 +74,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from lvfl.checks import check_real
+from lvfl.schedule import Links
 from lvfl.wire import Wire
 
 __all__ = [
@@ -253,6 +254,10 @@ class SoftLabelChannel(ABC):
                 f"{type(self).__name__} carries class probabilities and cannot distil a regression teacher's values: "
                 "use channel lvfl.privacy.PlainSoftLabels (the default) for a regression task"
             )
+
+    def links(self, active: str, producer: str) -> Links:
+        """The links this channel adds beside the producer's to the active party (`lvfl.schedule`): none."""
+        return Links()
 
     def check_roles(self, active: str, producer: str) -> None:  # noqa: B027 - optional hook, no check by default
         """Refuse roles this channel cannot run with (called before any teacher runs, so a bad config fails fast)."""

@@ -16,7 +16,7 @@ import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -253,20 +253,30 @@ class ScoringClient:
     Args:
         address: the server's --api (this machine).
         wait: seconds to wait for the server to come up (a script may start it just before).
+        waiting: called with one line when the server is not up at once and the client waits for it.
     """
 
-    def __init__(self, address: str, wait: float = 0.0) -> None:
+    def __init__(self, address: str, wait: float = 0.0, waiting: Callable[[str], None] | None = None) -> None:
         check_loopback(address, "--server")
         self.address = address
         options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
         self._channel = grpc.insecure_channel(address, options=options)
         if wait > 0:
+            ready = grpc.channel_ready_future(self._channel)
             try:
-                grpc.channel_ready_future(self._channel).result(timeout=wait)
+                ready.result(timeout=min(wait, 1.0))
             except grpc.FutureTimeoutError:
-                self._channel.close()
-                raise FederationError(f"--server {address}: no lvfl serve answered there within {wait:g} s") from None
+                if waiting is not None and wait > 1.0:  # a server that is starting: say so, and wait on
+                    waiting(f"waiting up to {wait:g} s (--wait) for lvfl serve at {address} to answer")
+                try:
+                    ready.result(timeout=max(wait - 1.0, 0.0))
+                except grpc.FutureTimeoutError:
+                    self._channel.close()
+                    raise FederationError(
+                        f"--server {address}: no lvfl serve answered there within {wait:g} s; if it is still "
+                        "starting (a loaded machine takes longer), give it more with --wait SECONDS"
+                    ) from None
         self._score = self._channel.unary_unary(SCORE, pb.ScoreRequest.SerializeToString, pb.ScoreReply.FromString)
 
     def score(
@@ -312,7 +322,8 @@ def score_remote(
     deadline: float = 0.0,
     timeout: float = 3600.0,
     wait: float = 0.0,
+    waiting: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One request to the active party's `lvfl serve` at `address` (its --api), on a channel of its own."""
-    with ScoringClient(address, wait) as client:
+    with ScoringClient(address, wait, waiting) as client:
         return client.score(ids, rows, columns, deadline, timeout)
