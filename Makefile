@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.lvfl-installed
 DEMO_CONFIG ?= configs/easter/digits.yaml
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test test-fast test-stress lint docs bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# the fast tier: every test that starts no process of its own and fits nothing big (an answer in minutes)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not gpu"
+
+# the deployment tests with every core busy and 0-50 ms of jitter on every launch (tests/stress.py); CI runs it
+test-stress: $(STAMP)
+	$(BIN)/python -m pytest --stress tests/test_federation_schedule.py tests/test_readme_tour.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check lvfl tests benchmarks

@@ -34,6 +34,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"warm_party"},
         {"entry"},
         {"export", "launch", "bench", "pki", "serve", "score", "attack_score", "early_checks"},
+        {"rehearse"},
         {"launch_parties"},
         {"party"},
         {"fit"},

@@ -83,7 +83,7 @@ def rogue(federation: Federation) -> Iterator:
 
     def make(name: str, **kwargs) -> Transport:
         kwargs.setdefault("run_id", "run-1")
-        kwargs.setdefault("timeout", 10.0)
+        kwargs.setdefault("timeout", 60.0)  # generous: a loaded machine takes seconds to parse a 40 MB message
         kwargs.setdefault("fingerprint", FINGERPRINT)
         made.append(Transport(name, federation, **kwargs).start())
         return made[-1]

@@ -5,17 +5,15 @@ taken. Three and four parties with the student, launched, end bit-identical to `
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from federation_parity import assert_parity
-from helpers import REPO, easter, lvfl, make_trainer
+from helpers import easter, lvfl, make_trainer
 from lightning.pytorch import Callback
+from schedule_cases import MATRIX, Case, assert_same_run, party_names, write_new_rows
 
 from lvfl.callbacks import StudentDistillation
 from lvfl.datamodules import Digits
@@ -165,77 +163,53 @@ def test_a_peer_gone_after_its_work_is_done_is_no_error(pair):
     assert a.goodbye([], ["party1"]) == ["party1"]
 
 
-# -- deployed: three and four parties with the student ------------------------------------------------------------
+# -- deployed: the matrix's cases as processes over sockets --------------------------------------------------------
 
-FIELDS = {"party1": ("shop", "client", ["spend"]), "party2": ("visits", "cid", ["visits"]),
-          "party3": ("channel", "key", ["channel"])}  # fmt: skip
-
-
-def write_party_tables(root: Path, parties: int) -> Path:
-    """The bank/retailer example's tables, the retailer's columns split over `parties - 1` organisations (each its own
-    ID column and row order), and a DH-masked EASTER config naming them; returns the config's path."""
-    sys.path.insert(0, str(REPO / "examples" / "bank_retailer"))
-    from make_data import main as make_tables
-
-    sys.path.pop(0)
-    make_tables(root)
-    header, *rows = [line.split(",") for line in (root / "retailer.csv").read_text().splitlines()]
-    entries = ["      - {path: bank.csv, id_column: customer_id, label_column: status, missing: mean}"]
-    for k in range(1, parties):
-        name, id_column, columns = FIELDS[f"party{k}"]
-        keep = [header.index(c) for c in columns]
-        ordered = rows if k % 2 else rows[::-1]
-        lines = [",".join([id_column, *columns])] + [",".join([r[0], *(r[j] for j in keep)]) for r in ordered]
-        (root / f"{name}.csv").write_text("\n".join(lines) + "\n")
-        entries.append(f"      - {{path: {name}.csv, id_column: {id_column}}}")
-    config = root / "config.yaml"
-    config.write_text(
-        "seed_everything: 0\n"
-        "trainer:\n  max_epochs: 2\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n"
-        "    init_args: {save_dir: runs, name: tables}\n"
-        "model:\n  class_path: lvfl.protocols.EASTER\n  init_args:\n    embedding_dim: 8\n"
-        "    aggregation: {class_path: lvfl.privacy.DHMasking}\n    parties:\n"
-        "      - model: {class_path: lvfl.models.MLP, init_args: {hidden: [16]}}\n"
-        "        optimizer: {class_path: torch.optim.Adam, init_args: {lr: 0.01}}\n"
-        "data:\n  class_path: lvfl.datamodules.PartyTables\n  init_args:\n    parties:\n"
-        + "\n".join(entries)
-        + "\n    batch_size: 64\n    seed: 0\n"
-    )
-    return config
-
-
-STUDENT = (
-    '--trainer.callbacks+={"class_path": "lvfl.callbacks.StudentDistillation", "init_args": {"epochs": 2, '
-    '"model": {"class_path": "lvfl.models.MLP", "init_args": {"hidden": [8]}}}}'
-)
-
-
-def student_state(save_dir: Path) -> dict[str, torch.Tensor]:
-    (path,) = save_dir.glob("*/version_*/checkpoints/student.pt")
-    return torch.load(path, weights_only=True)
+#: the cases launched as processes (tests/schedule_cases.py): 3 and 4 parties with the student, an attack, an HE
+#: coordinator of each kind, every protocol; the whole matrix runs rehearsed in tests/test_rehearsal.py
+DEPLOYED = [case for case in MATRIX if case.name in {
+    "EASTER DHMasking 3 parties, student", "EASTER DHMasking 4 parties, student, attack", "EASTER Paillier 3 parties",
+    "EASTER CKKS 2 parties, student", "PraVFed DHMasking 3 parties, student", "SplitNN DHMasking 4 parties",
+    "CVFL Plain 3 parties, student", "AggVFL Paillier 2 parties, student",
+}]  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("parties", [3, 4])
-def test_parties_with_the_student_launched_end_bit_identical_to_fit(tmp_path, parties):
-    config = write_party_tables(tmp_path, parties)
-    run = ["--config", str(config), STUDENT, "--trainer.enable_progress_bar=false"]
-    fit = lvfl("fit", *run, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}", timeout=600)
+@pytest.mark.parametrize("case", DEPLOYED, ids=[case.name for case in DEPLOYED])
+def test_every_deployed_case_ends_as_lvfl_fit(tmp_path, case: Case):
+    args = case.args(tmp_path)
+    fit = lvfl("fit", *args, f"--trainer.logger.init_args.save_dir={tmp_path / 'fit'}", timeout=900)
     assert fit.returncode == 0, fit.stderr[-3000:]
     launch = lvfl(
-        "launch", "--pki", str(tmp_path / "pki"), "--timeout", "120", *run,
-        f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}", timeout=900,
-        env={"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"},
+        "launch", "--pki", str(tmp_path / "pki"), "--timeout", "120", "--allow_public_seeds", *args,
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'launch'}", timeout=1800,
     )  # fmt: skip
     assert launch.returncode == 0, launch.stdout[-2000:] + launch.stderr[-3000:]
-    names = [f"party{k}" for k in range(parties)]
-    assert_parity(tmp_path / "fit", {k: tmp_path / "launch" / k for k in names})
-    fitted, launched = student_state(tmp_path / "fit"), student_state(tmp_path / "launch" / "party0")
-    assert fitted.keys() == launched.keys()
-    assert all(torch.equal(fitted[k], launched[k]) for k in fitted)
-    for name in names[1:]:  # the student is the active party's alone
+    assert_same_run(case, tmp_path / "fit", {k: tmp_path / "launch" / k for k in party_names(case)})
+    for name in party_names(case)[1:]:  # the student is the active party's alone
         assert not list((tmp_path / "launch" / name).glob("*/version_*/checkpoints/student.*"))
     assert not re.search(r"never taken|was gone", launch.stdout + launch.stderr)
+
+
+@pytest.mark.slow
+def test_three_parties_launched_predict_new_rows_as_lvfl_predict(tmp_path):
+    """`lvfl launch predict` of new customers, each organisation's own file of them, aligned by a PSI of their own:
+    the bank writes the file `lvfl predict` writes (the VFL model for those every party holds, the student else)."""
+    case = next(case for case in MATRIX if case.name == "EASTER DHMasking 3 parties, student")
+    args = case.args(tmp_path)
+    new_rows, everyone, bank_only = write_new_rows(tmp_path, case)
+    for command, save_dir in ((["fit"], "fit"), (["launch", "--timeout", "120"], "launch")):
+        done = lvfl(*command, *args, f"--trainer.logger.init_args.save_dir={tmp_path / save_dir}", timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    asked = [*args, "--config", str(new_rows), "--ckpt_path", "best"]
+    for command, save_dir in ((["predict"], "fit"), (["launch", "predict", "--timeout", "120"], "launch")):
+        done = lvfl(*command, *asked, f"--trainer.logger.init_args.save_dir={tmp_path / save_dir}", "--output",
+                    str(tmp_path / f"new_{save_dir}.csv"), timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    written = (tmp_path / "new_fit.csv").read_text()
+    assert written.count(",vfl,") == everyone, written
+    assert written.count(",student,") == bank_only, written
+    assert (tmp_path / "new_launch.csv").read_text() == written
 
 
 def test_a_launched_party_that_fails_after_training_says_resuming_would_not_help():

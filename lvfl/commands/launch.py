@@ -100,6 +100,13 @@ def launch_parser() -> argparse.ArgumentParser:
         help="hold every chunk between two parties a further random 0 to this many ms (through the proxy, on the "
         f"--network's links or on localhost's), as a busy network would; default ${JITTER_VARIABLE} or 0",
     )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="run every party's process in this one instead, in turns, messages in memory (lvfl.commands.rehearse): "
+        "the same run folders, no sockets and no timing; a message one party sends and another never takes fails "
+        "in one line",
+    )
     parser.add_argument("--allow_public_seeds", action="store_true", help=ALLOW_PUBLIC_SEEDS_HELP)
     return parser
 
@@ -366,6 +373,15 @@ def main(argv: list[str]) -> None:
             raise ValueError(f"--jitter_ms must be between 0 and 10000 ms, got {own.jitter_ms}")
         if own.threads is not None and own.threads < 1:
             raise ValueError(f"--threads must be at least 1, got {own.threads}")
+        if own.rehearse:
+            from lvfl.commands.rehearse import rehearse  # PyTorch and Lightning: this process runs every party
+
+            subcommand = rest[0] if rest and rest[0] in SUBCOMMANDS else "fit"
+            views = rehearse(rest[1:] if rest and rest[0] in SUBCOMMANDS else rest, subcommand=subcommand,
+                             allow_public_seeds=own.allow_public_seeds)  # fmt: skip
+            print(f"lvfl launch --rehearse: {len(views)} parties ran {subcommand} in this process, in turns; every "
+                  "message one sent, another took")  # fmt: skip
+            raise SystemExit(0)
         status = launch(
             [*rest, *(["--debug"] if debug else [])],
             own.pki,

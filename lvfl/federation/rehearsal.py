@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import copy
 import queue
+import random
 import threading
+from collections import deque
 from typing import Any
 
+import numpy as np
 import torch
 
 from lvfl.crypto.signing import SimulatedIdentities
@@ -21,6 +24,7 @@ from lvfl.federation import FederationError
 from lvfl.federation.codec import conform
 from lvfl.federation.link import template
 from lvfl.parties import VFLBatch
+from lvfl.schedule import ScheduleError
 from lvfl.wire import Wire, is_shadow, shadow
 
 
@@ -93,3 +97,196 @@ def held_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of `module` that holds data (not a shadow), by name: what a view really holds."""
     items = list(module.named_parameters()) + list(module.named_buffers())
     return {name: t for name, t in items if not is_shadow(t)}
+
+
+class Turns:
+    """Every party's view of a whole run in one process, taking turns: a deployment without sockets or timing.
+
+    Why: a message that one party's process sends and its receiver's process never takes, or a receive whose
+    sender never sends, shows in a deployment only as a hang or a broken stream, and only on a busy machine. Here
+    each party's view (`lvfl.commands.rehearse`) runs in its own thread, but only one runs at a time: a view runs
+    until it must take a message that is not there yet, and then the next view in the config's order that can go on
+    gets the turn. Each view keeps its own global random state across turns (torch's, numpy's and Python's), as
+    each party's process has its own. So a rehearsal is deterministic, needs no timeout, and:
+
+    - a take that no message can ever satisfy (every view waits, or has finished) fails at once, in one line naming
+      what each party waits for (`ScheduleError`);
+    - once every view has finished, a message left in a mailbox, sent and never taken, fails the run in one line
+      naming the tag, the sender and the receiver;
+    - a view that fails stops the others with its reason, as a deployed party's abort does.
+
+    It is the transport of every view's `SocketLink`-like link (`post`, `take`); a message is copied on `post` and
+    checked against the receiver's shadow on `take` (`lvfl.federation.codec.conform`), with the step it was sent at.
+    """
+
+    def __init__(self, parties: list[str]) -> None:
+        self.parties = list(parties)
+        self.identities = SimulatedIdentities()  # one throw-away identity per party, shared by the views
+        self._cond = threading.Condition()
+        self._turn: str | None = None
+        self._state = dict.fromkeys(self.parties, "ready")  # ready | waiting | done
+        self._waits: dict[str, tuple[str, str]] = {}  # a waiting party: the (sender, tag) it waits for
+        self._boxes: dict[tuple[str, str, str], deque] = {}
+        self._randomness = dict.fromkeys(self.parties, _randomness())  # each view starts as a fresh process would
+        self.failure: str | None = None  # why every view stops: a view's error, or a deadlock
+        self._error: ScheduleError | None = None  # a deadlock, raised by `run`
+        self.steps: dict[str, int] = dict.fromkeys(self.parties, -1)  # each view's step (set by its `StepClock`)
+
+    # -- the transport -------------------------------------------------------------------------------------------
+    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        """Leave a copy of `payload` in the (src, dst, tag) mailbox, stamped with `src`'s step; `src` goes on."""
+        with self._cond:
+            self._boxes.setdefault((src, dst, tag), deque()).append((self.steps[src], _copy(payload)))
+
+    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+        """The next (src, dst, tag) message, once there: meanwhile the other views have their turns."""
+        with self._cond:
+            box = self._boxes.get((src, dst, tag))
+            while not box:
+                self._raise_failure()
+                self._state[dst], self._waits[dst] = "waiting", (src, tag)
+                self._pass_turn(dst)
+                self._await_turn(dst)
+                box = self._boxes.get((src, dst, tag))
+            step, payload = box.popleft()
+        if step != self.steps[dst]:
+            raise FederationError(f"{src} sent {tag!r} for step {step}; {dst} expected step {self.steps[dst]}")
+        conform(payload, template(expected), sender=src, tag=tag)
+        return payload
+
+    # -- the turns -----------------------------------------------------------------------------------------------
+    def run(self, bodies: dict[str, Any], timeout: float = 3600.0) -> dict[str, Any]:
+        """Run `bodies[party]()` for every party, each in a thread, in turns; their results by party.
+
+        Raises:
+            ScheduleError: a take that no message can satisfy, or a message never taken.
+            BaseException: the first view's own error (the others stop with its reason).
+        """
+        results: dict[str, Any] = {}
+        errors: list[BaseException] = []  # a view's own error (not the stop every other view then raises)
+
+        def one(party: str) -> None:
+            try:
+                with self._cond:
+                    self._await_turn(party)
+                results[party] = bodies[party]()
+            except BaseException as err:  # noqa: BLE001 - re-raised by `run`
+                with self._cond:
+                    if self.failure is None:
+                        self.failure = f"{party} stopped: " + (" ".join(str(err).split()) or type(err).__name__)
+                        errors.append(err)
+                    elif self._error is None and str(self.failure) not in str(err):
+                        errors.append(err)  # not the stop it was told: its own
+            finally:
+                with self._cond:
+                    self._state[party] = "done"
+                    self._pass_turn(party)
+
+        threads = [threading.Thread(target=one, args=(p,), name=f"lvfl-rehearsal-{p}") for p in bodies]
+        with self._cond:
+            self._turn = self.parties[0]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout)
+        if any(thread.is_alive() for thread in threads):
+            raise RuntimeError(f"a rehearsal's view ran over {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        if errors:
+            raise errors[0]
+        left = sorted((key, len(box)) for key, box in self._boxes.items() if box)
+        if left:
+            (src, dst, tag), count = left[0]
+            raise ScheduleError(
+                f"{src} sent {tag!r} to {dst} and {dst} never took it ({count} message{'s' * (count > 1)} left; "
+                f"{len(left)} mailbox{'es' * (len(left) > 1)} not emptied): the parties' code disagrees about the "
+                "message schedule"
+            )
+        return results
+
+    def fail(self, reason: str) -> None:
+        """Stop every view with `reason` (a view's abort)."""
+        with self._cond:
+            self.failure = self.failure or reason
+            self._cond.notify_all()
+
+    def _raise_failure(self) -> None:
+        if self.failure is not None:
+            raise FederationError(self.failure)
+
+    def _runnable(self, party: str) -> bool:
+        state = self._state[party]
+        if state == "ready":
+            return True
+        if state == "waiting":
+            src, tag = self._waits[party]
+            return bool(self._boxes.get((src, party, tag)))
+        return False
+
+    def _pass_turn(self, party: str) -> None:
+        """Give the turn to the next view after `party` that can go on; none and not all done: a deadlock."""
+        self._randomness[party] = _randomness()
+        start = self.parties.index(party)
+        order = self.parties[start + 1 :] + self.parties[: start + 1]
+        nxt = next((p for p in order if self._runnable(p)), None)
+        if nxt is None and any(s != "done" for s in self._state.values()) and self.failure is None:
+            waits = "; ".join(
+                f"{p} waits for {tag!r} from {src}" + (" (done)" if self._state[src] == "done" else "")
+                for p, (src, tag) in sorted(self._waits.items())
+                if self._state[p] == "waiting"
+            )
+            self.failure = f"no party can go on: {waits}; no such message was sent"
+            self._error = ScheduleError(self.failure)
+        self._turn = nxt
+        self._cond.notify_all()
+
+    def _await_turn(self, party: str) -> None:
+        while self._turn != party and self.failure is None:
+            self._cond.wait()
+        self._raise_failure()
+        self._state[party] = "ready"
+        _restore(self._randomness[party])
+
+
+def _randomness() -> tuple[Any, Any, Any]:
+    """This process's global random states (a party's process has its own)."""
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _restore(state: tuple[Any, Any, Any]) -> None:
+    torch.set_rng_state(state[0])
+    np.random.set_state(state[1])
+    random.setstate(state[2])
+
+
+class TurnLink:
+    """One view's link over `Turns`, as `lvfl.federation.link.SocketLink` is over a socket transport.
+
+    It holds the step the view's messages carry (`StepClock` sets it) and makes this party's sends and takes.
+    """
+
+    def __init__(self, turns: Turns, party: str) -> None:
+        self.turns, self.party = turns, party
+        self.identities = turns.identities
+
+    @property
+    def step(self) -> int:
+        """The step this view is at (every message it sends carries it; one it takes must carry it)."""
+        return self.turns.steps[self.party]
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.turns.steps[self.party] = int(value)
+
+    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        """Send as this party."""
+        if src != self.party:
+            raise ValueError(f"party {self.party!r} cannot send a message as {src!r}")
+        self.turns.post(src, dst, tag, payload)
+
+    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+        """Take as this party."""
+        if dst != self.party:
+            raise ValueError(f"party {self.party!r} cannot receive a message for {dst!r}")
+        return self.turns.take(src, dst, tag, expected)
