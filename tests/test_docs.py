@@ -155,6 +155,10 @@ def _lightning_parse(cmd: Command, subcommand: str, args: list[str]) -> None:
     cmd.jobs.append(("lvfl", [subcommand, *_with_run_config(args), "--print_config"]))
 
 
+#: the pytest options a documented test command may give: pytest's own that the docs use, and the suite's `--stress`
+PYTEST_OPTIONS = {"--durations", "--stress", "-m", "-k", "-q", "-x"}
+
+
 def plan(cmd: Command) -> None:
     """Fill `cmd.jobs` (run by the runner) and `cmd.checks` / `cmd.problems` (checked here)."""
     words = cmd.words
@@ -182,6 +186,16 @@ def plan(cmd: Command) -> None:
         return
     elif words[0] == "curl":
         _check_curl(cmd)
+        return
+    elif words[1:3] == ["-m", "pytest"] and words[0] in ("python", "python3", ".venv/bin/python"):
+        for word in words[3:]:  # the test files named exist; the options are pytest's, or the suite's own
+            name = word.split("=", 1)[0]
+            if word.startswith("-"):
+                if name not in PYTEST_OPTIONS:
+                    cmd.problems.append(f"{name} is not an option the suite's pytest takes here")
+            elif not (REPO / word.split("::", 1)[0]).exists():
+                cmd.problems.append(f"{word} does not exist")
+        cmd.checks.append("pytest: the named test files and options")
         return
     elif words[0] == "source" and words[1:] == [".venv/bin/activate"]:
         if not re.search(r"^\t.*-m venv \$\(VENV\)", (REPO / "Makefile").read_text(encoding="utf-8"), re.M):

@@ -6,6 +6,7 @@ taken. Three and four parties with the student, launched, end bit-identical to `
 from __future__ import annotations
 
 import re
+import socket
 import threading
 from pathlib import Path
 
@@ -233,3 +234,23 @@ def test_a_launched_party_that_fails_after_training_says_resuming_would_not_help
     Loop.done = False
     assert cli._resume_hint("fit").startswith("resume every party with --ckpt_path last")
     assert cli._resume_hint("predict") == "run every party's lvfl predict again"
+
+
+@pytest.mark.slow
+def test_lvfl_score_says_it_waits_for_a_server_that_is_starting_and_its_refusal_names_wait(tmp_path):
+    """Nothing listens at the port (a server still starting, as far as the client can tell): `lvfl score` says it
+    waits, for how long and by which option, and gives up in one line that names `--wait`."""
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{port.getsockname()[1]}"
+    port.close()
+    (tmp_path / "ids.csv").write_text("id\nCUST-00312\n")
+    done = lvfl("score", "--server", address, "--ids", str(tmp_path / "ids.csv"), "--output",
+                str(tmp_path / "scored.csv"), "--wait", "3")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"lvfl score: waiting up to 3 s (--wait) for lvfl serve at {address} to answer" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"lvfl: error: --server {address}: no lvfl serve answered there within 3 s; if it is still starting (a "
+        "loaded machine takes longer), give it more with --wait SECONDS"
+    )
+    assert not (tmp_path / "scored.csv").exists()

@@ -26,7 +26,7 @@ from lvfl.privacy import psi, psi_ot, psi_wire
 from lvfl.wire import Wire, payload_nbytes
 
 NAMES = ["party0", "party1", "party2"]
-TIMEOUT = 3.0  # generous for a busy machine; every test that waits for a failure sets its own short timeout
+TIMEOUT = 30.0  # generous for a busy machine; every test that waits for a failure sets its own short timeout
 
 
 @pytest.fixture

@@ -100,3 +100,42 @@ def test_a_route_names_parties_with_links() -> None:
     with pytest.raises(ValueError, match=r"party 'b' has no link \(links for \['a'\]\)"):
         proxy.route("a", "b", "127.0.0.1:1")
     proxy.close()
+
+
+def test_jitter_delays_chunks_by_varying_amounts_and_keeps_their_order() -> None:
+    """`lvfl launch --jitter_ms` (and the suite's stress mode): each chunk is held a further random 0 to the two ends'
+    jitter, never overtaking the one before it: the bytes arrive whole, in order, each reply later than the link's
+    own latency by a varying amount."""
+    links = {"a": LinkProfile(1e6, 1e6, 0.0, jitter_ms=20.0), "b": LinkProfile(1e6, 1e6, 0.0, jitter_ms=20.0)}
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def echo() -> None:
+        connection, _ = server.accept()
+        while data := connection.recv(65536):
+            connection.sendall(data)
+        connection.close()
+
+    threading.Thread(target=echo, daemon=True).start()
+    trips = []
+    with LinkProxy(links) as proxy:
+        client = dial(proxy.route("a", "b", f"127.0.0.1:{server.getsockname()[1]}"))
+        stream = bytes(range(256)) * 4
+        for k in range(12):  # one small chunk at a time: each crosses alone, both ways
+            started = time.monotonic()
+            client.sendall(stream[k * 8 : (k + 1) * 8])
+            got = b""
+            while len(got) < 8:
+                got += client.recv(8 - len(got))
+            trips.append(time.monotonic() - started)
+            assert got == stream[k * 8 : (k + 1) * 8]
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for k in range(64):  # many chunks in flight at once, each its own draw: they come back in order
+            client.sendall(stream[k * 16 : (k + 1) * 16])
+        got = b""
+        while len(got) < len(stream):
+            got += client.recv(len(stream) - len(got))
+        assert got == stream
+        client.close()
+    server.close()
+    assert max(trips) < 2 * 0.040 + SLACK  # at most 40 ms each way, and the OS's slack
+    assert max(trips) - min(trips) > 0.005, trips  # the delays vary: twelve equal draws are all but impossible

@@ -9,11 +9,14 @@ difference: its protocol's wire is a party view (`lvfl.wire.Wire(here=party, tra
 gRPC `Transport`. The protocol's `setup` then keeps only what the party holds (`VFLModule.hold_only`,
 `VerticalDataModule.hold_only`), and its own Lightning `Trainer` keeps its own logs and checkpoints.
 
-Before set-up every party greets every peer (`Transport.hello`): the greeting's header carries the run ID and the
-config's fingerprint (`config_fingerprint`), so a peer on another run or another config is refused in one line
-naming the sections that differ. A party that stops on an error tells its peers (`Transport.abort`), which stop at
-once; a party that dies says nothing, and its peers' deadlines (`--timeout`) catch it. Either way every party exits
-non-zero with one line naming what went wrong and the checkpoint to resume from.
+Before set-up every party greets the peers it talks with (`Transport.hello`, along the run's declared links:
+`lvfl.schedule`): the greeting's header carries the run ID and the config's fingerprint (`config_fingerprint`), so a
+peer on another run or another config is refused in one line naming the sections that differ. A run ends in order
+(`Transport.goodbye`): each party says it is done and waits for its peers' word, so none stops while another may
+still send to it, and a message sent and never taken fails the run. A party that stops on an error tells its peers
+(`Transport.abort`), which stop at once; a party that dies says nothing, and its peers' deadlines (`--timeout`)
+catch it. Either way every party exits non-zero with one line naming what went wrong and, where training stopped
+part-way, the checkpoint to resume from.
 """
 
 from __future__ import annotations
@@ -259,7 +262,9 @@ class PartySession:
         # greeting; it expects them before any greeting, as they may send as soon as they are greeted by another
         self.links = run_links(run_roles(cli.datamodule, cli.model), cli.model, cli.trainer.callbacks)
         self.transport.expect(self.links.expected(self.party))
-        self.transport.hello(self.links.greeted(self.party))
+        # a peer may come up late (another organisation starts it later; a loaded machine imports for a minute):
+        # the greeting waits for it as set-up messages do (`--setup_timeout`)
+        self.transport.hello(self.links.greeted(self.party), patience=self.setup_timeout - self.timeout)
         link = SocketLink(self.transport, setup_patience=self.setup_timeout - self.timeout)
         cli.model.wire = Wire(here=self.party, transport=link)
         cli.trainer.callbacks.append(StepClock(link))

@@ -231,12 +231,16 @@ class Transport(Inbox, Outbox):
             raise ValueError(f"there is no party {name!r} in {self.federation.path} (peers: {list(self.peers)})")
 
     # -- greeting and abort ----------------------------------------------------------------------------------------
-    def hello(self, peers: Sequence[str] | None = None) -> None:
+    def hello(self, peers: Sequence[str] | None = None, patience: float = 0.0) -> None:
         """Greet `peers` (default: every peer) and wait for each one's greeting: up, on this run and configuration.
 
         The greeting is an empty message under tag ``hello`` (not on the Wire's ledger); its header carries the run
         ID and the configuration's fingerprint, which the peer checks (a refusal names the sections that differ).
         Greeting a peer is also what lets it send this party more than its greeting (`Inbox`'s bounds).
+
+        `patience`: further seconds beyond the timeout to wait for a peer to come up, and for its greeting while it
+        is up (it may be waiting for another peer to come up): party processes start when their organisations start
+        them, and a loaded machine takes a minute to import PyTorch.
         """
         peers = self.peers if peers is None else tuple(peers)
         for peer in peers:
@@ -244,9 +248,9 @@ class Transport(Inbox, Outbox):
         with self._cond:  # before the greeting leaves: a peer's messages after its own greeting are then taken
             self._expected.update(peers)
         for peer in peers:
-            self.send(peer, HELLO_TAG, -1, b"")
+            self.send(peer, HELLO_TAG, -1, b"", patience=patience)
         for peer in peers:
-            self.receive(peer, HELLO_TAG, -1)
+            self.receive(peer, HELLO_TAG, -1, patience=patience)
 
     def expect(self, peers: Sequence[str]) -> None:
         """Take messages from `peers` without greeting them: the senders of a one-way edge.
