@@ -484,8 +484,10 @@ def test_failed_handshakes_add_no_log_lines(tmp_path):
     assert done.returncode == 0, done.stderr
     federation = tmp_path / "pki" / "federation.yaml"
     party = subprocess.Popen(  # noqa: S603 - our own command
+        # a greeting waits for a late peer as long as set-up may (--setup_timeout): party1 never comes, so 15 s
         [sys.executable, "-m", "lvfl", "party", "--party", "party0", "--federation", str(federation), "--timeout", "15",
-         *DIGITS, "--data.init_args.num_parties=2", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
+         "--setup_timeout", "15", *DIGITS, "--data.init_args.num_parties=2",
+         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     other = write_test_pki(tmp_path / "other", ["party1"])

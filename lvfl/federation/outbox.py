@@ -104,8 +104,9 @@ class Outbox:
         with the same line. With `wait=True` (one call, answered when `dst` has checked and stored the message)
         the messages queued before it are delivered first.
 
-        `patience` (with `wait=True`): further seconds to wait for `dst` to come up and answer beyond the timeout
-        (a greeting: a peer's process may start minutes later, on a loaded machine or in another organisation).
+        `patience` (with `wait=True`): further seconds to wait for `dst` to come up, `timeout` at a time, while
+        nothing answers at its address and no peer stopped (a greeting: a peer's process may start minutes later, on
+        a loaded machine or in another organisation).
 
         Raises:
             FederationError: `dst` refused the message (its reason), or did not come up and answer within the
@@ -133,13 +134,23 @@ class Outbox:
         if wait:
             if self._pending:  # in order: what was queued goes first
                 self.flush()
-            self._deliver_to(dst, tag, seq, data, nbytes, self.timeout + max(float(patience), 0.0))
+            give_up = time.monotonic() + max(float(patience), 0.0)
+            while True:  # `timeout` at a time, so that an abort or a refusal meanwhile ends the wait
+                try:
+                    self._deliver_to(dst, tag, seq, data, nbytes)
+                    break
+                except FederationError:
+                    self._raise_failure()  # a peer stopped meanwhile: its reason, not this silence
+                    if dst in self._refusals or time.monotonic() >= give_up:
+                        raise  # this party refused `dst` (its reason), or it is out of patience
+                    if port_answers(self.federation.party(dst).address):
+                        raise  # `dst` is up and did not answer: nothing to wait for
         else:
             self._outbox_of(dst, tag, len(data), nbytes).put((tag, data))
 
-    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int, timeout: float) -> None:
+    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
         try:
-            ack = self._post(dst, tag, data, timeout)
+            ack = self._post(dst, tag, data)
         except FederationError:
             if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
                 raise FederationError(self._refusals[dst]) from None
@@ -251,22 +262,18 @@ class Outbox:
                 self._cond.wait(remaining)
         self._raise_failure()
 
-    def _post(self, dst: str, tag: str, data: bytes, timeout: float | None = None) -> pb.Ack:
-        """One Deliver call with `data` as the request, its failures in one line (tests post crafted bytes here).
-
-        `timeout`: seconds for `dst` to come up and answer; the transport's by default.
-        """
+    def _post(self, dst: str, tag: str, data: bytes) -> pb.Ack:
+        """One Deliver call with `data` as the request, its failures in one line (tests post crafted bytes here)."""
         if not self._calls:
             raise RuntimeError(f"the transport of {self.me} is not started (or closed)")
-        timeout = self.timeout if timeout is None else timeout
         try:
-            answer = self._calls[dst](data, timeout=timeout, wait_for_ready=True)
+            answer = self._calls[dst](data, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as err:
-            raise self._send_error(err, dst, tag, len(data), timeout=timeout) from None
+            raise self._send_error(err, dst, tag, len(data)) from None
         return pb.Ack.FromString(answer)
 
     def _send_error(
-        self, err: grpc.RpcError, dst: str, tag: str, size: int, streaming: bool = False, timeout: float | None = None
+        self, err: grpc.RpcError, dst: str, tag: str, size: int, streaming: bool = False
     ) -> FederationError:
         code, details = err.code(), printable((err.details() or "").strip())  # the peer's words: escaped
         address = self.federation.party(dst).address
@@ -286,8 +293,7 @@ class Outbox:
                     f"{self._why_silent(dst)}"
                 )
             return FederationError(
-                f"{self.me} could not deliver {tag!r} to {dst} at {address} within "
-                f"{self.timeout if timeout is None else timeout:g} s: "
+                f"{self.me} could not deliver {tag!r} to {dst} at {address} within {self.timeout:g} s: "
                 f"{self._why_silent(dst)}"
             )
         return FederationError(f"{self.me} could not deliver {tag!r} to {dst} at {address}: {code.name} {details}")
