@@ -51,8 +51,7 @@ from lvfl.federation.link import SocketLink, StepClock
 from lvfl.federation.transport import Transport
 from lvfl.parties import party_name
 from lvfl.privacy import CKKS, DHMasking, Paillier, Plain
-from lvfl.protocols.base import run_roles
-from lvfl.schedule import Links, run_links
+from lvfl.schedule import Links
 from lvfl.wire import Wire
 
 __all__ = ["PARTY_HELP", "RANK_SECTION", "PartySession", "config_fingerprint", "main", "party_parser"]
@@ -231,7 +230,7 @@ class PartySession:
         subcommand = cli.config.get("subcommand") or "fit"
         config = cli.config.get(subcommand, cli.config)
         config = config.as_dict() if hasattr(config, "as_dict") else dict(config)
-        names = self.check_party(cli.datamodule, coordinator_of(cli.model))
+        names = check_party(self.party, cli.datamodule, coordinator_of(cli.model))
         check_deployable(cli.model, cli.datamodule, cli.trainer)
         if subcommand == "fit":  # where the noise is drawn
             check_public_seeds(cli.model, self.allow_public_seeds, "lvfl party")
@@ -260,23 +259,14 @@ class PartySession:
         # against: this party greets the peers it talks with both ways, and takes the messages of those that only send
         # to it (an HE coordinator's public key, another passive party's predictions for the producer) without a
         # greeting; it expects them before any greeting, as they may send as soon as they are greeted by another
-        self.links = run_links(run_roles(cli.datamodule, cli.model), cli.model, cli.trainer.callbacks)
+        self.links = cli.model.declared_links(cli.datamodule, cli.trainer.callbacks)
         self.transport.expect(self.links.expected(self.party))
         # a peer may come up late (another organisation starts it later; a loaded machine imports for a minute):
         # the greeting waits for it as set-up messages do (`--setup_timeout`)
         self.transport.hello(self.links.greeted(self.party), patience=self.setup_timeout - self.timeout)
-        link = SocketLink(self.transport, setup_patience=self.setup_timeout - self.timeout)
-        cli.model.wire = Wire(here=self.party, transport=link)
-        cli.trainer.callbacks.append(StepClock(link))
+        put_on_link(cli, self.party, SocketLink(self.transport, setup_patience=self.setup_timeout - self.timeout))
         self.marks["joined"] = time.time()
         cli.trainer.callbacks.append(SetupReport(self.marks))
-
-    def check_party(self, datamodule: Any, coordinator: str | None = None) -> list[str]:
-        """The run's party names, an HE backend's `coordinator` last; refuses a `--party` that is not one of them."""
-        names = config_party_names(datamodule) + ([coordinator] if coordinator else [])
-        if self.party not in names:
-            raise ValueError(f"--party {self.party}: the config's parties are {names}")
-        return names
 
     def holds_no_party(self, datamodule: Any) -> bool:
         """Whether this process is a key holder outside the config's parties (an HE backend's coordinator)."""
@@ -309,6 +299,20 @@ class PartySession:
         """Close the transport (idempotent)."""
         if self.transport is not None:
             self.transport.close()
+
+
+def check_party(party: str, datamodule: Any, coordinator: str | None = None) -> list[str]:
+    """The run's party names, an HE backend's `coordinator` last; refuses a `--party` that is not one of them."""
+    names = config_party_names(datamodule) + ([coordinator] if coordinator else [])
+    if party not in names:
+        raise ValueError(f"--party {party}: the config's parties are {names}")
+    return names
+
+
+def put_on_link(cli: Any, party: str, link: Any) -> None:
+    """Make the protocol's wire `party`'s view over `link` (sockets, or a rehearsal's turns), stepped by `StepClock`."""
+    cli.model.wire = Wire(here=party, transport=link)
+    cli.trainer.callbacks.append(StepClock(link))
 
 
 def process_group_rank(trainer: Any, model: Any = None, listen: str | None = None) -> tuple[int, int]:

@@ -20,12 +20,9 @@ from typing import Any
 
 from lvfl.commands.fit import build_cli
 from lvfl.commands.launch_parties import config_parties
-from lvfl.commands.party import check_deployable, config_party_names, coordinator_of
-from lvfl.federation.link import StepClock
+from lvfl.commands.party import check_deployable, check_party, config_party_names, coordinator_of, put_on_link
 from lvfl.federation.rehearsal import TurnLink, Turns
-from lvfl.protocols.base import run_roles
-from lvfl.schedule import Links, run_links
-from lvfl.wire import Wire
+from lvfl.schedule import Links
 
 __all__ = ["RehearsedParty", "rehearse"]
 
@@ -41,14 +38,10 @@ class RehearsedParty:
 
     def join(self, cli: Any) -> None:
         """Refuse what does not deploy, as `lvfl party` does; put the protocol's wire on this party's turns."""
-        names = config_party_names(cli.datamodule) + ([c] if (c := coordinator_of(cli.model)) else [])
-        if self.party not in names:
-            raise ValueError(f"rehearsal of {self.party}: the config's parties are {names}")
+        check_party(self.party, cli.datamodule, coordinator_of(cli.model))
         check_deployable(cli.model, cli.datamodule, cli.trainer)
-        self.links = run_links(run_roles(cli.datamodule, cli.model), cli.model, cli.trainer.callbacks)
-        link = TurnLink(self.turns, self.party)
-        cli.model.wire = Wire(here=self.party, transport=link)
-        cli.trainer.callbacks.append(StepClock(link))
+        self.links = cli.model.declared_links(cli.datamodule, cli.trainer.callbacks)
+        put_on_link(cli, self.party, TurnLink(self.turns, self.party))
         self.transport = self.turns
 
     def holds_no_party(self, datamodule: Any) -> bool:

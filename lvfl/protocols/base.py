@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from lvfl import messages
-from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
+from lvfl.parties import PartySpec, TaskInfo, VFLBatch
 from lvfl.privacy.base import AggregationBackend
 from lvfl.privacy.gradient_defenses import GradientDefense
 from lvfl.privacy.label_dp import LabelMechanism
@@ -50,7 +50,6 @@ from lvfl.protocols.labels import LabelHandling
 from lvfl.protocols.party_config import PartyConfig, accepts_categories, callable_name
 from lvfl.protocols.split_inference import SplitInference
 from lvfl.protocols.task_metrics import make_metric, metric_names
-from lvfl.schedule import Links, Roles, run_links
 from lvfl.shadows import empty_shadow
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
@@ -179,17 +178,13 @@ class VFLModule(
         return len(self.party_specs)
 
     def setup(self, stage: str) -> None:
-        """Build the parties from the trainer's datamodule (once; resumes keep the built models).
-
-        Every stage first declares the run's links on the wire (`links`, and the trainer's callbacks'), so that a
-        message on any other link fails the run in one line; `teardown` lifts the check.
-        """
+        """Declare the run's links on the wire (`declared_links`); build the parties once (resumes keep them)."""
         dm = getattr(self.trainer, "datamodule", None)
         if dm is None or not hasattr(type(dm), "party_specs"):  # on the class: reading the property would prepare it
             if self.built:
                 return
             raise ValueError("lvfl protocols need a VerticalDataModule (data:) that provides party_specs and task")
-        self.wire.links = run_links(run_roles(dm, self), self, self.trainer.callbacks)  # before the first message
+        self.wire.links = self.declared_links(dm, self.trainer.callbacks)  # before the first message
         if self.built:
             return
         self.check_backend()  # a refused backend is refused before anything crosses the wire
@@ -202,18 +197,6 @@ class VFLModule(
             if hasattr(dm, "hold_only"):  # an HE backend's coordinator holds no party's data
                 dm.hold_only(self.wire.here if self.wire.here in self.party_names else None)
             self.hold_only(self.wire.here)
-
-    def teardown(self, stage: str) -> None:
-        """The run is over: its wire checks no declaration any more (code after it may use the wire its own way)."""
-        self.wire.links = None
-
-    def links(self, roles: Roles) -> Links:
-        """Who talks to whom in this protocol (`lvfl.schedule`): a star around the active party, and the backend's.
-
-        The set-up (PSI, split), every training step, validation, test, prediction and the teacher's inference go
-        between the active party and each passive party; a protocol whose parties talk otherwise declares it here.
-        """
-        return Links.star(roles.active, roles.passive) | self.aggregation.links(roles)
 
     def build(self, party_specs: Sequence[PartySpec], task: TaskInfo, rank: int = 0) -> None:
         """Create every party's model and metrics and run the backend's key set-up on the wire."""
@@ -613,20 +596,3 @@ class VFLModule(
         A passive party's own prediction (EASTER's) goes to `prediction_recipient`: the active party, except in a
         teacher's inference for student distillation, where it goes to the producer (`predictions_delivered_to`).
         """
-
-
-def run_roles(datamodule: Any, module: Any = None) -> Roles:
-    """The parties of a run by role (`lvfl.schedule.Roles`), from the datamodule's configuration and the backend.
-
-    Nothing is loaded from a `VerticalDataModule`: the names come from its `participants` and `active_party`. Another
-    datamodule (a fold of one, `lvfl.inference.cross_fit`) gives its `party_specs`.
-    """
-    if hasattr(datamodule, "participants") and hasattr(datamodule, "active_party"):
-        active = party_name(datamodule.active_party)
-        passive = tuple(party_name(i) for i in datamodule.participants if party_name(i) != active)
-    else:
-        specs = list(datamodule.party_specs)
-        active = next(s.name for s in specs if s.is_active)
-        passive = tuple(s.name for s in specs if not s.is_active)
-    coordinator = getattr(getattr(module, "aggregation", None), "coordinator", None)
-    return Roles(active, passive, coordinator)

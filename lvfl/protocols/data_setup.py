@@ -3,7 +3,8 @@
 The datamodule's own exchange (the PSI that aligns the parties' IDs, the split) runs before any party model exists:
 the protocol first says what it needs of the data (a label-free split under a label mechanism; in a party's own
 process, the exchanges run live on its wire), then sends the set-up messages on its wire and reports the PSI's
-counts. `VFLModule.setup` calls these, then builds the parties.
+counts. `VFLModule.setup` calls these, then builds the parties. Before any of it, the run's links are declared on the
+wire (`lvfl.schedule`): who talks to whom, which every message is checked against.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from lvfl.loggers import log_to_loggers
+from lvfl.parties import party_name
+from lvfl.schedule import Links, Roles, run_links
 
 
 def describe_setup(metrics: Mapping[str, float]) -> str:
@@ -30,8 +33,9 @@ def describe_setup(metrics: Mapping[str, float]) -> str:
 class DataSetup:
     """The datamodule set-up steps a `VFLModule` inherits (a protocol may filter `setup_messages`).
 
-    A plain mixin: it relies on these of `VFLModule` (`lvfl.protocols.base`): `wire`, `label_mechanism`, and
-    Lightning's `_trainer`.
+    A plain mixin: it relies on these of `VFLModule` (`lvfl.protocols.base`): `wire`, `aggregation`,
+    `label_mechanism`, and Lightning's `_trainer`. It also holds the run's declared links (`links`, `declared_links`),
+    which `VFLModule.setup` puts on the wire before the set-up's first message.
     """
 
     def prepare_datamodule(self, datamodule: Any) -> None:
@@ -49,6 +53,25 @@ class DataSetup:
             mechanism = type(self.label_mechanism).__name__
             datamodule.require_label_free_split(f"the protocol's label mechanism ({mechanism})")
 
+    def teardown(self, stage: str) -> None:
+        """The run is over: its wire checks no declaration any more (code after it may use the wire its own way)."""
+        self.wire.links = None
+
+    def links(self, roles: Roles) -> Links:
+        """Who talks to whom in this protocol (`lvfl.schedule`): a star around the active party, and the backend's.
+
+        The set-up (PSI, split), every training step, validation, test, prediction and the teacher's inference go
+        between the active party and each passive party; a protocol whose parties talk otherwise declares it here.
+        """
+        return Links.star(roles.active, roles.passive) | self.aggregation.links(roles)
+
+    def declared_links(self, datamodule: Any, callbacks: Any = ()) -> Links:
+        """The run's links (`lvfl.schedule.run_links`): this protocol's and its backend's, and each callback's.
+
+        What the simulation checks every message against, and what a deployed party greets and says goodbye along.
+        """
+        return run_links(run_roles(datamodule, self), self, list(callbacks))
+
     def setup_messages(self, datamodule: Any) -> list[tuple[str, str, Any, str]]:
         """The datamodule's set-up messages (`VerticalDataModule.setup_messages`) this protocol puts on its wire."""
         return list(datamodule.setup_messages()) if hasattr(datamodule, "setup_messages") else []
@@ -61,3 +84,20 @@ class DataSetup:
         log_to_loggers(self._trainer, metrics)
         if stage == "fit" and self._trainer.is_global_zero:
             print(describe_setup(metrics))
+
+
+def run_roles(datamodule: Any, module: Any = None) -> Roles:
+    """The parties of a run by role (`lvfl.schedule.Roles`), from the datamodule's configuration and the backend.
+
+    Nothing is loaded from a `VerticalDataModule`: the names come from its `participants` and `active_party`. Another
+    datamodule (a fold of one, `lvfl.inference.cross_fit`) gives its `party_specs`.
+    """
+    if hasattr(datamodule, "participants") and hasattr(datamodule, "active_party"):
+        active = party_name(datamodule.active_party)
+        passive = tuple(party_name(i) for i in datamodule.participants if party_name(i) != active)
+    else:
+        specs = list(datamodule.party_specs)
+        active = next(s.name for s in specs if s.is_active)
+        passive = tuple(s.name for s in specs if not s.is_active)
+    coordinator = getattr(getattr(module, "aggregation", None), "coordinator", None)
+    return Roles(active, passive, coordinator)
