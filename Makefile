@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# the fast tier: every test that starts no process of its own and fits nothing big (an answer in minutes)
+# the fast tier: every test that starts no process of its own and fits no real model (tests/tiers.py): about 2.5 min
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not gpu"
 
@@ -41,9 +41,9 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/accuracy.py
-	$(BIN)/python benchmarks/overhead.py
-	$(BIN)/python benchmarks/backends.py
+	$(BIN)/python -m benchmarks.paper.accuracy
+	$(BIN)/python -m benchmarks.perf.overhead
+	$(BIN)/python -m benchmarks.perf.backends
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache site

@@ -21,7 +21,7 @@ that owns the folder, and only the contributions move (passive parties -> the ac
    that is not in the active party's table.
 
 The file has `lvfl predict`'s columns (`id`, `prediction`, `prob_<label>`..., `path`: `vfl`, `student` or empty,
-`reason`: why a row has no answer; see `lvfl/callbacks/predictions.py`), one row per ID in the order asked for
+`reason`: why a row has no answer; see `lvfl/prediction_rows.py`), one row per ID in the order asked for
 (`--ids`: one per line, or a .csv's first column below its header), by default every ID of the active party's
 table. Rows go through the TorchScript files `--rows-per-call` at a time; where a protocol's contributions depend on
 the other rows of their message (C-VFL with lossy compression: `serving.combination.batch_dependent`), answers equal

@@ -29,7 +29,8 @@ from typing import NamedTuple
 import torch
 
 from lvfl.checks import is_int, is_real
-from lvfl.federation.codec import dtype_from_name, dtype_name, register_record
+from lvfl.federation.codec import register_record
+from lvfl.federation.envelope_schema import dtype_from_name, dtype_name
 
 #: `bits` value meaning "no quantization": values travel at their own dtype (float32: 4 bytes)
 NO_QUANTIZATION = 32

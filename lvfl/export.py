@@ -26,10 +26,10 @@ fitted protocol and its set-up datamodule, `DIR/<party>/` (`lvfl export --config
   party's `export` names the fitted model the folder belongs to (`lvfl export`: the run, the checkpoint's epoch and
   step; `id`, their digest, is what serving parties compare: `lvfl serve`).
 
-`examples/serve_exported.py` serves the folders from the parties' raw tables with numpy and torch alone. Earlier
-exports traced each module on its own (`encoder.pt`, `head.pt`, `model.pt`, `top.pt`); those are no longer written:
-wired together by hand they served the release-trained head where lvfl reports the private one, and left the
-combination to guesswork. Their weights are still in `state_dict.pt`.
+`examples/serve_exported.py` serves the folders from the parties' raw tables with numpy and torch alone. A folder
+holds whole traced contributions, not each module traced on its own: modules wired together by hand would serve the
+release-trained head where lvfl reports the private one, and leave the combination to guesswork. The modules'
+weights are in `state_dict.pt`.
 """
 
 from __future__ import annotations

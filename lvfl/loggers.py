@@ -1,7 +1,7 @@
 """Writing lvfl's own figures to every configured Lightning logger, cheaply.
 
 `LightningModule.log` is costly per call (Lightning's result collection moves and walks every value; the cost
-beside a direct logger write is measured by `benchmarks/costs.py`, docs/results.md section 8), and lvfl writes
+beside a direct logger write is measured by `benchmarks/perf/costs.py`, docs/results.md section 8), and lvfl writes
 dozens of figures a step on datasets whose whole epoch takes milliseconds. Figures that nothing monitors (per-step
 losses, epoch losses, communication bytes) are therefore written straight to `trainer.loggers`, as Lightning's own
 `LearningRateMonitor` does, at Lightning's step counter and cadence. Validation and test metrics still go through

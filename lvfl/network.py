@@ -19,7 +19,7 @@ The model (exact: `simulate` is checked against hand-computed schedules in tests
 - Each message may cost its two ends processing time (`simulate`'s `message_s`: serialization, TLS, the RPC stack):
   the sender spends it before the message enters its uplink (after its compute), the receiver after the message
   arrives, one message at a time, before the message counts as received. 0 by default (the links alone);
-  `benchmarks/transport_latency.py` measures lvfl's on a machine (a quarter of its localhost round trip).
+  `benchmarks/perf/transport_latency.py` measures lvfl's on a machine (a quarter of its localhost round trip).
 - A step is synchronous: every party starts it at 0; after the last message each party waits for its inbox and
   computes the step's tail (the code after the last message: e.g. the parties' optimizer steps, run in parallel);
   the step ends when the last party is done. Its communication time is the same schedule replayed with no compute.

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lvfl.moved_modules import current_path
+
 __all__ = [
     "RESUME_TAG_PREFIX",
     "digest_json",
@@ -244,12 +246,26 @@ def _leaves(value: Any, path: str) -> Iterable[tuple[str, Any]]:
         yield path, value
 
 
+def _current_paths(value: Any) -> Any:
+    """`value` with every class path under a moved module (`lvfl.moved_modules`) where its class lives now.
+
+    A checkpoint written before a module moved records the old path; rewritten, it compares as the run it is.
+    """
+    if isinstance(value, Mapping):
+        return {k: _current_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_current_paths(v) for v in value]
+    return current_path(value) if isinstance(value, str) else value
+
+
 def fingerprint_differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(setting, checkpoint's value, this run's value) for every compared setting that differs.
 
     `parties` and `data` are not compared when either side does not know them (None: models not built yet, no
-    datamodule attached); settings in `RUNTIME_ONLY_SETTINGS` never are. A setting only one side has differs.
+    datamodule attached); settings in `RUNTIME_ONLY_SETTINGS` never are. A setting only one side has differs. Class
+    paths are compared where the classes live now (`lvfl.moved_modules.current_path`).
     """
+    saved, current = _current_paths(saved), _current_paths(current)
     out = []
     for section in [*saved, *(k for k in current if k not in saved)]:
         a, b = saved.get(section), current.get(section)

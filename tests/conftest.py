@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import stress
+import tiers
 from served_runs import served  # noqa: F401 - the fitted runs the serving tests share
 
 
@@ -27,23 +28,50 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _stress_mode(request: pytest.FixtureRequest):
+_LOOPS = pytest.StashKey[list]()
+_JITTER_BEFORE = pytest.StashKey[str | None]()
+_STARTED = pytest.StashKey[list[str]]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
     """In stress mode, every core busy and every launch's links jittering, for the whole session."""
-    if not stress.stress_requested(request.config.getoption("--stress")):
-        yield
+    config = session.config
+    if not stress.stress_requested(config.getoption("--stress")):
         return
-    before = os.environ.get("LVFL_LAUNCH_JITTER_MS")
+    config.stash[_JITTER_BEFORE] = os.environ.get("LVFL_LAUNCH_JITTER_MS")
     os.environ["LVFL_LAUNCH_JITTER_MS"] = f"{stress.JITTER_MS:g}"
-    loops = stress.start_busy_loops()
-    try:
-        yield
-    finally:
-        stress.stop(loops)
-        if before is None:
-            os.environ.pop("LVFL_LAUNCH_JITTER_MS", None)
-        else:
-            os.environ["LVFL_LAUNCH_JITTER_MS"] = before
+    config.stash[_LOOPS] = stress.start_busy_loops()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if _LOOPS not in config.stash:
+        return
+    stress.stop(config.stash[_LOOPS])
+    before = config.stash[_JITTER_BEFORE]
+    if before is None:
+        os.environ.pop("LVFL_LAUNCH_JITTER_MS", None)
+    else:
+        os.environ["LVFL_LAUNCH_JITTER_MS"] = before
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    """Record the processes a test's fixtures start (tests/tiers.py)."""
+    with tiers.processes_started() as started:
+        try:
+            return (yield)
+        finally:
+            item.stash[_STARTED] = list(started)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test that starts a process (its fixtures or its body) is marked slow, or it fails (tests/tiers.py)."""
+    with tiers.processes_started() as started:
+        result = yield
+    tiers.check_tier(item, item.stash.get(_STARTED, []) + started)
+    return result
 
 
 @pytest.fixture(autouse=True)

@@ -167,7 +167,7 @@ def split_ledger(dm) -> dict[tuple[str, str, str], int]:
 def dh_key_ledger(model) -> dict[tuple[str, str, str], int]:
     """DHMasking's key exchange, once: each passive party's signed public key up (32 + 64 bytes), the K - 1 others'
     keys down."""
-    from lvfl.privacy.masking import SIGNED_KEY_BYTES
+    from lvfl.privacy.aggregation.masking import SIGNED_KEY_BYTES
 
     k_passive = len(model.passive)
     out = {}

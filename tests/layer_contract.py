@@ -25,10 +25,21 @@ LAYERS: dict[str, list[set[str]]] = {
         {"inference", "attacks"},
         {"protocols"},
         {"datamodules", "compression"},
-        {"privacy", "models"},
+        {"privacy", "models", "alignment"},
         {"federation", "observing", "checkpoints", "runs"},
-        {"wire", "network", "loggers", "messages", "checks", "parties", "progress"},
-        {"shadows", "crypto", "schedule"},
+        {"wire", "network", "loggers", "messages", "checks", "parties", "progress", "prediction_rows"},
+        {"shadows", "crypto", "schedule", "moved_modules"},
+    ],
+    "lvfl.privacy": [
+        {"aggregation", "soft_labels", "defenses", "oblivious_transfer"},
+        {"labels"},
+    ],
+    "lvfl.alignment": [
+        {"setup_exchange"},
+        {"intersection"},
+        {"ecdh", "kkrt"},
+        {"matching"},
+        {"parts"},
     ],
     "lvfl.commands": [
         {"warm_party"},
@@ -43,11 +54,11 @@ LAYERS: dict[str, list[set[str]]] = {
         {"argument_errors"},
     ],
     "lvfl.serving": [
-        {"api"},
+        {"api", "client"},
         {"scorer"},
         {"contributions"},
         {"feature_source", "membership", "metrics", "oblivious"},
-        {"export_folder"},
+        {"export_folder", "service"},
         {"serving_pb2"},
     ],
     "lvfl.federation": [
@@ -59,7 +70,8 @@ LAYERS: dict[str, list[set[str]]] = {
         {"federation_file"},
         {"pki"},
         {"codec"},
-        {"envelope_pb2"},
+        {"wire_form", "expectations"},
+        {"envelope_schema", "envelope_pb2"},
     ],
 }
 

@@ -1,7 +1,7 @@
 """The deployment matrix's cases (docs/results.md, "The message schedule"): each a tiny run of a protocol, a backend
 and 2-4 parties on their own tables, with the student or an attack, that must end in each party's own process as in
-`lvfl fit`. The same cases run rehearsed in one process (tests/test_rehearsal.py, the fast tier) and a subset as
-processes over sockets (tests/test_federation_schedule.py, slow).
+`lvfl fit`. The same cases run rehearsed in one process (tests/test_rehearsal.py; one of them in the fast tier) and a
+subset as processes over sockets (tests/test_federation_schedule.py, slow).
 
 The tables are the bank/retailer example's, the retailer's columns split over the passive organisations, each with
 its own ID column and row order, so the PSI and the set-up run as a deployment's would.

@@ -106,13 +106,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Served]:
     return {name: fit_export_predict(name, root) for name in CASES}
 
 
+#: how long a test waits for a server's line, and how long a server lives at most (it stops by itself), in s
+WAIT, SERVE_LIFETIME = 600, 1200
+
+
 class Process:
     """An `lvfl serve` process, its output read on a thread (so a test can wait for a line)."""
 
     def __init__(self, *args: str) -> None:
         self.lines: list[str] = []
         self.process = subprocess.Popen(  # noqa: S603 - our own command
-            [sys.executable, "-m", "lvfl", "serve", *args, "--stop_after", "120"],
+            [sys.executable, "-m", "lvfl", "serve", *args, "--stop_after", str(SERVE_LIFETIME)],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -125,8 +129,12 @@ class Process:
         for line in self.process.stdout:
             self.lines.append(line.rstrip("\n"))
 
-    def wait_for(self, text: str, timeout: float = 60) -> str:
-        """The first output line holding `text`; fails with the output if none comes within `timeout` s."""
+    def wait_for(self, text: str, timeout: float = WAIT) -> str:
+        """The first output line holding `text`; fails with the output if none comes within `timeout` s.
+
+        The wait ends as soon as the line comes, so its bound is generous: five `lvfl serve` processes starting at
+        once on a loaded 2-core machine take minutes to import PyTorch and print it.
+        """
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             found = [line for line in self.lines if text in line]

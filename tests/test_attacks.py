@@ -408,6 +408,7 @@ def easter_two() -> EASTER:
     return EASTER(parties=mlp_parties(2, hidden=(64,)), embedding_dim=64)
 
 
+@pytest.mark.slow
 def test_embedding_inversion_reconstructs_the_active_party_features_from_the_global_embedding(tmp_path):
     attack = EmbeddingInversion(known_features=100)
     fit(tmp_path, easter_two(), Digits(num_parties=2, batch_size=128), [attack], epochs=3)
@@ -428,12 +429,14 @@ class CutInversion(EmbeddingInversion):
         self._known_features = dict(zip(ids, values, strict=True))
 
 
+@pytest.mark.slow
 def test_embedding_inversion_learns_nothing_when_its_link_is_cut(tmp_path):
     attack = CutInversion(known_features=100)
     fit(tmp_path, easter_two(), Digits(num_parties=2, batch_size=128), [attack], epochs=3)
     assert attack.history[-1]["mse"] > 0.8 * attack.history[-1]["baseline_mse"]
 
 
+@pytest.mark.slow
 def test_attacks_leave_the_run_bit_identical(tmp_path):
     import lightning.pytorch as pl
 
@@ -473,6 +476,7 @@ def test_embedding_inversion_refuses_splitnn_and_needs_known_features(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ batch-level inference
+@pytest.mark.slow
 def test_batch_inversion_recovers_a_linear_top_models_labels_up_to_naming():
     from scipy.optimize import linear_sum_assignment
 
@@ -502,6 +506,7 @@ def test_batch_level_inference_names_classes_by_the_known_samples():
     assert renamed.argmax(1).tolist() == [0, 0, 1, 2, 2]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["EASTER", "AggVFL"])
 def test_batch_level_inference_recovers_a_sum_tops_batch_and_is_bounded_by_the_release(tmp_path, protocol):
     def make(**kw):

@@ -34,6 +34,7 @@ CASES = [
 ]  # GenerativeRegression needs SplitNN with concat fusion, which no repo config runs (it refuses the others by name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "attack", "args"), CASES, ids=[f"{Path(c).stem}-{a}" for c, a, _ in CASES])
 def test_an_attack_runs_to_the_end_of_a_repo_config(tmp_path, monkeypatch, config, attack, args) -> None:
     monkeypatch.chdir(REPO)

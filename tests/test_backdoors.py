@@ -36,6 +36,7 @@ def test_an_interceptor_changes_what_its_party_acts_on_not_what_was_sent():
     assert torch.equal(wire.send("a", "b", torch.ones(2), "x"), torch.ones(2))
 
 
+@pytest.mark.slow
 def test_gradient_replacement_triggers_its_rows_and_trains_them_on_a_target_samples_gradient(tmp_path, monkeypatch):
     attack = GradientReplacement(target_class=3, known_targets=40, poison_fraction=0.2, gamma=2.0, seed=1)
     model = SplitNN(parties=mlp_parties(2), top_model=MLP, embedding_dim=8)

@@ -56,6 +56,7 @@ def test_test_from_checkpoint_after_a_fresh_setup(checkpoint, tmp_path):
     assert all(math.isfinite(v) for v in results.values())
 
 
+@pytest.mark.slow
 def test_resume_fit_from_checkpoint(checkpoint, tmp_path):
     name, path, saved_step = checkpoint
     model = easter(4, BACKENDS[name]())

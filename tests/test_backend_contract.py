@@ -1,6 +1,6 @@
 """The aggregation-backend contract, one suite run against every backend (Plain, DHMasking, Paillier, CKKS).
 
-Each backend declares its capabilities (`lvfl.privacy.base`: `reveals_shares`, `refuses_nonfinite`,
+Each backend declares its capabilities (`lvfl.privacy.aggregation.base`: `reveals_shares`, `refuses_nonfinite`,
 `refuses_reused_step`, `error_bound`); these tests hold every backend to the interface and each declaration to the
 behaviour. Backend-specific properties (mask layout, packing, HE parameters, the exact ledger) stay in
 test_privacy_backends.py, test_paillier.py and test_ckks.py.
@@ -17,8 +17,8 @@ import torch
 
 from lvfl.parties import PartySpec
 from lvfl.privacy import CKKS, AggregationBackend, DHMasking, Paillier, Plain
-from lvfl.privacy.ckks import CKKSShare
-from lvfl.privacy.paillier import PaillierShare
+from lvfl.privacy.aggregation.ckks import CKKSShare
+from lvfl.privacy.aggregation.paillier import PaillierShare
 from lvfl.wire import Wire
 
 #: how each backend is built for the contract: secure defaults (Paillier's 2048-bit key), serial Paillier (fast)
@@ -311,5 +311,6 @@ def test_no_protocol_checks_a_backend_class():
 
     for path in Path(lvfl.protocols.__file__).parent.glob("*.py"):
         source = path.read_text()
-        for needle in ("isinstance(self.aggregation", "type(self.aggregation) is", "from lvfl.privacy.masking"):
+        needles = ("isinstance(self.aggregation", "type(self.aggregation) is", "from lvfl.privacy.masking")
+        for needle in (*needles, "from lvfl.privacy.aggregation.masking"):
             assert needle not in source, f"{path.name} checks the backend's class ({needle}); declare a capability"

@@ -152,6 +152,7 @@ def test_grid_runs_then_reuses_every_cell(tmp_path, monkeypatch):
     assert bench.run_grid(grid).table == table
 
 
+@pytest.mark.slow
 def test_a_network_grid_reports_the_simulated_time_to_target(tmp_path, monkeypatch):
     """`network:` adds a NetworkSimulator to every cell; the table gains the simulated seconds to the target."""
     grid = write_grid(tmp_path, network={"links": "50mbps_50ms"}, target_accuracy=0.01)
@@ -169,6 +170,7 @@ def test_a_network_grid_reports_the_simulated_time_to_target(tmp_path, monkeypat
     assert "NetworkSimulator" not in " ".join(plain.args(str(tmp_path)))
 
 
+@pytest.mark.slow
 def test_a_twin_grid_fits_a_plain_twin_of_each_protected_cell(tmp_path, monkeypatch):
     """`twin: true`: the wine config masks (DHMasking); its Plain twin is fitted in the cell and tabulated."""
     grid = write_grid(tmp_path, twin=True, overrides=["--trainer.max_epochs=1"])
@@ -190,6 +192,7 @@ def test_a_twin_grid_fits_a_plain_twin_of_each_protected_cell(tmp_path, monkeypa
     assert "| EASTER | wine | DHMasking |" in outcome.table
 
 
+@pytest.mark.slow
 def test_a_regression_grid_selects_by_validation_r2_and_reports_it(tmp_path, monkeypatch):
     """`metric: r2`: the best checkpoint is the best validation R^2, the table reports R^2, targets count in R^2;
     for MAE (lower is better) a target is reached at or below it."""
@@ -296,6 +299,7 @@ def composition(protocol: str, dataset: str) -> tuple[str, ...]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", EMBEDDED_GRIDS, ids=lambda p: p.stem)
 def test_shipped_grids_parse(path):
     """Every cell of every shipped grid parses and instantiates (what `lvfl bench` checks before running).
@@ -521,6 +525,7 @@ def test_plots_show_the_seed_band_and_keep_the_legend_off_the_axes(tmp_path, mon
 GAUSSIAN = '{"class_path": "lvfl.privacy.GaussianNoise", "init_args": {"noise_multiplier": 1.0}}'
 
 
+@pytest.mark.slow
 def test_an_attack_grid_crosses_defenses_and_reports_ap_mp_and_dcs(tmp_path, monkeypatch):
     grid = write_grid(
         tmp_path,

@@ -173,6 +173,7 @@ def test_test_best_in_a_new_process(fitted):
     # (Lightning's own "Restoring states from ..." line is silenced; the in-process test compares the weights)
 
 
+@pytest.mark.slow
 def test_predict_best_equals_predict_with_the_best_file(fitted, tmp_path, capsys):
     folder, args = fitted
     main(["predict", *args, "--ckpt_path=best", f"--output={tmp_path / 'best.csv'}"])
@@ -197,6 +198,7 @@ def test_export_best_writes_the_best_epochs_tensors(fitted, tmp_path, capsys):
     assert all(torch.equal(exported[k], best[k]) for k in best)
 
 
+@pytest.mark.slow
 def test_best_without_validation_is_refused_saying_why(tmp_path, capsys):
     args = tiny(tmp_path)
     main(["fit", *args, "--trainer.max_epochs=1", "--trainer.limit_val_batches=0"])

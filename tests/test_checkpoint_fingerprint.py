@@ -48,7 +48,7 @@ def test_the_checkpoint_records_its_run(dh_checkpoint):
     assert run["protocol"]["class"] == "lvfl.protocols.easter.EASTER"
     assert run["protocol"]["embedding_dim"] == 4
     assert run["aggregation"] == {
-        "class": "lvfl.privacy.masking.DHMasking",
+        "class": "lvfl.privacy.aggregation.masking.DHMasking",
         "frac_bits": 16,
         "allow_insecure": False,
         "ring_bits": 32,
@@ -144,6 +144,7 @@ def test_load_without_a_trainer_checks_what_it_can(dh_checkpoint):
         other.on_load_checkpoint(checkpoint)
 
 
+@pytest.mark.slow
 def test_lvfl_test_refuses_the_last_checkpoint_of_another_backend(tmp_path, monkeypatch):
     """The audit's scenario: fit with DHMasking, fit again with Plain (same logger name), test the DHMasking config."""
     from lvfl.commands.fit import build_cli
@@ -160,7 +161,9 @@ def test_lvfl_test_refuses_the_last_checkpoint_of_another_backend(tmp_path, monk
     build_cli(
         ["fit", *common, "--model.aggregation=lvfl.privacy.Plain"]
     )  # a second version: --ckpt_path last is now its last.ckpt
-    with pytest.raises(CheckpointMismatchError, match=r"aggregation\.class=lvfl\.privacy\.plain\.Plain.*DHMasking"):
+    with pytest.raises(
+        CheckpointMismatchError, match=r"aggregation\.class=lvfl\.privacy\.aggregation\.plain\.Plain.*DHMasking"
+    ):
         build_cli(["test", *common, "--ckpt_path=last"])
     tested = build_cli(["test", *common, "--model.aggregation=lvfl.privacy.Plain", "--ckpt_path=last"])
     assert tested.trainer.ckpt_path.endswith("last.ckpt")
@@ -191,6 +194,7 @@ def test_a_checkpoint_from_before_ring_bits_reads_as_the_64_bit_ring():
     ]
 
 
+@pytest.mark.slow
 def test_party_tables_fingerprint_covers_the_tables_themselves(tmp_path):
     """The review's finding: renaming every ID or changing every feature under the same paths left the fingerprint
     unchanged. Each party's IDs, columns, fitted encoders and scaling, and encoded features are digested now, and

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from lvfl.crypto import ckks
 from lvfl.crypto.ckks import CKKSParameters, masking_advantage
 from lvfl.parties import PartySpec
-from lvfl.privacy.ckks import CKKS, CKKSShare
+from lvfl.privacy.aggregation.ckks import CKKS, CKKSShare
 from lvfl.wire import Wire
 
 SLOTS = 4096  # N / 2 at the default N = 8192
@@ -85,8 +85,8 @@ def test_sum_across_several_ciphertexts_keeps_dtype_and_gradient(three) -> None:
 
 
 def test_combine_has_no_weights_and_needs_no_middle_prime() -> None:
-    """Weighted sums are weighted before `protect` (lvfl.privacy.base), so combine takes no weights and a chain
-    without a middle prime (no rescale) serves every sum."""
+    """Weighted sums are weighted before `protect` (lvfl.privacy.aggregation.base), so combine takes no weights and a
+    chain without a middle prime (no rescale) serves every sum."""
     assert "weights" not in inspect.signature(CKKS.combine).parameters
     # headroom 2**13 (see the module docstring): only a small mask fits, so a small max_abs too
     no_rescale, _ = set_up(2, poly_modulus_degree=4096, coeff_mod_bit_sizes=(54, 55), mask_bound=2.0**12, max_abs=1.0)
@@ -308,6 +308,7 @@ def measured_advantages(backend: CKKS, trials: int, numel: int, *guesses) -> lis
     return [(sum(map(guess, ones)) - sum(map(guess, zeros))) / trials for guess in guesses]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kwargs", "insecure"),
     [
@@ -412,6 +413,7 @@ def test_security_table_is_seals(security_bits: int) -> None:
         assert bound == seal.CoeffModulus.MaxBitCount(n, SEAL_LEVELS[security_bits]), n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("security_bits", sorted(SEAL_LEVELS))
 @pytest.mark.parametrize("n", [4096, 8192, 16384, 32768])  # below 4096 SEAL finds no NTT primes this small
 def test_parameters_accept_exactly_what_seal_accepts_at_the_bound(security_bits: int, n: int) -> None:

@@ -47,6 +47,7 @@ def quick(tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_config_instantiates(config, tmp_path):
     cli = build_cli(["--config", config, *quick(tmp_path)], run=False)
@@ -61,6 +62,7 @@ def test_every_dataset_has_both_pieces_and_every_protocol_a_default():
     assert all((REPO / "configs" / "protocols" / p / "default.yaml").is_file() for p in PROTOCOLS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("dataset", DATASETS)
 def test_every_composition_instantiates(protocol, dataset, tmp_path):
@@ -107,6 +109,7 @@ def parser():
         return build_cli(["--config", WHOLE[0][0], f"--trainer.logger.init_args.save_dir={tmp}"], run=False).parser
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "protocol", "dataset"), WHOLE)
 def test_whole_configs_equal_their_composition(config, protocol, dataset, tmp_path, parser):
     """A runnable `configs/<protocol>/<dataset>.yaml` is its pieces, so the README's runs and the bench's agree."""
@@ -115,6 +118,7 @@ def test_whole_configs_equal_their_composition(config, protocol, dataset, tmp_pa
     assert comparable(whole) == comparable(pieces)
 
 
+@pytest.mark.slow
 def test_backend_swaps_from_the_command_line(tmp_path):
     config = "configs/easter/digits.yaml"
     assert isinstance(build_cli(["--config", config, *quick(tmp_path)], run=False).model.aggregation, DHMasking)
@@ -142,11 +146,13 @@ def test_unknown_model_class_in_a_party_names_it(tmp_path, capsys):
     assert "LeNett" in err
 
 
+@pytest.mark.slow
 def test_more_parties_than_columns_names_both_counts(tmp_path):
     with pytest.raises(ValueError, match=r"num_parties=9 exceeds the 8 feature columns"):
         build_cli(["fit", "--config", "configs/easter/digits.yaml", "--data.init_args.num_parties=9", *quick(tmp_path)])
 
 
+@pytest.mark.slow
 def test_fit_then_resume_restores_everything(tmp_path):
     config = "configs/easter/digits_hetero_optim.yaml"  # DHMasking and an LR scheduler on party1
     first = build_cli(["fit", "--config", config, "--trainer.max_epochs=2", *quick(tmp_path)])
@@ -183,6 +189,7 @@ def test_fit_then_resume_restores_everything(tmp_path):
     assert one_epoch - keys - split == (fit_bytes - keys - split) // 2
 
 
+@pytest.mark.slow
 def test_tensorboard_logger_works(tmp_path):
     pytest.importorskip("tensorboard", reason="the `tensorboard` extra (installed by `make test`)")
     build_cli(
@@ -207,6 +214,7 @@ def test_tensorboard_logger_works(tmp_path):
     assert "train/comm/epoch_bytes" in tags
 
 
+@pytest.mark.slow
 def test_csv_logs_hold_comm_and_party_metrics(tmp_path):
     build_cli(["fit", "--config", "configs/easter/breast_cancer.yaml", "--trainer.max_epochs=2", *quick(tmp_path)])
     (metrics_csv,) = list(tmp_path.rglob("metrics.csv"))
@@ -231,6 +239,7 @@ def callback_types(cli) -> list[str]:
     return [type(c).__name__ for c in cli.trainer.callbacks]
 
 
+@pytest.mark.slow
 def test_a_config_with_its_own_callbacks_keeps_lvfls_defaults(tmp_path):
     """configs/easter/breast_cancer_student.yaml lists callbacks: lvfl's checkpoint must survive (no duplicates)."""
     cli = build_cli(["--config", "configs/easter/breast_cancer_student.yaml", *quick(tmp_path)], run=False)
@@ -239,6 +248,7 @@ def test_a_config_with_its_own_callbacks_keeps_lvfls_defaults(tmp_path):
         assert types.count(name) == 1, (name, types)
 
 
+@pytest.mark.slow
 def test_a_configured_default_callback_replaces_lvfls_own(tmp_path):
     meter = '{"class_path": "lvfl.callbacks.CommunicationMeter", "init_args": {"print_summary": false}}'
     best = '{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"monitor": "val/acc/mean"}}'
@@ -250,6 +260,7 @@ def test_a_configured_default_callback_replaces_lvfls_own(tmp_path):
     assert checkpoint.monitor == "val/acc/mean", "a configured ModelCheckpoint takes checkpointing over"
 
 
+@pytest.mark.slow
 def test_default_callbacks_can_be_switched_off(tmp_path):
     config = "configs/easter/breast_cancer_student.yaml"
     cli = build_cli(["--config", config, "--default_callbacks=false", *quick(tmp_path)], run=False)
@@ -263,6 +274,7 @@ def test_default_callbacks_can_be_switched_off(tmp_path):
     assert "CommunicationMeter" in callback_types(no_checkpoints)
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_without_a_checkpoint_names_the_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no last checkpoint in any .*easter_wine/version_\*/checkpoints"):
         build_cli(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
@@ -270,6 +282,7 @@ def test_ckpt_path_last_without_a_checkpoint_names_the_directory(tmp_path):
         build_cli(["fit", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
 
 
+@pytest.mark.slow
 def test_own_callbacks_then_test_last_loads_the_fitted_weights(tmp_path):
     """A config with its own `callbacks:` list still writes last.ckpt, and `test --ckpt_path last` loads it."""
     config = tmp_path / "own_callbacks.yaml"
@@ -286,6 +299,7 @@ def test_own_callbacks_then_test_last_loads_the_fitted_weights(tmp_path):
         assert torch.equal(tested.model.state_dict()[name], value), name
 
 
+@pytest.mark.slow
 def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["test", "--config", "configs/easter/wine.yaml", "--ckpt_path=last", *quick(tmp_path)])
@@ -293,6 +307,7 @@ def test_lvfl_test_last_without_a_checkpoint_exits_naming_the_directory(tmp_path
     assert str(tmp_path / "easter_wine" / "version_*" / "checkpoints") in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["easter", "aggvfl", "splitnn", "cvfl"])
 def test_homogeneous_configs_take_any_party_count(protocol, tmp_path):
     """One `parties` entry serves every party: `--data.init_args.num_parties=6` needs no other change.

@@ -302,6 +302,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("config", "extra", "phrases"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_refusal_is_one_line_naming_the_input(config, extra, phrases, tmp_path, capsys):
     config = config(tmp_path) if callable(config) else config
@@ -406,6 +407,7 @@ def test_console_script_prints_one_line(tmp_path):
     assert "Warning" not in result.stderr
 
 
+@pytest.mark.slow
 def test_the_command_leaves_with_its_status_and_all_its_output_and_a_caller_in_process_keeps_its_own_exit():
     """The `lvfl` command skips the interpreter's teardown once its exit handlers ran (`_leave_without_teardown`):
     its status, its buffered output and what its exit handlers print still come out; main() called with arguments

@@ -5,6 +5,7 @@ the slices fill, not after."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from lvfl.datamodules import scaling
 from lvfl.datamodules.column_memory import column_major_zeros, is_releasable, release_rows
@@ -59,6 +60,7 @@ def test_slices_are_gathered_as_one_fancy_index_per_split_and_the_table_given_ba
     assert (np.count_nonzero(x[:held], axis=0) <= 2 * 1024).all()
 
 
+@pytest.mark.slow
 def test_the_table_and_its_slices_never_stand_whole_together():
     x = column_major_zeros(1_000_000, 64)  # 256 MB
     x[:] = 1.0

@@ -58,6 +58,7 @@ def metrics_rows(experiment: Path) -> list[dict[str, str]]:
         return [row for row in csv.DictReader(f) if row.get("val/auroc/mean")]
 
 
+@pytest.mark.slow
 def test_fit_ends_with_a_summary_of_the_run(summary):
     experiment, lines = summary
     start = max(i for i, line in enumerate(lines) if line.startswith("lvfl fit: 4 epochs"))
@@ -155,6 +156,7 @@ ONE_LINE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(ONE_LINE))
 def test_a_refused_input_is_exactly_one_line(case, tmp_path):
     """Nothing before it (no seed, accelerator or tip lines), nothing after it, exit status 2."""
@@ -168,6 +170,7 @@ def test_a_refused_input_is_exactly_one_line(case, tmp_path):
         assert output[0] == expected
 
 
+@pytest.mark.slow
 def test_an_abbreviation_is_refused_not_taken_for_the_option(tmp_path):
     """`--trainer.max_epoch=1` must not run a fit of one epoch (argparse would take any unique prefix)."""
     done = lvfl("fit", "--config", "configs/easter/wine.yaml", "--trainer.max_epoch=1",
@@ -184,6 +187,7 @@ def documented_errors() -> list[tuple[str, str]]:
     return [(line[2:], lines[i + 1]) for i, line in enumerate(lines) if line.startswith("$ lvfl ")]
 
 
+@pytest.mark.slow
 def test_the_documented_errors_are_what_lvfl_prints(tmp_path):
     """Each example of the docs, run as written (`my.yaml`: digits with party1's learning rate negative)."""
     examples = documented_errors()
@@ -199,6 +203,7 @@ def test_the_documented_errors_are_what_lvfl_prints(tmp_path):
         assert (done.stdout + done.stderr).splitlines() == [expected], command
 
 
+@pytest.mark.slow
 def test_the_summary_names_the_students_figures_and_file_and_one_byte_total(tmp_path):
     """With a student, the summary gives its test AUROC on the bank's test customers, on those both parties hold and
     on those only the bank holds (what the VFL model cannot answer), as the CSV logger recorded them, and its file."""
@@ -244,6 +249,7 @@ def test_the_summary_names_the_students_figures_and_file_and_one_byte_total(tmp_
     assert len({line.index(" MB ") for line in printed[head + 1 :] if line.startswith(("  tag  ", "  link "))}) == 1
 
 
+@pytest.mark.slow
 def test_lvfl_test_prints_what_the_test_moved_and_the_cumulative_figure_in_one_line(summary, tmp_path):
     """The test's own traffic tag by tag (aligned), then one line: the checkpoint's history plus the test's."""
     experiment, _ = summary

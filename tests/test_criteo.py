@@ -142,6 +142,7 @@ def test_max_rows_and_errors(criteo_root, tmp_path: Path) -> None:
         Criteo(root=str(root), num_parties=40).setup()
 
 
+@pytest.mark.slow
 def test_streams_without_materializing_the_table(tmp_path: Path) -> None:
     n = 20_000
     write_criteo_tsv(tmp_path / "train.txt", n, seed=1)

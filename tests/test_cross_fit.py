@@ -15,7 +15,7 @@ from lvfl.datamodules import BreastCancer
 from lvfl.inference.cross_fit import FoldDataModule, check_folds, cross_fitted_soft_labels, untrained_copy
 from lvfl.models import MLP
 from lvfl.privacy import RandomizedResponse
-from lvfl.privacy.label_release import LabelRelease
+from lvfl.privacy.labels.release import LabelRelease
 from lvfl.protocols import EASTER
 from lvfl.wire import Wire
 

@@ -10,7 +10,7 @@ training:
 - `lvfl bench GRID ...`: the grid loads (`lvfl.commands.bench.load_grid`) and the flags are in `lvfl bench --help`;
 - `lvfl pki ...` runs, into a temporary folder;
 - `python SCRIPT --flag ...`: the script exists, and each flag is an option of its `--help` (a script given no flag
-  is not run);
+  is not run); `python -m benchmarks.KIND.NAME --flag ...` the same for a benchmark module;
 - `make TARGET`: the Makefile has the target.
 
 All of them run in one Python process (imports paid once), from the repository root. A documented placeholder
@@ -184,6 +184,23 @@ def plan(cmd: Command) -> None:
                 cmd.jobs.append(("script_help", words[1], flags))
         cmd.checks.append("script")
         return
+    elif (
+        words[0] in ("python", "python3", ".venv/bin/python")
+        and len(words) > 2
+        and words[1] == "-m"
+        and words[2].startswith("benchmarks.")
+    ):
+        module, flags = words[2], _flags(words[3:])
+        source = REPO / (module.replace(".", "/") + ".py")
+        if not source.is_file():
+            cmd.problems.append(f"the module {module} does not exist")
+        elif flags:
+            if "argparse" not in source.read_text(encoding="utf-8"):
+                cmd.problems.append(f"{module} is given flags but parses none")
+            else:
+                cmd.jobs.append(("module_help", module, flags))
+        cmd.checks.append("benchmark module")
+        return
     elif words[0] == "curl":
         _check_curl(cmd)
         return
@@ -300,6 +317,12 @@ def script(path):
         runpy.run_path(path, run_name="__main__")
     return run
 
+def module(name):
+    def run():
+        sys.argv = [name, "--help"]
+        runpy.run_module(name, run_name="__main__", alter_sys=True)
+    return run
+
 def pki(args):
     def run():
         with tempfile.TemporaryDirectory() as root:  # the CA key goes beside --out: inside this folder too
@@ -325,8 +348,8 @@ for job in json.load(sys.stdin):
         missing = [flag for flag in job[2] if not re.search(re.escape(flag) + r"(?![\w-])", out)]
         if missing:
             code, err = 1, err + f"not in the help: {missing}"
-    elif kind == "script_help":
-        code, out, err = call(script(job[1]))
+    elif kind in ("script_help", "module_help"):
+        code, out, err = call(script(job[1]) if kind == "script_help" else module(job[1]))
         missing = [flag for flag in job[2] if not re.search(re.escape(flag) + r"(?![\w-])", out)]
         if missing:
             code, err = 1, err + f"not in the help: {missing}"
@@ -368,6 +391,7 @@ def test_the_pages_document_commands():
     assert {"fit", "test", "predict", "export", "launch", "party", "pki", "bench", "make"} <= kinds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c.id)
 def test_documented_command(cmd: Command, outcomes: dict[str, list[dict]]):
     """Each command of a ```bash block parses (see the module docstring for what is run for each kind)."""
@@ -377,11 +401,12 @@ def test_documented_command(cmd: Command, outcomes: dict[str, list[dict]]):
         assert result["code"] == 0, f"{cmd.id}: {' '.join(cmd.words)}\n{result['job']}\n{result['err']}"
 
 
+@pytest.mark.slow
 def test_a_documented_typo_fails_the_check():
     """The check has teeth: the same jobs, planned for a misspelt class path and a missing config, fail."""
     bad = Command("(test)", 0, ["lvfl", "fit", "--config", "configs/easter/digits.yaml", "--model.aggregation=x.Y"])
     missing = Command("(test)", 1, ["lvfl", "test", "--config", "configs/easter/nothing.yaml"])
-    flag = Command("(test)", 2, ["python", "benchmarks/network.py", "--epoch", "5"])
+    flag = Command("(test)", 2, ["python", "-m", "benchmarks.perf.network", "--epoch", "5"])
     for cmd in (bad, missing, flag):
         plan(cmd)
     done = subprocess.run(
@@ -438,6 +463,7 @@ def repository_files() -> list[str]:
     return [str(p.relative_to(REPO)) for p in REPO.rglob("*") if not skipped & set(p.relative_to(REPO).parts)]
 
 
+@pytest.mark.slow
 def test_nothing_refers_to_files_outside_the_repository():
     listed = repository_files()
     offending = []

@@ -35,6 +35,7 @@ def _missing_bank(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_missing_table_or_config_is_refused_before_torch_loads(tmp_path):
     config = _missing_bank(tmp_path)
     table = f"party table {tmp_path / 'bank_typo.csv'} does not exist (the `path` of a PartyTables entry)"
@@ -68,6 +69,7 @@ def test_the_early_line_is_the_full_runs_and_what_it_cannot_decide_is_left_to_it
     assert early_refusal(["fit", "--config", str(config), "--config", str(fragment)]) is None
 
 
+@pytest.mark.slow
 def test_fit_help_leads_with_lvfls_own_options_and_says_where_the_rest_are():
     """`lvfl fit --help` is a page, not 500 lines led by Trainer flags, printed before PyTorch loads; `--help all` is
     LightningCLI's whole help; `launch --help` and `party --help` print no stray fragment of argparse's usage."""

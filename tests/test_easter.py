@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 
 import numpy as np
 import pytest
@@ -11,7 +10,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from helpers import (
     BAD_LABELS_MESSAGE,
-    REPO,
     bad_labels_datamodule,
     dh_key_ledger,
     easter,
@@ -79,7 +77,7 @@ def closed_form_step(
     dL_k/dV_k = G_k^T E, dL_k/dc_k = sum_rows G_k, and, since dE/dE_k = 1/C, the gradient reaching h_k is
     dL_k/dZ_k = (1/C) (G_k V_k) * 1[Z_k > 0], so dL_k/dW_k = dZ_k^T X_k and dL_k/db_k = sum_rows dZ_k.
 
-    The other `rule`s are the two departures benchmarks/easter_ablation.py measures: "unscaled" drops the 1/C
+    The other `rule`s are the two departures benchmarks/paper/easter_ablation.py measures: "unscaled" drops the 1/C
     (G_k V_k * 1[Z_k > 0]), "joint" moves h_k by every party's loss ((1/C) sum_j G_j V_j * 1[Z_k > 0]).
     """
     names = list(params)
@@ -133,13 +131,10 @@ def test_one_step_equals_the_papers_equations_in_closed_form(tmp_path, parties):
 
 @pytest.mark.parametrize("rule", ["unscaled", "joint", "whole"])
 def test_the_ablations_departures_move_the_encoders_as_they_say(tmp_path, rule):
-    """benchmarks/easter_ablation.py's variant steps against the closed form of the departure each one names; and
-    EASTER's `encoder_gradient="whole"` (the stated variant fmnist_whole_gradient.yaml) is the unscaled one."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import easter_ablation
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    """benchmarks/paper/easter_ablation.py's variant steps against the closed form of the departure each one names;
+    and EASTER's `encoder_gradient="whole"` (the stated variant fmnist_whole_gradient.yaml) is the unscaled one."""
+    from benchmarks.paper import easter_ablation
+
     cls = {"unscaled": easter_ablation.UnscaledShareEASTER, "joint": easter_ablation.JointGradientEASTER}.get(rule)
     options = {"encoder_gradient": "whole"} if rule == "whole" else {}
     rule = "unscaled" if rule == "whole" else rule

@@ -1,4 +1,4 @@
-"""The active party's defenses on the embeddings it receives (`lvfl.privacy.embedding_defenses`), against references."""
+"""The active party's defenses on the embeddings it receives (`lvfl.privacy.defenses.embeddings`), vs references."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from lvfl.attacks import DirectionScoring
 from lvfl.datamodules import BreastCancer, Digits
 from lvfl.models import MLP
 from lvfl.privacy import MID, DistanceCorrelation
-from lvfl.privacy.embedding_defenses import distance_correlation
+from lvfl.privacy.defenses.embeddings import distance_correlation
 from lvfl.protocols import SplitNN
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from helpers import REPO
 
+from lvfl.alignment import message_bytes
 from lvfl.commands.fit import build_cli
-from lvfl.privacy.psi import message_bytes
 
 EXAMPLE = REPO / "examples" / "bank_retailer"
 
@@ -22,6 +23,7 @@ def test_the_committed_files_are_what_the_generator_writes(tmp_path: Path) -> No
         assert (tmp_path / name).read_bytes() == (EXAMPLE / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_the_example_config_fits_with_the_psi_on_the_wire(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     cli = build_cli(

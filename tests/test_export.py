@@ -130,6 +130,7 @@ def exported_logits(out: Path, features: dict[str, torch.Tensor]) -> torch.Tenso
         return jit_load(active / serving["completion"]["file"])(features[active.name], *sent)
 
 
+@pytest.mark.slow
 def test_each_folder_holds_its_partys_tensors_and_none_of_the_others(plain, monkeypatch) -> None:
     monkeypatch.chdir(REPO)
     model, _, state = loaded(plain)
@@ -152,6 +153,7 @@ def test_each_folder_holds_its_partys_tensors_and_none_of_the_others(plain, monk
     assert {p.name for p in (plain.out / "party1").iterdir()} == {"state_dict.pt", "contribution.pt", "party.json"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_exported_completion_is_the_prediction_lvfl_reports(name, request, monkeypatch) -> None:
     """completion(own features, contributions) == party_logits[active] on the test split; with a label mechanism that
@@ -219,6 +221,7 @@ def serve_without_lvfl(run: Run, ids: list[str], output: Path, export: Path | No
     return read(output)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(RUNS))
 def test_the_serving_script_without_lvfl_answers_like_lvfl_predict(name, request, tmp_path, monkeypatch) -> None:
     """The same IDs, paths and predictions as `lvfl predict`, probabilities within 1e-5; the IDs only the bank holds
@@ -253,6 +256,7 @@ def test_the_serving_script_without_lvfl_answers_like_lvfl_predict(name, request
     assert [r["prediction"] for r in rows] == [["default", "ok"][int(c)] for c in expected.argmax(1)]
 
 
+@pytest.mark.slow
 def test_without_a_student_the_ids_only_the_active_party_holds_get_a_reason(plain, tmp_path, monkeypatch) -> None:
     """A checkpoint with no student beside it (as `lvfl predict` looks for one) exports none; the serving script
     then writes the IDs only the active party holds with an empty prediction and a reason."""
@@ -383,6 +387,7 @@ def test_a_completion_that_reads_another_partys_tensor_is_refused(tmp_path) -> N
         export_parties(leaky, dm, {}, tmp_path / "leaky")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("config", "extra", "active_extra"),
     [

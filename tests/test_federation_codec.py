@@ -16,29 +16,30 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lvfl.compression import CompressedTensor, Compressor
-from lvfl.federation import FederationError, codec
+from lvfl.federation import FederationError, codec, wire_form
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.codec import (
+    RecordRegistry,
+    decode_envelope,
+    decode_payload,
+    decode_value,
+    encode_envelope,
+    encode_value,
+    register_record,
+)
+from lvfl.federation.envelope_schema import (
     DTYPES,
     MAX_DEPTH,
     MAX_INT_BYTES,
     SCHEMA,
     Header,
-    RecordRegistry,
-    conform,
-    decode_envelope,
-    decode_payload,
-    decode_value,
     dtype_from_name,
     dtype_name,
-    encode_envelope,
-    encode_value,
-    parse_envelope,
-    register_record,
-    scan_payload,
 )
-from lvfl.privacy.ckks import CKKSShare
-from lvfl.privacy.paillier import PaillierShare
+from lvfl.federation.expectations import conform
+from lvfl.federation.wire_form import parse_envelope, scan_payload
+from lvfl.privacy.aggregation.ckks import CKKSShare
+from lvfl.privacy.aggregation.paillier_share import PaillierShare
 from lvfl.wire import payload_nbytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,14 +444,31 @@ def _module_imports(path: Path) -> set[str]:
     return names
 
 
+#: the codec and the modules it stands on, which a module registering a record type imports with it
+CODEC_MODULES = ("codec", "wire_form", "expectations", "envelope_schema", "envelope_pb2")
+
+
 def test_import_layering() -> None:
     """codec imports no privacy code, `import lvfl.federation` needs no gRPC, lvfl.crypto never imports federation."""
     package = ROOT / "lvfl" / "federation"
     assert _module_imports(package / "__init__.py") == {"__future__"}
-    for name in ("codec.py", "envelope_pb2.py"):
+    allowed = {"lvfl.federation"} | {f"lvfl.federation.{module}" for module in CODEC_MODULES}
+    for name in (f"{module}.py" for module in CODEC_MODULES):
         imported = _module_imports(package / name)
         assert not [m for m in imported if m.startswith(("lvfl.privacy", "lvfl.protocols", "grpc"))], name
-        assert {m for m in imported if m.startswith("lvfl")} <= {"lvfl.federation"}, name
+        assert {m for m in imported if m.startswith("lvfl")} <= allowed, name
+    for path in (ROOT / "lvfl" / "crypto").rglob("*.py"):
+        assert "federation" not in path.read_text(), path
+
+
+def test_the_codec_names_what_a_sender_and_receiver_use() -> None:
+    """Every name in the codec's `__all__` is importable from it, those of the modules beside it included."""
+    assert {name for name in codec.__all__ if not hasattr(codec, name)} == set()
+    assert codec.conform is conform
+    assert codec.parse_envelope is parse_envelope
+    assert codec.scan_payload is scan_payload
+    assert codec.TensorBytes is wire_form.TensorBytes
+    assert codec.Header is Header
     for path in (ROOT / "lvfl" / "crypto").rglob("*.py"):
         assert "federation" not in path.read_text(), path
 
@@ -567,7 +585,7 @@ def test_an_envelope_that_does_not_walk_is_refused_by_name() -> None:
 def _walked(data: bytes) -> tuple[Header, bytes] | str:
     """What the walk of every field reads in `data` (the reference for the payload-first fast path), or its refusal."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(codec, "_payload_first", lambda data: None)
+        patch.setattr(wire_form, "_payload_first", lambda data: None)
         try:
             header, payload = parse_envelope(data, sender="party2")
         except FederationError as err:
@@ -585,7 +603,7 @@ def test_an_envelope_written_payload_first_reads_as_the_walk_reads_it() -> None:
     payload_field = pb.Envelope(payload=encode_value(tensor)).SerializeToString()
     head = data[len(payload_field) :]
     assert data == payload_field + head  # lvfl writes a tensor's envelope payload first
-    assert codec._payload_first(data) is not None
+    assert wire_form._payload_first(data) is not None
     variants = {
         "as written": data,
         "an unknown field behind": data + b"\x50\x81\x01",
@@ -610,16 +628,16 @@ def test_an_envelope_written_payload_first_reads_as_the_walk_reads_it() -> None:
     assert _walked(variants["a header field twice"])[0].tag == "other"  # protobuf's rule: the last one
     assert "two payloads" in _walked(variants["a second payload"])
     for fallen in ("an unknown field behind", "a header field twice", "a default written out", "a second payload"):
-        assert codec._payload_first(variants[fallen]) is None, fallen
+        assert wire_form._payload_first(variants[fallen]) is None, fallen
 
 
 def test_a_tensor_of_a_form_read_before_is_read_alike_and_a_near_miss_is_checked() -> None:
     """A payload with the length and leading bytes of one read before skips the walk; any other is walked again."""
-    codec._LAYOUTS.clear()
+    wire_form._LAYOUTS.clear()
     first = torch.randn(6, 4)
     _, payload = parse_envelope(encode_envelope(HEADER, first), sender="party2")
     assert decode_payload(payload, sender="party2", tag="t").equal(first)
-    assert len(codec._LAYOUTS) == 1
+    assert len(wire_form._LAYOUTS) == 1
     again = torch.randn(6, 4)  # the same form: read off the remembered layout, an owned and writable tensor
     data = encode_envelope(HEADER, again)
     _, payload = parse_envelope(data, sender="party2")
@@ -629,7 +647,7 @@ def test_a_tensor_of_a_form_read_before_is_read_alike_and_a_near_miss_is_checked
     got.add_(1)
     assert decode_payload(payload, sender="party2", tag="t").equal(again)
     deferred = decode_payload(payload, sender="party2", tag="t", deferred=True)
-    assert isinstance(deferred, codec.TensorBytes)
+    assert isinstance(deferred, wire_form.TensorBytes)
     assert payload_nbytes(deferred) == payload_nbytes(again) == 96
     assert deferred.tensor().equal(again)
     transposed = torch.randn(4, 6)  # the same length, another shape
@@ -641,7 +659,7 @@ def test_a_tensor_of_a_form_read_before_is_read_alike_and_a_near_miss_is_checked
     forged = body.replace(b"int32", b"intXX")  # the remembered length, another dtype name: walked and refused
     with pytest.raises(FederationError, match="a tensor of unknown dtype 'intXX'"):
         decode_payload(forged, sender="party2", tag="t")
-    assert len(codec._LAYOUTS) <= codec._MAX_LAYOUTS
+    assert len(wire_form._LAYOUTS) <= wire_form._MAX_LAYOUTS
 
 
 @pytest.mark.parametrize(

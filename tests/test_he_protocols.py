@@ -42,6 +42,7 @@ def count_combines(backend) -> list[int]:
     return calls
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_name", list(BACKENDS))
 @pytest.mark.parametrize("protocol", list(PROTOCOLS))
 def test_coordinator_receives_only_the_masked_aggregate(tmp_path, protocol, backend_name):
@@ -78,6 +79,7 @@ def test_easter_aggregate_matches_plain_at_every_step(tmp_path, backend_name):
         assert diff <= tolerance, f"step {step}: {diff} > {tolerance}"
 
 
+@pytest.mark.slow
 def test_paillier_easter_epoch_ledger_is_analytic(tmp_path):
     """Per step and passive party: ceil(B d / S) ciphertexts of 2 x 256 bytes up; the same count to and (at 256
     bytes a plaintext) from the coordinator; the public key (256 bytes) to each of the 4 parties once."""

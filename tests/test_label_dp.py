@@ -9,7 +9,7 @@ import pytest
 import scipy.stats
 import torch
 
-from lvfl.privacy.label_dp import (
+from lvfl.privacy.labels.mechanisms import (
     LabelMechanism,
     LaplaceLabels,
     PrivacyLedger,

@@ -15,7 +15,7 @@ from helpers import REPO, make_trainer, mlp_parties, recording, spy_on
 from lvfl.commands.fit import build_cli
 from lvfl.datamodules import Digits
 from lvfl.privacy import LaplaceLabels, RandomizedResponse
-from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.privacy.labels.mechanisms import LabelMechanism
 from lvfl.protocols import EASTER
 
 
@@ -185,6 +185,7 @@ def test_no_mechanism_uses_true_labels_and_logs_no_epsilon(tmp_path):
     assert metric(tmp_path, "privacy/label_epsilon") == []
 
 
+@pytest.mark.slow
 def test_mechanism_from_the_command_line_and_config(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     quick = [f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
@@ -204,7 +205,7 @@ def test_mechanism_from_the_command_line_and_config(tmp_path, monkeypatch):
 
 
 def test_release_for_other_training_samples_refuses():
-    from lvfl.privacy.label_release import LabelRelease
+    from lvfl.privacy.labels.release import LabelRelease
 
     release = LabelRelease(RandomizedResponse(epsilon=1.0, seed=0))
     release.draw(torch.tensor([3, 1, 2]), torch.tensor([0, 1, 0]), num_classes=2)

@@ -2,7 +2,7 @@
 
 The import graph is built from every `import` statement of every module of `lvfl` (function-local ones included,
 `if TYPE_CHECKING:` blocks excluded): `A -> B` when A names module B, and, when B is a submodule of a package that A
-is not part of, also `A -> package` (importing `lvfl.privacy.base` first runs `lvfl/privacy/__init__.py`).
+is not part of, also `A -> package` (importing `lvfl.privacy.aggregation.base` first runs `lvfl/privacy/__init__.py`).
 """
 
 from __future__ import annotations
@@ -81,19 +81,22 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
+@pytest.mark.slow
 def test_the_graph_sees_real_imports():
     graph = import_graph()
     assert graph.has_edge("lvfl.protocols.easter", "lvfl.protocols.base")
-    assert graph.has_edge("lvfl.privacy.paillier", "lvfl.crypto.paillier")
-    assert graph.has_edge("lvfl.privacy.paillier", "lvfl.crypto")  # the package's __init__ runs first
+    assert graph.has_edge("lvfl.privacy.aggregation.paillier", "lvfl.crypto.paillier")
+    assert graph.has_edge("lvfl.privacy.aggregation.paillier", "lvfl.crypto")  # the package's __init__ runs first
     assert not graph.has_edge("lvfl.crypto.paillier", "lvfl.crypto")  # a module inside the package: no edge
 
 
+@pytest.mark.slow
 def test_no_import_circle_anywhere_in_lvfl():
     cycles = list(nx.simple_cycles(import_graph()))
     assert not cycles, "import circles: " + "; ".join(" -> ".join([*c, c[0]]) for c in cycles[:10])
 
 
+@pytest.mark.slow
 def test_crypto_imports_nothing_else_from_lvfl():
     graph = import_graph()
     for name in (n for n in graph if n == "lvfl.crypto" or n.startswith("lvfl.crypto.")):
@@ -101,6 +104,7 @@ def test_crypto_imports_nothing_else_from_lvfl():
         assert not outside, f"{name} imports {sorted(outside)}"
 
 
+@pytest.mark.slow
 def test_modular_arithmetic_lives_in_crypto():
     """No `powmod` outside lvfl/crypto, and only lvfl/crypto imports gmpy2 (or phe's own arithmetic)."""
     for name, path in MODULES.items():
@@ -139,6 +143,7 @@ def test_the_layer_contract_holds():
     assert layer_contract.violations() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("module", "wrong_import", "refusal"),
     [
@@ -160,6 +165,7 @@ def test_the_layer_contract_refuses_an_import_up_even_inside_a_function(tmp_path
     assert wrong_import in result.stdout
 
 
+@pytest.mark.slow
 def test_the_layer_contract_places_every_package(tmp_path):
     """A new package that stands on no layer is refused until it is placed."""
     shutil.copytree(LVFL, tmp_path / "lvfl", ignore=shutil.ignore_patterns("__pycache__"))

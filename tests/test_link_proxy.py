@@ -4,7 +4,7 @@ Each chunk must arrive no earlier than `lvfl.network`'s model says (the rate of 
 the receiver's downlink, then both parties' latencies), a party's uplink is shared by everything it sends, both
 directions are delayed, and the bytes are counted per direction. Times are checked as lower bounds (the model's,
 which the proxy may only exceed by the OS's scheduling) with a generous upper bound, so a slow machine does not fail
-them; the benchmark (benchmarks/network_check.py) measures how close the proxy comes.
+them; the benchmark (benchmarks/perf/network_check.py) measures how close the proxy comes.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ def test_a_route_names_parties_with_links() -> None:
     proxy.close()
 
 
+@pytest.mark.slow
 def test_jitter_delays_chunks_by_varying_amounts_and_keeps_their_order() -> None:
     """`lvfl launch --jitter_ms` (and the suite's stress mode): each chunk is held a further random 0 to the two ends'
     jitter, never overtaking the one before it: the bytes arrive whole, in order, each reply later than the link's

@@ -100,6 +100,7 @@ def independence_pvalue(pairs: list[tuple[int, int]], n: int) -> float:
     return chi2_contingency(table).pvalue
 
 
+@pytest.mark.slow
 def test_passive_view_is_independent_of_the_offset(monkeypatch: pytest.MonkeyPatch) -> None:
     n = 4
     pairs = passive_views(400, n)  # 800 queries, 50 expected per cell of the 4 x 4 offset x t table

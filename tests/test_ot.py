@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import secrets
-import sys
-from pathlib import Path
 
 import pytest
 from coincurve import PublicKey
 from cryptography.exceptions import InvalidTag
 
+from benchmarks.perf import naive_ot  # the OT benchmark's naive 1-out-of-N baseline, tested here
 from lvfl.crypto import ot
 from lvfl.privacy.oblivious_transfer import batch_ot, ot_1_of_2
 from lvfl.wire import Wire
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import naive_ot  # noqa: E402 - the OT benchmark's naive 1-out-of-N baseline, tested here
 
 
 @pytest.mark.parametrize("choice", [0, 1])

@@ -19,7 +19,7 @@ from lvfl.crypto import packing
 from lvfl.crypto import paillier as crypto
 from lvfl.crypto.paillier import encrypt
 from lvfl.parties import PartySpec
-from lvfl.privacy.paillier import MIN_PARALLEL_CIPHERTEXTS, TABLE_AFTER, Paillier, PaillierShare
+from lvfl.privacy.aggregation.paillier import MIN_PARALLEL_CIPHERTEXTS, TABLE_AFTER, Paillier, PaillierShare
 from lvfl.wire import Wire
 
 KEY_BITS = 2048
@@ -68,6 +68,7 @@ def test_gmpy2_backs_phe():
 
 
 # -- sums -----------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     num_passive=st.integers(2, 10),
@@ -146,6 +147,7 @@ def test_unpacked_layout_is_one_value_per_ciphertext():
     torch.testing.assert_close(out, torch.tensor([[0.5, -7.0, 14.0]]))
 
 
+@pytest.mark.slow
 def test_parallel_and_serial_decode_identically(backends):
     serial, wire = backends(2)
     parallel = Paillier(workers=2)
@@ -164,6 +166,7 @@ def test_parallel_and_serial_decode_identically(backends):
     torch.testing.assert_close(out_parallel, out_serial, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_pool_is_shut_down_when_the_backend_is_collected():
     backend = Paillier(workers=2)
     backend.setup(make_parties(1), "a", Wire())
@@ -196,6 +199,7 @@ def worker_view() -> tuple[int, int, list[str]]:
     return os.getpid(), keys, sorted(digests)
 
 
+@pytest.mark.slow
 def test_pool_workers_never_hold_the_secret_key():
     """The pool starts after key generation (it is lazy), yet no worker may hold the key object or its primes."""
     import hashlib
@@ -351,6 +355,7 @@ def secret_encodings(backend: Paillier) -> list[bytes]:
     return out
 
 
+@pytest.mark.slow
 def test_secret_key_is_not_in_state_dict_pickles_or_copies():
     backend = Paillier(workers=2)
     backend.setup(make_parties(2), "a", Wire())
@@ -442,6 +447,7 @@ def test_table_is_built_once_a_party_has_encrypted_enough():
     assert (out - 2 * few).abs().max() <= 2 * 2.0**-17
 
 
+@pytest.mark.slow
 def test_pool_and_in_process_ciphertexts_use_the_fixed_base(monkeypatch):
     """Every ciphertext, from the pool or not, is (1 + m n) h_s**r with the party's own h_s and a fresh 448-bit r."""
     drawn: list[int] = []

@@ -55,6 +55,7 @@ def test_paper_configs_exist() -> None:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FAMILY) + sorted(VARIANTS))
 def test_easter_paper_configs_equal_the_paper_pieces(name: str, tmp_path: Path, monkeypatch) -> None:
     """`configs/paper/easter/<d>.yaml` is data + EASTER's protocol piece + the heterogeneous parties piece; a stated
@@ -105,8 +106,9 @@ def test_paper_config_fits_two_batches_on_generated_files(config: str, tmp_path:
 
 
 def test_the_vflair_setting_is_two_392_32_10_mlps_summed_and_fits_on_generated_files(tmp_path: Path) -> None:
-    """`benchmarks/vflair_attacks.py`'s pieces: Fashion-MNIST over 2 parties (392 pixels each), batch 1024, 30 epochs;
-    each party an MLP 392 -> 32 -> 10 under Adam at lr 0.01, the active party summing the logits (Agg_VFL sum)."""
+    """`benchmarks/paper/vflair_attacks.py`'s pieces: Fashion-MNIST over 2 parties (392 pixels each), batch 1024, 30
+    epochs; each party an MLP 392 -> 32 -> 10 under Adam at lr 0.01, the active party summing the logits (Agg_VFL
+    sum)."""
     pieces = ["configs/paper/data/fmnist_vflair.yaml", "configs/protocols/aggvfl/default.yaml"]
     pieces.append("configs/paper/parties/vflair_mlp2.yaml")
     stand_in(tmp_path / "data", pieces[0])

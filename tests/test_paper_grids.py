@@ -127,6 +127,7 @@ def test_stand_ins_need_max_rows_and_a_folder_of_their_own(tmp_path, capsys):
     assert sorted((tmp_path / "s" / "MNIST").rglob("*")) == first
 
 
+@pytest.mark.slow
 def test_a_paper_grid_runs_end_to_end_on_stand_ins(tmp_path, monkeypatch):
     """`lvfl bench <paper grid> --stand-ins DIR --max-rows N`: every part runs, the paper column is filled."""
     monkeypatch.setattr(bench_run, "run_cell", in_this_process)  # the cell's own process is tested in test_bench

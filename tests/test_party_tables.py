@@ -12,10 +12,10 @@ import pytest
 import torch
 from helpers import each_in_a_thread
 
+from lvfl.alignment import message_bytes
 from lvfl.datamodules import PartyTable, PartyTables
 from lvfl.federation.rehearsal import MemoryTransport
 from lvfl.models import MLP
-from lvfl.privacy.psi import message_bytes
 from lvfl.protocols import EASTER, PartyConfig
 from lvfl.shadows import Shadow
 from lvfl.wire import Wire
@@ -463,6 +463,7 @@ def test_parquet_nulls_are_missing_values_named_by_row_and_mixed_directories_are
         ).setup("fit")
 
 
+@pytest.mark.slow
 def test_per_column_policies_mode_and_their_indicators(with_categories, tmp_path: Path) -> None:
     values = with_categories["values"]
     keys = list(values)
@@ -551,6 +552,7 @@ def test_the_stated_task_is_checked_against_the_classes_found(tmp_path: Path) ->
         PartyTables(two, task="binery")
 
 
+@pytest.mark.slow
 def test_a_numeric_label_of_many_values_is_refused_as_a_quantity_not_read_as_classes(tmp_path: Path) -> None:
     """An interest rate (hundreds of distinct numbers) under the default task: one line naming task: regression,
     not scikit-learn's words about one-member classes; stated as regression it trains, and class codes pass."""

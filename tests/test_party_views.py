@@ -154,6 +154,7 @@ def rehearse(tmp_path, model, views, links=None):
     assert not any(t.is_alive() for t in threads)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("protocol", "backend", "make_views"),
     [
@@ -271,6 +272,7 @@ def test_a_record_without_tensors_has_an_absent_shadow():
     assert compressed.shape == (2, 3)
 
 
+@pytest.mark.slow
 def test_paillier_runs_with_the_coordinator_as_a_view_of_its_own(tmp_path):
     """The HE backend's key holder is one more view: it generates the key pair, decrypts the masked aggregate and
     holds nothing else; every party's parameters end bit-identical to the simulation (a Paillier sum is exact)."""

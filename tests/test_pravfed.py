@@ -189,6 +189,7 @@ def test_dh_masking_with_one_passive_party_refuses():
         model.build(dm.party_specs, dm.task)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dataset", ["digits", "breast_cancer", "diabetes"])
 def test_configs_instantiate(tmp_path, monkeypatch, dataset):
     monkeypatch.chdir(REPO)

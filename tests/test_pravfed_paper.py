@@ -168,6 +168,7 @@ def parser_and_parsed(tmp_path: Path, files: list[str]) -> dict:
     return comparable(parser.parse_args([arg for f in files for arg in ("--config", f)] + quick(tmp_path)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RUNNABLE))
 def test_each_runnable_paper_config_equals_its_pieces(name: str, tmp_path: Path, monkeypatch) -> None:
     """`configs/paper/pravfed/<name>.yaml` is data + protocol + parties, so a single run and the grids agree."""

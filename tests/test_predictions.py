@@ -57,6 +57,7 @@ def read(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_predict_writes_one_row_per_test_sample_equal_to_the_models_outputs(fitted, tmp_path, monkeypatch, capsys):
     """Every test sample of the active party gets a row: the shared ones the VFL model's answer, the bank's own a
     reason (this run saved no student); none is dropped."""
@@ -104,6 +105,7 @@ def test_predict_writes_one_row_per_test_sample_equal_to_the_models_outputs(fitt
     assert accuracy == pytest.approx(metrics["test/acc/party0"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_parquet_output_and_the_mean_of_the_parties(fitted, tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
@@ -126,6 +128,7 @@ def test_output_is_refused_outside_predict_and_needs_a_known_format(fitted, tmp_
         PredictionWriter("x.txt")
 
 
+@pytest.mark.slow
 def test_predict_answers_the_requested_ids_in_their_order_from_any_split(fitted, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     cli = build_cli([*args(fitted)[:-2]], run=False)
@@ -188,6 +191,7 @@ def with_student(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_student, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     saved = checkpoints_of(with_student / "bank_retailer") / "student.pt"
@@ -213,6 +217,7 @@ def test_ids_only_the_active_party_holds_are_answered_by_the_saved_student(with_
     assert [(r["id"], r["path"]) for r in read(tmp_path / "o.csv")] == [(only[1], "student")]
 
 
+@pytest.mark.slow
 def test_oblivious_predict_rebuilds_the_router_from_the_run_and_answers_like_the_plain_path(
     with_student, tmp_path, monkeypatch, capsys
 ):
@@ -280,6 +285,7 @@ def new_rows_config(tmp_path: Path, bank: Path, retailer: Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_new_rows_are_aligned_encoded_and_answered_like_the_rows_they_copy(with_student, tmp_path, monkeypatch):
     """New rows that copy known customers under new IDs get those customers' predictions: the same encoders and
     scaling reach them, the VFL model answers the shared ones and the student the bank's own."""
@@ -301,6 +307,7 @@ def test_new_rows_are_aligned_encoded_and_answered_like_the_rows_they_copy(with_
         assert float(a["prob_ok"]) == pytest.approx(float(b["prob_ok"]), abs=1e-6), (a["id"], b["id"])
 
 
+@pytest.mark.slow
 def test_new_rows_only_the_bank_holds_get_a_reason_without_a_student(fitted, tmp_path, monkeypatch, capsys):
     """One new customer only the bank holds no longer fails the whole batch (leaving it out would need the bank to
     learn the retailer's IDs): it is written with an empty prediction and the reason, the others answered."""
@@ -318,6 +325,7 @@ def test_new_rows_only_the_bank_holds_get_a_reason_without_a_student(fitted, tmp
     assert "1 by the VFL model, 0 by the student, 1 unanswered" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("student", [True, False], ids=["student", "no_student"])
 def test_plain_and_oblivious_files_are_the_same_rows_on_the_default_split(
     student, with_student, tmp_path, monkeypatch, capsys

@@ -21,7 +21,7 @@ from hypothesis.extra import numpy as hnp
 from lvfl.crypto import fixedpoint, keys, prg
 from lvfl.parties import PartySpec
 from lvfl.privacy import AggregationBackend, DHMasking, Plain
-from lvfl.privacy.masking import SIGNED_KEY_BYTES
+from lvfl.privacy.aggregation.masking import SIGNED_KEY_BYTES
 from lvfl.wire import Wire
 
 RING = 2**64

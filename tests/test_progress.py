@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import lvfl.progress as progress
-from lvfl.crypto import psi as psi_crypto
-from lvfl.crypto.psi import PSIKey
+from lvfl.crypto import ecdh_blinding
+from lvfl.crypto.ecdh_blinding import PSIKey
 from lvfl.progress import Phase
 
 
@@ -74,8 +74,8 @@ def test_a_failed_phase_keeps_its_time_and_prints_no_closing_line() -> None:
 
 def test_a_psi_key_reports_each_chunk_as_it_is_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     """On workers, `done` hears of each chunk, in order, and the counts add up to the batch; here, of all at once."""
-    monkeypatch.setattr(psi_crypto, "PARALLEL_FROM", 10)
-    monkeypatch.setattr(psi_crypto, "CHUNK", 4)
+    monkeypatch.setattr(ecdh_blinding, "PARALLEL_FROM", 10)
+    monkeypatch.setattr(ecdh_blinding, "CHUNK", 4)
     ids = [f"c{i}".encode() for i in range(11)]
     heard: list[int] = []
     with ThreadPoolExecutor(2) as pool:

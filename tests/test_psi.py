@@ -15,7 +15,11 @@ import numpy as np
 import pytest
 from helpers import each_in_a_thread
 
+from lvfl.alignment import kkrt, message_bytes, parts, private_intersection
+from lvfl.alignment.matching import match_positions
+from lvfl.alignment.parts import send_in_parts
 from lvfl.crypto import oprf
+from lvfl.crypto.ecdh_blinding import DST, PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points
 from lvfl.crypto.hash_to_curve import (
     P,
     _add,
@@ -26,12 +30,8 @@ from lvfl.crypto.hash_to_curve import (
     hash_to_u,
     map_to_curve_elligator2,
 )
-from lvfl.crypto.psi import DST, PARALLEL_FROM, POINT_BYTES, PSIKey, secret_permutation, split_points
 from lvfl.federation import FederationError
 from lvfl.federation.rehearsal import MemoryTransport
-from lvfl.privacy import psi_ot, psi_wire
-from lvfl.privacy.psi import message_bytes, private_intersection
-from lvfl.privacy.psi_wire import match_positions, send_in_parts
 from lvfl.wire import Absent, Wire, payload_nbytes
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
@@ -304,6 +304,7 @@ def test_values_matched_by_their_first_word_are_checked_on_the_whole_value(width
         assert np.array_equal(got, expected)
 
 
+@pytest.mark.slow
 def test_large_lists_run_on_worker_processes_with_the_same_result() -> None:
     n = 30_000  # above PARALLEL_FROM: two spawned workers
     ids = {"bank": list(range(n)), "shop": [str(i) for i in range(n // 2, n + n // 2)]}
@@ -323,6 +324,7 @@ def libtorch_mapped(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
 
+@pytest.mark.slow
 def test_a_worker_process_loads_no_pytorch() -> None:
     """A worker runs `lvfl.crypto.psi_batches` (about 30 MB), not PyTorch (about 500 MB a worker).
 
@@ -402,7 +404,7 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
     customer. Through the datamodule now, the seed's permutation guesses right at chance."""
     import csv
 
-    import lvfl.datamodules.tables as tables_module
+    import lvfl.alignment.setup_exchange as setup_exchange
     from lvfl.datamodules import PartyTable, PartyTables
 
     ids = {k: v for k, v in parties().items() if k in ("bank", "retailer")}
@@ -414,9 +416,9 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
             writer.writerow(["id", "x", "y"] if party == "bank" else ["id", "x"])
             writer.writerows([[v, i % 7, i % 2] if party == "bank" else [v, i % 5] for i, v in enumerate(values)])
     active_key = bytes(range(32))  # the attacker's own key, which it knows
-    real = tables_module.private_intersection
+    real = setup_exchange.private_intersection
     monkeypatch.setattr(
-        tables_module, "private_intersection", lambda *a, **kw: real(*a, **{**kw, "keys": {"party0": active_key}})
+        setup_exchange, "private_intersection", lambda *a, **kw: real(*a, **{**kw, "keys": {"party0": active_key}})
     )
     dm = PartyTables(
         [PartyTable(str(files["bank"]), "id", label_column="y"), PartyTable(str(files["retailer"]), "id")],
@@ -435,6 +437,7 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
     assert correct <= 8, f"{correct} of 604 rows recovered from the config seed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
 def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docstring_says(protocol) -> None:
     """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
@@ -490,6 +493,7 @@ class QueueBound:
         return payload
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
 def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monkeypatch, protocol) -> None:
     """Parts of 1,280 bytes: the long messages of three parties' lists in several parts, the result and the ledger
@@ -498,7 +502,7 @@ def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monke
     names = list(ids)
     keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
     whole = private_intersection(ids, active="bank", wire=Wire(), keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
-    monkeypatch.setattr(psi_wire, "PART_BYTES", 40 * POINT_BYTES)
+    monkeypatch.setattr(parts, "PART_BYTES", 40 * POINT_BYTES)
     wire = Wire()
     parted = private_intersection(ids, active="bank", wire=wire, keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
     assert parted.ids == whole.ids
@@ -514,9 +518,9 @@ def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monke
         assert wire.messages["bank", "retailer", "psi/matrix"] == 58
         assert wire.messages["retailer", "bank", "psi/matrix/read"] == 57
 
-    bound = 2 * 40 * POINT_BYTES + psi_wire.READ_DTYPE.itemsize  # two parts and a part number
+    bound = 2 * 40 * POINT_BYTES + parts.READ_DTYPE.itemsize  # two parts and a part number
     if protocol == "kkrt":  # and the seeds (32 kB, whole), which the bank sends just before the matrix
-        bound += psi_ot.SEEDS_BYTES
+        bound += kkrt.SEEDS_BYTES
     transport = QueueBound(limit=bound)
     _, results = each_in_its_view(ids, keys, transport, protocol)
     for name in names:
@@ -527,6 +531,6 @@ def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monke
 
 def test_a_part_longer_than_a_part_is_refused_naming_the_sender() -> None:
     transport = MemoryTransport(timeout=5)
-    transport.post("retailer", "bank", "psi/peer", bytes(psi_wire.PART_BYTES + POINT_BYTES))
+    transport.post("retailer", "bank", "psi/peer", bytes(parts.PART_BYTES + POINT_BYTES))
     with pytest.raises(ValueError, match=r"retailer sent a \d+-byte part of 'psi/peer'; a part is at most"):
         send_in_parts(Wire(here="bank", transport=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")

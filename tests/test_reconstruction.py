@@ -28,6 +28,7 @@ def fit(tmp_path, callbacks, model=None):
     return model
 
 
+@pytest.mark.slow
 def test_grn_reconstructs_from_what_the_active_party_observed_and_nothing_when_the_link_is_cut(tmp_path):
     settings = {"hidden": (128,), "steps": 1000, "lr": 0.01}
     attacks = {

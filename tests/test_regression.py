@@ -109,6 +109,7 @@ def test_the_loss_is_mse_on_standardized_targets_and_a_classification_loss_is_un
     assert model.party_models["party0"](torch.randn(3, 5)).shape == (3, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["easter", "splitnn", "aggvfl", "cvfl", "central"])
 def test_metrics_are_in_the_targets_units_and_equal_scikit_learns_on_the_predictions(tmp_path, protocol):
     torch.manual_seed(0)  # the models' initialization: the figure below must not depend on the tests run before
@@ -216,6 +217,7 @@ def test_party_tables_regress_on_a_numeric_label_column_and_refuse_a_text_by_lin
         PartyTables(write_tables(tmp_path, values), task="regresion")
 
 
+@pytest.mark.slow
 def test_lvfl_fit_then_predict_writes_values_for_the_regression_pieces(tmp_path, monkeypatch):
     from helpers import REPO
 

@@ -154,6 +154,7 @@ def test_fit_then_resume_equals_an_uninterrupted_fit(tmp_path, backend):
     assert all(not t.startswith(RESUME_TAG_PREFIX) for t in whole.wire.bytes_by_tag())
 
 
+@pytest.mark.slow
 def test_resume_through_the_cli_equals_an_uninterrupted_run(tmp_path, monkeypatch):
     """`lvfl fit` 1 epoch then `--ckpt_path last` to 2 epochs = `lvfl fit` 2 epochs, with lvfl's default callbacks."""
     from lvfl.commands.fit import build_cli

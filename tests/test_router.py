@@ -70,6 +70,7 @@ ROUNDED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["DHMasking", "Paillier"])
 @pytest.mark.parametrize("name", list(ROUNDED))
 def test_split_prediction_rounds_as_the_runs_backend_does_bit_for_bit(tmp_path, name, backend):
@@ -123,6 +124,7 @@ def fitted(tmp_path_factory):
     return model, dm, distill.student
 
 
+@pytest.mark.slow
 def test_router_answers_overlap_by_vfl_and_the_rest_by_the_student(fitted):
     model, dm, student = fitted
     router = Router(model, dm, student, bucket_size=16)
@@ -174,6 +176,7 @@ def test_router_meters_one_round_per_party_and_query(fitted):
         assert router.wire.bytes[(k, model.active, "ot_answer")] == layout.answer_bytes  # N * l
 
 
+@pytest.mark.slow
 def test_every_id_costs_each_passive_party_the_same_messages(fitted, monkeypatch):
     """A held ID, an active-only ID inside a passive table (FAIL) and one beyond it: identical passive views."""
     from lvfl.inference import router as router_module

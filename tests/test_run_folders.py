@@ -33,6 +33,7 @@ def loaded_line(out: str, command: str, which: str) -> str:
     return line
 
 
+@pytest.mark.slow
 def test_a_second_fit_leaves_the_first_runs_files_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     args = tiny_wine_cli(tmp_path)
@@ -68,6 +69,7 @@ def best_epoch(experiment: Path, versions: list[str], metric: str = "val/acc/mea
     return min(e for v, e in scored if v == value), value
 
 
+@pytest.mark.slow
 def test_a_resumed_fit_keeps_the_best_epoch_of_the_whole_run(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     args = tiny_wine_cli(tmp_path)
@@ -123,6 +125,7 @@ def fitted_example(tmp_path_factory) -> Path:
     return tmp / "runs" / "bank_retailer" / "version_0"
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load.*:FutureWarning")
 def test_export_predict_and_test_work_from_a_checkpoint_alone(fitted_example, tmp_path, monkeypatch, capsys):
     best = fitted_example / "checkpoints" / "best.ckpt"
@@ -152,6 +155,7 @@ def test_export_predict_and_test_work_from_a_checkpoint_alone(fitted_example, tm
     assert f"lvfl test: --ckpt_path {best}: loaded {best} (epoch" in out
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*torch.jit.load.*:FutureWarning")
 def test_only_a_command_that_produced_something_leaves_a_version_folder(fitted_example, tmp_path, monkeypatch, capsys):
     """`lvfl predict --output` elsewhere and `lvfl export` leave no `version_N` of config and set-up counts only, and a

@@ -274,6 +274,7 @@ def test_export_without_a_checkpoint_is_one_line(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------- another run
+@pytest.mark.slow
 def test_export_refuses_a_checkpoint_of_another_run(tmp_path, capsys):
     """A seed-0 checkpoint exported with seed 1 would pair its weights with another split's scaling."""
     args = tiny(tmp_path)

@@ -35,10 +35,13 @@ from lvfl.federation.federation_file import load_federation, write_federation
 from lvfl.federation.pki import write_test_pki
 from lvfl.serving import ExportedParty, FeatureSource
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.api import HttpEndpoint, check_loopback, score_remote
-from lvfl.serving.contributions import CONTRIBUTE, ContributionServer
+from lvfl.serving.api import HttpEndpoint
+from lvfl.serving.client import score_remote
+from lvfl.serving.contributions import ContributionServer
+from lvfl.serving.service import CONTRIBUTE, check_loopback
 
 
+@pytest.mark.slow
 def test_served_answers_are_lvfl_predicts_for_every_protocol(served, tmp_path) -> None:
     """EASTER with DH masking and randomized response, SplitNN, Agg_VFL with DH masking and PraVFed (label DP): a
     real passive `lvfl serve` process per run, `lvfl score` as the active party; its file is `lvfl predict`'s (both
@@ -72,6 +75,7 @@ def test_served_answers_are_lvfl_predicts_for_every_protocol(served, tmp_path) -
             process.stop()
 
 
+@pytest.mark.slow
 def test_a_passive_party_down_or_late_never_hangs_a_request_and_is_used_again_when_back(served, tmp_path) -> None:
     """The active party's real `lvfl serve` with its gRPC API: a passive party stopped (SIGSTOP) misses the deadline,
     one killed mid-stream is unreachable; either way every request is answered within the deadline, by the student
@@ -143,6 +147,7 @@ def test_a_passive_party_down_or_late_never_hangs_a_request_and_is_used_again_wh
                 process.stop()
 
 
+@pytest.mark.slow
 def test_a_party_serving_another_export_is_refused_at_the_greeting_in_one_line(served, tmp_path, capsys) -> None:
     """party1 serving the same run at another step (another model version): the active party's greeting is
     refused, naming both exports, and `lvfl score` stops with one line."""
@@ -212,7 +217,7 @@ def test_only_the_active_party_its_export_answers_may_ask_for_contributions(serv
             key = federation.key_path(caller).read_bytes()
             certificate = federation.party(caller).certificate.read_bytes()
             with pinned_channel(federation, "party1", key, certificate) as channel:
-                call = channel.unary_unary(CONTRIBUTE, pb.ContributionRequest.SerializeToString,
+                call = channel.unary_unary(CONTRIBUTE.path, pb.ContributionRequest.SerializeToString,
                                            pb.ContributionReply.FromString)  # fmt: skip
                 request = pb.ContributionRequest(request_id="r", export_id=party.export_id, ids=["x"])
                 if code is None:
@@ -289,8 +294,8 @@ def test_a_passive_partys_view_holds_none_of_the_active_partys_other_customers(s
     request, blinded points, the IDs in the clear) is the same but for that customer's 32-byte point, which matches
     nothing the retailer can compute from any candidate ID without the bank's key. The IDs it sees in the clear are
     its own customers', the ones scored."""
+    from lvfl.crypto.ecdh_blinding import DST, split_points
     from lvfl.crypto.hash_to_curve import hash_to_u
-    from lvfl.crypto.psi import DST, split_points
     from lvfl.serving import Scorer
 
     run = served["SplitNN"]
@@ -354,6 +359,7 @@ def test_a_passive_partys_view_holds_none_of_the_active_partys_other_customers(s
     assert not computable & {points[0][1], points[1][1]}
 
 
+@pytest.mark.slow
 def test_each_party_counts_its_requests_rows_latency_and_failures_for_a_scraper(served) -> None:
     """`--metrics`: the counts a Prometheus scraper reads (parsed by prometheus_client's own parser) are the
     requests made, the rows by path each party answered, and, once party1 is stopped, its failure by kind."""

@@ -23,6 +23,7 @@ from lvfl.serving import serving_pb2 as pb
 from lvfl.serving.contributions import ContributionServer
 from lvfl.serving.oblivious import (
     QUERY_BYTES,
+    BucketSizeError,
     KeySetPool,
     KeySets,
     KeySetSpentError,
@@ -102,6 +103,32 @@ def test_a_key_set_serves_one_query_and_bad_messages_are_refused() -> None:
     assert pool.available == 1
 
 
+def test_a_bucket_size_serving_cannot_use_is_refused_by_its_type() -> None:
+    """N not a power of two, or over 4096, is a `BucketSizeError` (a `ValueError`, its words unchanged); a table's
+    negative row count is another fault, a plain `ValueError`."""
+    for n, message in ((48, "the bucket size must be a power of two >= 2, got 48"), (8192, "at most 4096, got 8192")):
+        with pytest.raises(BucketSizeError, match=message):
+            serving_layout(10, n, (4,))
+    with pytest.raises(ValueError, match="a number of rows >= 0") as refused:
+        serving_layout(-1, 64, (4,))
+    assert not isinstance(refused.value, BucketSizeError)
+
+
+@pytest.mark.slow
+def test_lvfl_serve_names_its_bucket_size_option_on_a_bucket_size_it_cannot_use(served, capsys) -> None:
+    """`lvfl serve --oblivious --bucket_size 48` at a passive party stops in one line naming the option, before it
+    listens."""
+    from lvfl.commands import serve
+
+    run = served["SplitNN"]
+    with pytest.raises(SystemExit) as stopped:
+        serve.main(["--party", "party1", "--model", str(run.export / "party1"), "--federation", str(run.federation),
+                    "--table", str(TABLES["party1"]), "--oblivious", "--bucket_size", "48"])  # fmt: skip
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1:] == ["lvfl: error: --bucket_size 48: the bucket size must be a power of two >= 2, got 48"], err
+
+
 def test_a_query_is_the_same_whatever_row_it_asks_for_given_a_matching_secret() -> None:
     """Counterfactual, the passive party's view of a query: (bucket, t, d) for offset o under secret r equals the
     query for any other offset o' of the bucket under r' = r XOR o XOR o'; r -> r' is a bijection of [0, N), so with
@@ -116,6 +143,7 @@ def test_a_query_is_the_same_whatever_row_it_asks_for_given_a_matching_secret() 
     assert sorted(r ^ 3 ^ 9 for r in range(n)) == list(range(n))
 
 
+@pytest.mark.slow
 def test_the_shift_of_a_row_asked_again_and_again_is_uniform() -> None:
     """The same row asked 4,096 times with fresh key sets: its shifts d are uniform on [0, N) (chi-square, p >
     1e-6) and no t repeats: a repeated customer is not recognisable from its queries."""
@@ -166,14 +194,15 @@ class Recording(ContributionServer):
         return super()._lookup(request, context)
 
 
+@pytest.mark.slow
 def test_a_passive_partys_view_is_the_same_whichever_of_its_customers_is_scored(served, monkeypatch) -> None:
     """Counterfactual: the bank scores one shared customer, then another of the retailer's customers in its place
     (one bucket holds the retailer's whole table). The active party's secret draws are the same but for the key
     set's r, replaced by r XOR o XOR o' (as likely). Everything the retailer receives is then the same but the
     customer's blinded point, which matches nothing it can compute; no ID comes in the clear; t is the number of
     the first key set it prepared itself. The answers are the VFL model's, equal to plain mode's."""
+    from lvfl.crypto.ecdh_blinding import DST, split_points
     from lvfl.crypto.hash_to_curve import hash_to_u
-    from lvfl.crypto.psi import DST, split_points
 
     run = served["SplitNN"]
     federation = load_federation(run.federation)
@@ -229,6 +258,7 @@ def test_a_passive_partys_view_is_the_same_whichever_of_its_customers_is_scored(
     assert not computable & set(members)
 
 
+@pytest.mark.slow
 def test_a_passive_party_down_gives_student_answers_and_is_used_again_when_back(served) -> None:
     """party1 stopped: the request is answered by the student within the deadline, saying why; a new party1 on
     the same address (its key sets gone with the old one) answers the next request by the VFL model again."""
@@ -266,6 +296,7 @@ def test_a_passive_party_down_gives_student_answers_and_is_used_again_when_back(
 
 
 # -- real processes ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SplitNN", "EASTER-DHMasking-RandomizedResponse"])
 def test_served_oblivious_answers_are_lvfl_predicts(served, tmp_path, name) -> None:
     """Real passive `lvfl serve --oblivious` processes (two for the DH-masked EASTER run), `lvfl score --oblivious`
@@ -294,6 +325,7 @@ def test_served_oblivious_answers_are_lvfl_predicts(served, tmp_path, name) -> N
             process.stop()
 
 
+@pytest.mark.slow
 def test_a_party_serving_another_mode_is_refused_at_the_greeting_in_one_line(served, tmp_path, capsys) -> None:
     """party1 serving oblivious lookups, the bank asking in plain mode: refused at the greeting, one line naming
     both modes; the IDs never leave the bank."""

@@ -95,8 +95,11 @@ def passive_view(dm: VerticalDataModule) -> dict[str, Any]:
     return view
 
 
-def exact(payload: Any) -> bytes:
-    """A deterministic set-up message (the split, `PartyTables`' task and input columns) as its bytes."""
+def exact(payload: Any) -> Any:
+    """A deterministic set-up message (the split, `PartyTables`' task and input columns) as its bytes, by party name
+    where it is a dict (the input columns)."""
+    if isinstance(payload, dict):
+        return {name: exact(value) for name, value in payload.items()}
     return payload.numpy().tobytes() if isinstance(payload, torch.Tensor) else bytes(payload)
 
 

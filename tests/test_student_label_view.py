@@ -121,6 +121,7 @@ def reference_soft_labels(teacher: VFLModule, batch: Any) -> torch.Tensor:
 
 
 # -- (a) the teacher and the channel, counterfactually ---------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("channel_name", sorted(CHANNELS))
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protocol, channel_name, tmp_path):
@@ -163,6 +164,7 @@ def test_passive_inbox_of_the_teacher_path_does_not_depend_on_true_labels(protoc
         assert down == {"teacher/global_embedding"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("channel_name", sorted(CHANNELS))
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 def test_callback_sends_no_prediction_or_soft_label_to_a_passive_party(protocol, channel_name, tmp_path):

@@ -37,6 +37,7 @@ def test_cost_rows_give_the_relative_and_absolute_figures():
     assert format_table(psi).splitlines()[1] == "| mechanism | time | bytes |"
 
 
+@pytest.mark.slow
 def test_lvfl_fit_twin_prints_the_cost_against_a_plain_fit_of_the_same_config(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     config = "configs/easter/wine.yaml"
@@ -58,6 +59,7 @@ def test_lvfl_fit_twin_prints_the_cost_against_a_plain_fit_of_the_same_config(tm
     assert re.search(r": keys \+0\.0009 MB \|$", line), line
 
 
+@pytest.mark.slow
 def test_twin_is_refused_where_it_cannot_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     common = ["--config", "configs/easter/wine.yaml", f"--trainer.logger.init_args.save_dir={tmp_path}"]

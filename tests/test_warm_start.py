@@ -36,6 +36,7 @@ def test_a_launch_starts_warm_only_where_each_party_needs_no_gpu_of_its_own(monk
     assert warm_start_possible() is (warm and sys.platform != "win32")
 
 
+@pytest.mark.slow
 def test_a_warm_process_that_ended_before_its_part_answers_nothing_and_takes_no_part(tmp_path):
     """One that could not start (here Python itself cannot) gives no answer and no process: the launcher then reads
     the config itself and starts the part afresh (`launch._run_parties`)."""

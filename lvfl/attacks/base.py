@@ -13,36 +13,35 @@ shell from
 - what is public: the protocol's declaration of what each tag a passive party receives is (`VFLModule.passive_inbox`)
   and the task (the number of classes).
 
-The subclass implements `infer(view)` and nothing else; the shell holds the batch's true labels for scoring only,
-excludes the samples whose labels the attacker was given, and logs `attack/<name>/<metric>` (and the trivial
-baseline the metric is judged against, `attack/<name>/baseline_<metric>`) per training epoch to every logger.
-An attack refuses, by name, a protocol whose passive parties receive none of the messages it reads.
+The subclass implements `infer(view)` and nothing else (the view: `lvfl.attacks.view`); the shell holds the batch's true
+labels for scoring only (`lvfl.attacks.scoring`), excludes the samples whose labels the attacker was given, and logs
+`attack/<name>/<metric>` (and the trivial baseline the metric is judged against, `attack/<name>/baseline_<metric>`) per
+training epoch to every logger. An attack refuses, by name, a protocol whose passive parties receive none of the
+messages it reads.
 
 Assumptions: a semi-honest attacker (it follows the protocol and computes on the side); the simulation's Wire
 delivers to its observers exactly what the receiving party's process would receive (the parity tests check that).
 
 Deployed (`lvfl party`, `lvfl launch`: every party its own process), the attack runs in the attacking party's process
 only, with exactly what that process holds; in every other process it does nothing. That process holds no truth (no
-label, no other party's features), so it scores nothing: each epoch it writes its guesses to its own run folder,
-`attacks/<name>.csv` (epoch, step, sample ID, one score per class, or the guessed features) beside
-`attacks/<name>.json` (the attack, its metrics, the task, which samples it knew), and `lvfl attack-score` scores them
-afterwards against the truth, in a separate step that whoever holds both files runs (`lvfl.commands.attack_score`).
+label, no other party's features), so it scores nothing: each epoch it writes its guesses to its own run folder
+(`lvfl.attacks.guesses`), `attacks/<name>.csv` (epoch, step, sample ID, one score per class, or the guessed features)
+beside `attacks/<name>.json` (the attack, its metrics, the task, which samples it knew), and `lvfl attack-score` scores
+them afterwards against the truth, in a separate step that whoever holds both files runs (`lvfl.commands.attack_score`).
 Side knowledge (`known_labels`, `known_features`) reaches a deployed attacker as a file in its own hands
 (`side_knowledge`, `lvfl.attacks.side_knowledge`), never drawn from truth its process does not hold; a simulated attack
-that drew its side knowledge writes it in that format (`attacks/<name>.known.csv`), so a deployed rerun can be given
-the same.
+that drew its side knowledge writes it in that format (`attacks/<name>.known.csv`), so a deployed rerun can be given the
+same.
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import hashlib
-import json
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -50,12 +49,18 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import nn
 
+from lvfl.attacks.fitting import fit_full_batch
+from lvfl.attacks.guesses import Guess, inferences_path, write_guesses
+from lvfl.attacks.scoring import Tally, evaluate
 from lvfl.attacks.side_knowledge import known_path, read_known_features, read_known_labels, write_known
+from lvfl.attacks.view import PartyView, Received
 from lvfl.loggers import log_to_loggers
 from lvfl.observing import WireObserver
-from lvfl.privacy.label_dp import randomized_response_keep_probability
+from lvfl.privacy.labels.mechanisms import randomized_response_keep_probability
 from lvfl.wire import Wire
 
+# the view, the scoring, the attacker's fitting and the guesses file live in their own modules; their public names
+# are importable from here as well
 __all__ = [
     "Attack",
     "AttackRecord",
@@ -68,97 +73,11 @@ __all__ = [
 ]
 
 
-def inferences_path(log_dir: str | Path, name: str) -> Path:
-    """Where a deployed attack named `name` writes its guesses in its party's run folder `log_dir`."""
-    return Path(log_dir) / "attacks" / f"{name}.csv"
-
-
-@dataclass(frozen=True)
-class Received:
-    """One message the attacking party received: who sent it, under which tag, the payload as it arrived."""
-
-    src: str
-    tag: str
-    payload: Any
-
-
-@dataclass(frozen=True)
-class PartyView:
-    """Everything party `party` holds at the end of one training step: all an attack may read.
-
-    Attributes:
-        party: the attacking party.
-        ids: the batch's sample IDs, in the batch's order (the rows this party served).
-        features: this party's own slice of the batch (model input).
-        inbox: the messages this party received during the step, in order.
-        setup_inbox: the messages it received outside any training step so far (set-up, a release sent once).
-        model: its own party model (an `encoder` and a `head`), as it is after the step.
-        train_ids: the IDs of the training rows it holds, ascending.
-        train_features: its own slice of those rows (model input), in the same order.
-        known_labels: the declared side knowledge: sample ID -> label, for the auxiliary samples it was given.
-        kinds: the protocol's public declaration: tag -> what a message under it is (`lvfl.messages`).
-        num_classes: the task's number of classes.
-        epoch: the training epoch.
-        batch_idx: the step's index in the epoch.
-        num_parties: C, the run's number of parties (public: the config).
-        own_encoding: its own encoder's output on its slice of the batch, as the step computed it (for an attack
-            that declares `needs_own_encoding`).
-        known_features: the declared side knowledge of a feature attack: sample ID -> the active party's features,
-            for the `known_features` auxiliary samples it was given.
-    """
-
-    party: str
-    ids: torch.Tensor
-    features: torch.Tensor
-    inbox: tuple[Received, ...]
-    setup_inbox: tuple[Received, ...]
-    model: nn.Module | None
-    train_ids: torch.Tensor
-    train_features: torch.Tensor
-    known_labels: Mapping[int, int]
-    kinds: Mapping[str, str]
-    num_classes: int
-    epoch: int
-    batch_idx: int
-    num_parties: int = 0
-    own_encoding: torch.Tensor | None = None
-    known_features: Mapping[int, torch.Tensor] = field(default_factory=dict)
-
-    def received(self, kind: str, setup: bool = False) -> list[Any]:
-        """The payloads of this step's messages (or the set-up ones) whose tag the protocol declares as `kind`."""
-        messages = self.setup_inbox if setup else self.inbox
-        return [m.payload for m in messages if self.kinds.get(m.tag) == kind]
-
-    def known_in_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions in the batch of the samples whose labels this party was given, and those labels."""
-        if not self.known_labels:
-            return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
-        ids = self.ids.tolist()
-        positions = [i for i, sample in enumerate(ids) if sample in self.known_labels]
-        labels = [self.known_labels[ids[i]] for i in positions]
-        return torch.tensor(positions, dtype=torch.long), torch.tensor(labels, dtype=torch.long)
-
-
 @dataclass(frozen=True)
 class _Addressed(Received):
     """A message received outside a training step, with its addressee (held before the attacker is known)."""
 
     dst: str = ""
-
-
-@dataclass
-class _Tally:
-    """One epoch's scored samples, step by step: the attack's guesses and the truth (labels or features; CPU)."""
-
-    scores: list[torch.Tensor] = field(default_factory=list)
-    truths: list[torch.Tensor] = field(default_factory=list)
-
-    def add(self, scores: torch.Tensor, truth: torch.Tensor) -> None:
-        self.scores.append(scores.detach().float().cpu())
-        self.truths.append(truth.detach().cpu())
-
-    def __len__(self) -> int:
-        return sum(len(t) for t in self.truths)
 
 
 class AttackRecord(Callback):
@@ -269,10 +188,10 @@ class Attack(AttackRecord, WireObserver):
         self._truth: torch.Tensor | None = None
         self._ids: torch.Tensor | None = None
         self._features: torch.Tensor | None = None
-        self._tally = _Tally()
+        self._tally = Tally()
         self._inert = False  # deployed, in a process other than the attacking party's: the attack is not here
         self._deployed = False  # deployed, in the attacking party's own process: guesses written, nothing scored
-        self._guesses: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (epoch, step, ids, scores)
+        self._guesses: list[Guess] = []  # (epoch, step, ids, scores)
 
     # -- what a subclass implements ----------------------------------------------------------------------------------
     @abstractmethod
@@ -408,7 +327,7 @@ class Attack(AttackRecord, WireObserver):
             self._setup.append(_Addressed(src, tag, payload, dst))
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:  # noqa: D102
-        self._tally = _Tally()
+        self._tally = Tally()
         self._guesses = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -501,31 +420,20 @@ class Attack(AttackRecord, WireObserver):
         """Append the epoch's guesses to `attacks/<name>.csv` in this party's run folder (the description beside it)."""
         if trainer.log_dir is None or not trainer.is_global_zero:
             return
-        path = inferences_path(trainer.log_dir, self.metric_name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not path.exists() or trainer.current_epoch == 0
-        if fresh and not self._guesses:  # nothing guessed yet (an inversion's first epoch): the file starts later
-            return
-        width = self._guesses[0][3].shape[1] if self._guesses else self._num_classes
-        column = "score" if self.target == "labels" else "x"
-        if fresh:
-            # what the attacker knew is its own (its side knowledge's IDs, their features' mean for the baseline)
-            known = sorted(self._known.keys() | self._known_features.keys())
-            about = {"attack": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.metric_name,
-                     "party": self.party, "metrics": list(self.metrics), "num_classes": self._num_classes,
-                     "target": self.target, "width": width, "known_ids": known}  # fmt: skip
-            if self._known_features:
-                prior = torch.stack([x.reshape(-1) for x in self._known_features.values()]).mean(dim=0)
-                about["prior"] = [float(v) for v in prior.tolist()]
-            path.with_suffix(".json").write_text(json.dumps(about, indent=1) + "\n")
-        with path.open("w" if fresh else "a", newline="") as f:
-            out = csv.writer(f)
-            if fresh:
-                out.writerow(["epoch", "step", "id", *(f"{column}_{k}" for k in range(width))])
-            for epoch, step, ids, scores in self._guesses:
-                for sample, row in zip(ids.tolist(), scores.tolist(), strict=True):
-                    out.writerow([epoch, step, sample, *(repr(float(v)) for v in row)])
+        write_guesses(trainer.log_dir, self.metric_name, trainer.current_epoch, self._guesses, self._description)
         self._guesses = []
+
+    def _description(self, width: int) -> dict[str, Any]:
+        """The description written beside a deployed attack's guesses (`lvfl.attacks.guesses`), `width` values each."""
+        # what the attacker knew is its own (its side knowledge's IDs, their features' mean for the baseline)
+        known = sorted(self._known.keys() | self._known_features.keys())
+        about = {"attack": f"{type(self).__module__}.{type(self).__qualname__}", "name": self.metric_name,
+                 "party": self.party, "metrics": list(self.metrics), "num_classes": self._num_classes,
+                 "target": self.target, "width": width, "known_ids": known}  # fmt: skip
+        if self._known_features:
+            prior = torch.stack([x.reshape(-1) for x in self._known_features.values()]).mean(dim=0)
+            about["prior"] = [float(v) for v in prior.tolist()]
+        return about
 
 
 def attacking_party(attack: object, pl_module: LightningModule, party: str | None, reads: Sequence[str]) -> str:
@@ -548,73 +456,3 @@ def attacking_party(attack: object, pl_module: LightningModule, party: str | Non
             f"receives {', '.join(offers)}"
         )
     return str(party)
-
-
-def evaluate(
-    scores: torch.Tensor | Sequence[torch.Tensor],
-    labels: torch.Tensor | Sequence[torch.Tensor],
-    metrics: tuple[str, ...],
-    prior: torch.Tensor | None = None,
-) -> dict[str, float]:
-    """The attack's metrics over scored samples (one tensor, or one per step), with trivial baselines and the count.
-
-    - accuracy: the fraction whose argmax class is the true label, over every sample; its baseline is guessing the
-      most frequent class of these samples (an attacker who knows the class prior and nothing else);
-      `accuracy_se` is its binomial standard error.
-    - mse (a feature attack: `labels` are the true features): the mean squared error per feature; its baseline,
-      `baseline_mse`, guesses `prior` (the mean of the samples the attacker knows) for every sample, or zeros.
-    - auc (binary): Li et al.'s leak AUC, the ROC AUC of column 1 minus column 0 for label 1, per step and averaged
-      over the steps that hold both classes (scores of different steps come from different models and references,
-      so they are ranked within a step, as the attacker ranks them); its baseline is 0.5.
-    """
-    from torchmetrics.functional.classification import binary_auroc
-
-    steps_scores = [scores] if isinstance(scores, torch.Tensor) else list(scores)
-    steps_labels = [labels] if isinstance(labels, torch.Tensor) else list(labels)
-    every_score, every_label = torch.cat(steps_scores), torch.cat(steps_labels)
-    n = len(every_label)
-    out: dict[str, float] = {"samples": float(n)}
-    if "mse" in metrics:
-        guess, truth = every_score.float().reshape(n, -1), every_label.float().reshape(n, -1)
-        base = torch.zeros(truth.shape[1]) if prior is None else prior.float().reshape(-1)
-        out["mse"] = (guess - truth).pow(2).mean().item()
-        out["baseline_mse"] = (base.unsqueeze(0) - truth).pow(2).mean().item()
-    if "accuracy" in metrics:
-        accuracy = (every_score.argmax(dim=1) == every_label).double().mean().item()
-        out["accuracy"] = accuracy
-        out["accuracy_se"] = math.sqrt(accuracy * (1 - accuracy) / n)
-        out["baseline_accuracy"] = torch.bincount(every_label).max().item() / n
-    if "auc" in metrics:
-        if every_score.shape[1] != 2:
-            raise ValueError(f"the leak AUC is for binary tasks; these scores have {every_score.shape[1]} classes")
-        aucs = [
-            binary_auroc(s[:, 1] - s[:, 0], y).item()
-            for s, y in zip(steps_scores, steps_labels, strict=True)
-            if len(torch.unique(y)) == 2
-        ]
-        if aucs:
-            out["auc"] = sum(aucs) / len(aucs)
-            out["baseline_auc"] = 0.5
-    return out
-
-
-def fit_full_batch(
-    model: nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    steps: int,
-    lr: float,
-    weight_decay: float,
-) -> nn.Module:
-    """Fit an attacker's own small model (a head, an inverse map) on its side knowledge: full-batch Adam steps.
-
-    Gradients are on even inside a hook that runs under no_grad; the protocol's models are never touched.
-    """
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-    with torch.enable_grad():
-        for _ in range(steps):
-            optimizer.zero_grad()
-            loss(model(inputs), targets).backward()
-            optimizer.step()
-    return model

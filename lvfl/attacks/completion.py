@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from lvfl.attacks.base import Attack, PartyView, fit_full_batch
+from lvfl.attacks.base import Attack, PartyView
+from lvfl.attacks.fitting import fit_full_batch
 
 __all__ = ["PassiveModelCompletion"]
 

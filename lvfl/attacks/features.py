@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
-from lvfl.attacks.base import Attack, PartyView, fit_full_batch
+from lvfl.attacks.base import Attack, PartyView
+from lvfl.attacks.fitting import fit_full_batch
 from lvfl.messages import GLOBAL_EMBEDDING
 
 __all__ = ["EmbeddingInversion"]

@@ -33,7 +33,8 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
-from lvfl.attacks.base import AttackRecord, fit_full_batch
+from lvfl.attacks.base import AttackRecord
+from lvfl.attacks.fitting import fit_full_batch
 
 __all__ = ["GenerativeRegression"]
 

@@ -15,7 +15,7 @@ Logged to every logger (`lvfl.loggers`), in seconds:
 - per training epoch: `sim/epoch_time`, `sim/epoch_comm_time` and `sim/wall_time`; once, `sim/setup_time`.
 
 With `keep_trace: true` every phase is kept (`trace`), so `replay` can time the same run under other profiles
-without rerunning it (benchmarks/network.py sweeps bandwidths and latencies that way).
+without rerunning it (benchmarks/perf/network.py sweeps bandwidths and latencies that way).
 
 Example config (a low-performance device at party3, the others on 100 Mbps / 10 ms links)::
 
@@ -86,12 +86,12 @@ class NetworkSimulator(Callback):
         print_summary: print the simulated times at the end of fit.
         message_ms: each message's processing at each end (serialization, TLS, the RPC stack), in ms; 0 (default):
             the links alone. It decides a LAN's step, where a message's half millisecond on the wire is no more than
-            its processing; `benchmarks/transport_latency.py` measures lvfl's on a machine (a quarter of the round
-            trip it prints).
+            its processing; `benchmarks/perf/transport_latency.py` measures lvfl's on a machine (a quarter of the
+            round trip it prints).
         compute_scale: a factor on every party's measured compute (times its device class's), for compute that runs
             slower where the parties are than in this fit: a launched party process also runs the other parties'
-            parts as shadows and its own training loop, on cores it may share. `benchmarks/network_check.py` measures
-            a launch's factor on this machine (1.0-3.0 on the digits configs). Default 1.
+            parts as shadows and its own training loop, on cores it may share. `benchmarks/perf/network_check.py`
+            measures a launch's factor on a machine (docs/results.md). Default 1.
     """
 
     def __init__(

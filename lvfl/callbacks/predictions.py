@@ -1,16 +1,10 @@
 """`PredictionWriter`: `lvfl predict` writes its predictions to a file, one row per sample, keyed by its ID.
 
 A Lightning `BasePredictionWriter`: at the end of the predict epoch it gathers every batch's `predict_step` output
-(sample IDs and each predicting party's class probabilities) and writes one row per sample:
-
-- `id`: the business ID where the datamodule keeps them (`PartyTables.business_ids`), else lvfl's sample ID;
-- `prediction`: the predicted class, decoded to its label where the datamodule has names (`label_names`);
-- `prob_<class>`: the answering model's class probabilities (a regression writes the predicted value, in the
-  target's units, as `prediction` and no probabilities);
-- `path`: which model answered: `vfl` (every party holds the sample and the federation's model answers) or
-  `student` (only the active party holds it: the student model saved with the run answers); empty where nobody did;
-- `reason`: why a row has no answer (empty `prediction` and probabilities): only the active party holds it and the
-  run saved no student, or the ID is not the active party's (`lvfl.commands.predict`). Every requested row is written.
+(sample IDs and each predicting party's class probabilities) and writes one row per sample, in the columns of
+`lvfl.prediction_rows` (`id`, `prediction`, `prob_<class>`, `path`, `reason`), the rows `lvfl serve` answers too.
+A row nobody answers carries its reason: only the active party holds it and the run saved no student, or the ID is
+not the active party's (`lvfl.commands.predict`). Every requested row is written.
 
 Answers computed outside the predict loop (the student's, the reasons, or every answer of `lvfl predict
 --oblivious`, which the `Router` computes from oblivious lookups) are handed over with `request` and written with
@@ -24,7 +18,6 @@ or a party's name.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any
 
@@ -32,49 +25,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-__all__ = ["NO_STUDENT", "UNKNOWN_ID", "PredictionWriter", "prediction_row", "write_predictions"]
+from lvfl.prediction_rows import FORMATS, prediction_row, write_predictions
 
-FORMATS = (".csv", ".parquet")
-#: the reason written for a row only the active party holds when the run saved no student
-NO_STUDENT = (
-    "held by the active party only, and the run saved no student to answer it (fit with "
-    "lvfl.callbacks.StudentDistillation)"
-)
-#: the reason written for an ID that is not the active party's
-UNKNOWN_ID = "not an ID of the active party"
-
-
-def prediction_row(key: str, output: torch.Tensor | None, path: str, reason: str, names: list[str]) -> dict[str, Any]:
-    """One file row: a regression's value, or the class and its probabilities (`names`); empty without an answer."""
-    if not names:  # regression
-        return {"id": key, "prediction": None if output is None else float(output), "path": path, "reason": reason}
-    probs = [None] * len(names) if output is None else [float(p) for p in output.tolist()]
-    return {
-        "id": key,
-        "prediction": None if output is None else names[int(output.argmax())],
-        **{f"prob_{name}": p for name, p in zip(names, probs, strict=True)},
-        "path": path,
-        "reason": reason,
-    }
-
-
-def write_predictions(path: str | Path, rows: list[dict[str, Any]]) -> None:
-    """`rows` (of `prediction_row`) to `path`: `.csv` (the `csv` module) or `.parquet` (pyarrow); its folder made."""
-    path = Path(path)
-    if path.suffix.lower() not in FORMATS:
-        raise ValueError(f"{path}: the predictions file must end in one of {list(FORMATS)} (the file's format)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = list(rows[0]) if rows else ["id", "prediction", "path", "reason"]
-    if path.suffix.lower() == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        pq.write_table(pa.table({k: [r[k] for r in rows] for k in header}), path)
-        return
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=header)
-        writer.writeheader()
-        writer.writerows(rows)
+__all__ = ["PredictionWriter"]
 
 
 class PredictionWriter(BasePredictionWriter):

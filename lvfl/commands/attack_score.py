@@ -4,7 +4,7 @@
         --config configs/easter/digits.yaml [--output scores.json]
 
 Deployed, an attack runs in its party's own process, which holds no truth, and writes its guesses per epoch
-(`lvfl.attacks.base`: `attacks/<name>.csv` and its description `attacks/<name>.json`). This command is the other
+(`lvfl.attacks.guesses`: `attacks/<name>.csv` and its description `attacks/<name>.json`). This command is the other
 half, run by whoever holds both the guesses and the truth (a maintainer measuring a federation): it sets the run's
 datamodule up from the same config as one process that holds every party's data (for `PartyTables`, every table),
 takes the truth of the training samples by sample ID (their labels, or for a feature attack the active party's

@@ -84,8 +84,8 @@ _EXIT_STATUS: list[int] = []
 def _leave_without_teardown() -> None:
     """End the process once every exit handler has run, skipping the interpreter's teardown of its modules.
 
-    Why: with PyTorch and Lightning loaded, tearing the modules down takes about 1.5 s on the development machine,
-    after the command's work is done; a launch pays it in every party and then in the launcher. By the time this
+    Why: with PyTorch and Lightning loaded, tearing the modules down takes a second or more after the command's
+    work is done; a launch pays it in every party and then in the launcher. By the time this
     runs (the last exit handler), Python has joined every non-daemon thread and run every other handler (loggers
     flushed, temporary folders removed, worker processes stopped), so only the teardown is skipped. It applies to a
     command that ended by returning or by `SystemExit`; an uncaught exception takes the usual way out. It is

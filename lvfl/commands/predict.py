@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from lvfl.callbacks.predictions import NO_STUDENT, UNKNOWN_ID
+from lvfl.prediction_rows import NO_STUDENT, UNKNOWN_ID
 
 __all__ = [
     "NO_STUDENT",

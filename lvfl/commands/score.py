@@ -97,13 +97,13 @@ def main(argv: list[str]) -> None:
                              "--model and --table to score here")  # fmt: skip
         ids = read_ids(own.ids) if own.ids is not None else []
         if own.server is not None:
-            from lvfl.serving.api import score_remote
+            from lvfl.serving.client import score_remote
 
             rows, columns = _read_rows(own.rows, own.id_column) if own.rows is not None else ({}, [])
             answers = score_remote(own.server, ids, rows, columns, own.deadline, wait=own.wait, waiting=_say)
         else:
             answers = _score_here(own, ids)
-        from lvfl.callbacks.predictions import write_predictions
+        from lvfl.prediction_rows import write_predictions
 
         write_predictions(own.output, answers)
         print(f"lvfl score: {len(answers)} rows written to {own.output}: {summary(answers)}")

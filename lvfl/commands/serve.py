@@ -134,16 +134,14 @@ def main(argv: list[str]) -> None:
             print(f"lvfl serve: {own.party}'s metrics at http://{own.metrics}/metrics", flush=True)
         about = f"{party.describe()}, {source.rows} rows of {own.table}"
         if party.role != "active":
-            from lvfl.serving.oblivious import DEFAULT_BUCKET_SIZE
+            from lvfl.serving.oblivious import DEFAULT_BUCKET_SIZE, BucketSizeError
 
             bucket_size = own.bucket_size if own.bucket_size is not None else DEFAULT_BUCKET_SIZE
             try:
                 server = ContributionServer(federation, party, source, key, own.listen, metrics=metrics,
                                             oblivious=own.oblivious, bucket_size=bucket_size).start()  # fmt: skip
-            except ValueError as err:
-                if "bucket size" in str(err):
-                    raise ValueError(f"--bucket_size {bucket_size}: {err}") from None
-                raise
+            except BucketSizeError as err:
+                raise ValueError(f"--bucket_size {bucket_size}: {err}") from None
             if metrics is not None:
                 metrics.start(own.metrics)
             seen = (f"oblivious: of each request's IDs only a bucket of {bucket_size} rows is seen here"

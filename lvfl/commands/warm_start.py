@@ -54,7 +54,7 @@ REPLY_FD = "LVFL_WARM_REPLY_FD"
 def take_front_door(argv: list[str]) -> None:
     """Make this process `python -m lvfl ARGV` as far as Python can tell: `sys.argv` and the `__main__` module.
 
-    `__main__` matters to the processes a party spawns (the PSI's workers, `lvfl.crypto.psi.worker_pool`):
+    `__main__` matters to the processes a party spawns (the PSI's workers, `lvfl.crypto.ecdh_blinding.worker_pool`):
     multiprocessing's spawn runs the parent's main module again in each child, unless it is a package's `__main__`
     as `python -m lvfl`'s is, and the warm process's own (`lvfl.commands.warm_party`) imports PyTorch and Lightning,
     about 900 MB in every worker.

@@ -1,7 +1,8 @@
 """CKKS in one place: the parameter set, what it guarantees, and the TenSEAL calls, as pure functions.
 
 `CKKSParameters` is a frozen, self-validating parameter set; every function below takes it (or TenSEAL objects
-made from it) explicitly. `lvfl.privacy.ckks.CKKS` (the recipe) holds the keys and runs the protocol on top.
+made from it) explicitly. `lvfl.privacy.aggregation.ckks.CKKS` (the recipe) holds the keys and runs the protocol on
+top.
 
 Security parameters. The total coefficient-modulus size must respect the HomomorphicEncryption.org standard bound
 for uniform ternary secrets and classical security (the same table SEAL enforces for 128 bits):

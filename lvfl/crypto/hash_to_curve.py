@@ -4,13 +4,13 @@
 field elements, each is mapped by Elligator 2 (`map_to_curve_elligator2`, Z = 2), the two points are added and the
 cofactor 8 is cleared. It matches the RFC's test vectors (Appendix J.4.1; `tests/test_psi.py`).
 
-The private set intersection (`lvfl.crypto.psi`) needs only the u-coordinate of the sum *before* the cofactor is
-cleared (`hash_to_u`): it is fed straight into X25519, whose clamped scalars are multiples of 8, so X25519(k, u(R))
-= (k/8)·(8R) is the same group element as the RFC's output raised to k/8, and the three doublings are saved.
-`hash_to_u` also takes the RFC's straight-line map (Appendix G.2.1: one exponentiation per map, which yields the
-square root and the branch together, in place of a Legendre symbol, an inversion and a root) and adds the two
-points with one inversion: the same u-coordinate as the affine reference (`map_to_curve_elligator2`, `_add`) in
-about four fifths of the time (`benchmarks/psi.py` prints both). The PSI hashes every ID of every party: about half
+The private set intersection (`lvfl.crypto.ecdh_blinding`) needs only the u-coordinate of the sum *before* the
+cofactor is cleared (`hash_to_u`): it is fed straight into X25519, whose clamped scalars are multiples of 8, so
+X25519(k, u(R)) = (k/8)·(8R) is the same group element as the RFC's output raised to k/8, and the three doublings
+are saved. `hash_to_u` also takes the RFC's straight-line map (Appendix G.2.1: one exponentiation per map, which
+yields the square root and the branch together, in place of a Legendre symbol, an inversion and a root) and adds the
+two points with one inversion: the same u-coordinate as the affine reference (`map_to_curve_elligator2`, `_add`) in
+about four fifths of the time (`benchmarks/perf/psi.py` prints both). The PSI hashes every ID of every party: about half
 of its work.
 
 Field arithmetic on Python integers with gmpy2 (a dependency already). Not constant-time: fine for the simulated,

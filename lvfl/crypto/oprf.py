@@ -13,7 +13,7 @@ C(y) has about 256 bits set (at least KKRT's 128 with overwhelming probability),
 Here: C is AES-128 under a public key over 4 blocks of a 16-byte keyed BLAKE2b digest of the item (each block with
 4i + j in its last byte: distinct for each function i); the PRG is AES-128-CTR under the seed; H is BLAKE2b salted
 with the bin's number, truncated to the bytes the caller asks for (`value_bytes`). Only numpy and `cryptography`:
-the PSI that moves these values between parties is `lvfl.privacy.psi_ot`.
+the PSI that moves these values between parties is `lvfl.alignment.kkrt`.
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ def cuckoo(candidates: np.ndarray, bins: int, seed: int, max_rounds: int = 1000)
     Every round, each item without a bin takes the bin of its current function, all at once: where several take one
     bin, one of them keeps it, and the bin's earlier item is moved out. Every item left without a bin then switches
     to one of its other functions at random, for the next round. This is the random-walk insertion done for all
-    items together, on whole arrays, where a Python loop over the items was the slowest part of the active party's
-    bins (`benchmarks/psi.py` prints that step: 1.0 s for a million IDs, digests included, 2.7 s with the loop); the
-    rounds needed shrink fast below the load where 3-way cuckoo hashing stops succeeding, 0.91 items a bin.
+    items together, on whole arrays: a loop over the items in Python would be the slowest part of the active
+    party's bins (`benchmarks/perf/psi.py` prints that step; docs/results.md has its times). The rounds needed
+    shrink fast below the load where 3-way cuckoo hashing stops succeeding, 0.91 items a bin.
 
     Returns per bin the item it holds (-1: empty) and the function that put it there. `seed` picks the functions
     the moved items switch to: the PSI draws it from the OS (`random_seed`), never from a config, although the

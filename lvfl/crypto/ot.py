@@ -28,7 +28,7 @@ Assumptions and caveats:
 Party roles: `OTSender` and `OTReceiver` hold the secrets and produce/consume explicit messages; this module moves
 nothing between parties (it imports nothing from the rest of lvfl). Drivers that run both roles with every message
 on a `Wire` live above it: `lvfl.privacy.oblivious_transfer` (batched 1-out-of-2 OT) and the oblivious lookup
-(`lvfl.inference.oblivious`); the naive 1-out-of-N OT baseline of the OT benchmark is `benchmarks/naive_ot.py`.
+(`lvfl.inference.oblivious`); the naive 1-out-of-N OT baseline of the OT benchmark is `benchmarks/perf/naive_ot.py`.
 """
 
 from __future__ import annotations

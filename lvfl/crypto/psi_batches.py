@@ -1,8 +1,9 @@
-"""The batch work of the PSI that worker processes run: hash and blind IDs, re-blind points (`lvfl.crypto.psi`).
+"""The batch work of ECDH-PSI that worker processes run: hash and blind IDs, re-blind points.
 
-A module of its own, importing only `cryptography` and the hash to the curve, because a worker process imports the
-module of the function it runs: from here that is a Python of about 30 MB, where `lvfl.crypto.psi` (which draws its
-secret permutations as torch tensors, `lvfl.crypto.prg`) would load PyTorch into every worker, about 500 MB each.
+The blinding itself (`PSIKey`) is `lvfl.crypto.ecdh_blinding`. A module of its own, importing only `cryptography` and
+the hash to the curve, because a worker process imports the module of the function it runs: from here that is a
+Python of about 30 MB, where `lvfl.crypto.ecdh_blinding` (which draws its secret permutations as torch tensors,
+`lvfl.crypto.prg`) would load PyTorch into every worker, about 500 MB each.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ only on training batches (`VerticalDataModule.on_after_batch_transfer`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 import torch
@@ -163,3 +163,27 @@ def reassemble(strips: Sequence[torch.Tensor], columns: Sequence[Sequence[int]],
     for strip, cols in zip(strips, columns, strict=True):
         canvas[..., torch.as_tensor(cols, device=strip.device)] = strip
     return canvas
+
+
+def augment_slices(
+    aug: SampleAugmentation,
+    features: dict[str, torch.Tensor],
+    columns: Mapping[str, Sequence[int]],
+    width: int,
+    ids: torch.Tensor,
+    epoch: int,
+    seed: int,
+) -> dict[str, torch.Tensor]:
+    """The parties' stored slices of a batch (by party name), augmented by `aug` as its `scope` says.
+
+    `columns` holds each party's column indices of the whole image, whose width is `width`: a "sample" scope
+    reassembles the image from the slices and cuts the augmented image back into the same strips.
+    """
+    names = list(features)
+    if aug.scope == "party":
+        params = aug.parameters(seed, ids, epoch)
+        return {k: aug.apply(features[k], params) for k in names}
+    strips = [columns[k] for k in names]
+    whole = reassemble([features[k] for k in names], strips, width)
+    whole = aug(whole, ids, epoch, seed)
+    return {k: whole[..., torch.as_tensor(cols, device=whole.device)] for k, cols in zip(names, strips, strict=True)}

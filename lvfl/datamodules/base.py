@@ -1,20 +1,9 @@
 """VerticalDataModule: one dataset split into train/val/test and vertically into party feature slices.
 
-The pipeline (`VerticalDataModule._prepare`), run once (lazily, by `setup()` or by the first read of `party_specs` /
-`task` / `describe()`):
-
-1. `load()` (the subclass) returns the whole dataset as arrays; sample ID = row index in it, kept everywhere.
-2. Checks and columns (`lvfl.datamodules.features`): shapes, each party's columns (the partitioner's), features that
-   are numbers and finite per party (the message names the party).
-3. A seeded train/val/test split (scikit-learn `train_test_split`; `lvfl.datamodules.splitting`), stratified on the
-   labels or label-free (`stratify`); where a passive party cannot compute it itself, the active party sends it
-   (`splitting.split_messages`, encoded by `lvfl.datamodules.split`). Then the labels: integer classes in range, or
-   finite regression targets standardized with the training rows (`lvfl.datamodules.labels`).
-4. Scaling fitted on each party's own training rows only, then applied to every split (`lvfl.datamodules.scaling`).
-5. Each party's slice copied once into a contiguous float32 tensor (uint8 pixels for images), held per split by a
-   `VerticalTensorDataset` (`lvfl.datamodules.datasets`); batches are made by indexing those tensors with a whole
-   batch of indices at a time (`lvfl.datamodules.samplers`), so the data pipeline costs microseconds per step, not
-   per sample.
+The base class a dataset subclasses: its options, the hooks a dataset overrides (`load()` first), the views of the
+prepared data (splits, sample IDs, `party_specs`, `task`) and the loaders. The pipeline that prepares the data, run
+once and lazily (by `setup()` or by the first read of `party_specs` / `task` / `describe()`), is
+`lvfl.datamodules.preparation`: load, check, split, label, scale, and hold each party's slice per split.
 
 Partial overlap (`overlap` = alpha < 1; non-overlapping inference): after the split, a seeded fraction alpha of each
 split's samples (stratified as the split is) is chosen to exist at every party (`splitting.overlap_masks`); the rest
@@ -30,8 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -40,35 +28,18 @@ import torch
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 
 from lvfl.checks import check_real
-from lvfl.datamodules.augment import SampleAugmentation, reassemble
-from lvfl.datamodules.datasets import VerticalTensorDataset, held_views, select_rows, split_views
-from lvfl.datamodules.features import checked_arrays, finite_numbers, party_columns
-from lvfl.datamodules.labels import check_labels, check_targets, training_labels
+from lvfl.datamodules.augment import SampleAugmentation, augment_slices
+from lvfl.datamodules.datasets import VerticalTensorDataset, held_views, select_rows
+from lvfl.datamodules.labels import check_labels, check_targets
 from lvfl.datamodules.partition import ContiguousColumns, Partitioner
+from lvfl.datamodules.preparation import Prepared, prepare
 from lvfl.datamodules.samplers import EpochShuffle, batch_loader
-from lvfl.datamodules.scaling import pixel_slices, scaled_slices
-from lvfl.datamodules.splitting import SPLITS, check_fractions, draw_split, overlap_masks, split_messages
+from lvfl.datamodules.splitting import SPLITS, check_fractions, draw_split
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
-from lvfl.progress import peak_memory_mb
-from lvfl.shadows import empty_shadow
 
 __all__ = ["VerticalDataModule"]
 
 _MAX_LISTED = 10  # unknown IDs quoted in an error message
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    columns: list[list[int]]
-    party_specs: list[PartySpec]
-    task: TaskInfo
-    splits: dict[str, VerticalTensorDataset]  # VFL views: samples every participating party holds
-    active_splits: dict[str, VerticalTensorDataset]  # the active party's slice of every sample of each split
-    overlap: dict[str, np.ndarray]  # per split, boolean mask over `active_splits[split]`: held by every party
-    image_width: int | None  # the whole image's width (columns) for image data, else None
-    split_used_labels: bool = False  # whether the split (and overlap) was stratified on the labels
-    messages: tuple[tuple[str, str, Any, str], ...] = ()  # the split message to each passive participant
-
 
 STRATIFY = ("auto", "labels", "none")  #: the `stratify` options
 
@@ -180,7 +151,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
                 f"got augmentation={augmentation!r}"
             )
         self.augmentation: SampleAugmentation | None = augmentation
-        self._prepared: _Prepared | None = None
+        self._prepared: Prepared | None = None
         #: per party, the standardization fitted on its training rows (`x' = (x - mean) / scale` on `columns`, a
         #: list of its column positions or "all"); empty where nothing is scaled. `lvfl export` writes it.
         self.scaling: dict[str, dict[str, Any]] = {}
@@ -462,7 +433,7 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
         """Move a `VFLBatch` tensor by tensor, non-blocking, instead of Lightning's generic dataclass walk.
 
-        The two are compared by `benchmarks/costs.py` (docs/results.md section 8).
+        The two are compared by `benchmarks/perf/costs.py` (docs/results.md section 8).
         """
         if isinstance(batch, VFLBatch):
             return batch.to(device, non_blocking=True)
@@ -490,28 +461,16 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         prepared = self._prepare()
         features = batch.features
         if augment and self.augmentation is not None:
-            features = self._augment(self.augmentation, features, batch.ids, epoch)
+            columns = {party_name(k): cols for k, cols in enumerate(prepared.columns)}
+            features = augment_slices(
+                self.augmentation, features, columns, prepared.image_width, batch.ids, epoch, self.seed
+            )
         decoders = prepared.splits["train"].decoders
         if decoders:
             features = {k: decoders[k](x) if k in decoders else x for k, x in features.items()}
         if features is batch.features:
             return batch
         return VFLBatch(ids=batch.ids, features=features, labels=batch.labels)
-
-    def _augment(
-        self, aug: SampleAugmentation, features: dict[str, torch.Tensor], ids: torch.Tensor, epoch: int
-    ) -> dict[str, torch.Tensor]:
-        prepared = self._prepare()
-        names = list(features)
-        if aug.scope == "party":
-            params = aug.parameters(self.seed, ids, epoch)
-            return {k: aug.apply(features[k], params) for k in names}
-        columns = [prepared.columns[self._party_index(k)] for k in names]
-        whole = reassemble([features[k] for k in names], columns, prepared.image_width)
-        whole = aug(whole, ids, epoch, self.seed)
-        return {
-            k: whole[..., torch.as_tensor(cols, device=whole.device)] for k, cols in zip(names, columns, strict=True)
-        }
 
     def train_dataloader(self) -> DataLoader:
         """Shuffled batches in a new order every epoch, derived from (`seed`, epoch) by `EpochShuffle`.
@@ -591,91 +550,8 @@ class VerticalDataModule(pl.LightningDataModule, ABC):
         fixed = self.fixed_splits(num_rows)
         return draw_split(num_rows, key, self.seed, self.val_fraction, self.test_fraction, fixed, order)
 
-    def _prepare(self) -> _Prepared:
-        if self._prepared is not None:
-            return self._prepared
-        self.peak_mb_before_setup = peak_memory_mb()  # the imports' and the process's own, before any data
-        x, y = self.load()
-        x, y, is_image = checked_arrays(x, y, type(self).__name__)
-        num_columns = x.shape[-1]
-        columns = party_columns(self.partitioner, num_columns, self.num_parties, is_image)
-        pixels = is_image and x.dtype == np.uint8  # kept uint8; normalized per batch on the device
-        if self.augmentation is not None and not is_image:
-            raise ValueError(
-                f"augmentation={self.augmentation!r} transforms images, but {type(self).__name__} is tabular "
-                f"(features of shape {x.shape}); set augmentation: none"
-            )
-        cats = None if is_image else self.categories(num_columns)
-        if cats is not None and len(cats) != num_columns:
-            raise ValueError(f"categories() gives {len(cats)} entries for {num_columns} feature columns")
-        named = {party_name(k): columns[k] for k in self.participants}  # the participants' columns, by name
-        here = self.parties_held_here()
-        held_here = {n: c for n, c in named.items() if here is None or n in here}  # whose columns hold data here
-        if not pixels:
-            x = finite_numbers(x, held_here)
-
-        rows = self._split(len(y), self.split_key(y))
-        known = self.task_from_peers()
-        if known is not None:  # a passive party's own process: no labels here (filler, shadowed by `hold_only`)
-            labels, task = np.zeros(len(y), dtype=np.float32 if known.is_regression else np.int64), known
-        else:  # the labels (or targets) follow from `load()`'s targets and the training rows
-            targets = self.labels_from_targets(y, rows["train"])
-            labels, task = training_labels(targets, rows["train"], self.regression, self.num_classes)
-
-        held_mask = self.held_by_every_party(len(y))
-        if held_mask is not None and self.overlap < 1.0:
-            raise ValueError(
-                f"overlap={self.overlap} draws which samples every party holds, but {type(self).__name__} knows it "
-                "from the parties' own IDs: leave overlap at 1"
-            )
-        # stratified by class as the split is; a regression target has no classes (one stratum)
-        strata = None if self.regression or not self.split_uses_labels else labels
-        overlap = overlap_masks(rows, strata, self.overlap, self.seed, held_mask)
-        shared = {split: idx[overlap[split]] for split, idx in rows.items()}  # the rows every party holds
-        vfl_all = len(self.participants) == 1  # no passive participant: nothing is missing from anyone
-        active = party_name(self.active_party)
-        passive = [name for name in named if name != active]
-        messages, shared = split_messages(shared, active, passive, self.split_is_public, self.shared_order)
-        slices: dict[str, dict[str, torch.Tensor]] = {}
-        decoders: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
-        party_cats: dict[str, tuple[int, ...]] = {}
-        for name, cols in named.items():  # each party's slice of the rows it holds, scaled by its own training rows
-            held = rows if name == active or vfl_all else shared
-            if name not in held_here:  # another party's, in a party's own process: shapes only
-                slices[name] = {split: empty_shadow((len(idx), len(cols))) for split, idx in held.items()}
-                own = None if cats is None else [int(cats[c]) for c in cols]
-                party_cats[name] = tuple(own) if own is not None and any(own) else ()
-                continue
-            if pixels:
-                slices[name], decoders[name] = pixel_slices(x, cols, held, self.scale)
-            else:
-                own = None if cats is None else [int(cats[c]) for c in cols]
-                # x is not read again: each party's columns give their memory back as its slices take them
-                slices[name], fitted = scaled_slices(x, cols, held, is_image, self.scale, own, name, release=True)
-                if fitted is not None:
-                    self.scaling[name] = fitted
-                party_cats[name] = tuple(own) if own is not None and any(own) else ()
-        vfl_rows = rows if vfl_all else shared
-        splits, active_splits = split_views(rows, vfl_rows, overlap, slices, labels, decoders, active)
-        specs = [
-            PartySpec(
-                name=party_name(k),
-                role="active" if k == self.active_party else "passive",
-                input_shape=tuple(splits["train"].stored[party_name(k)].shape[1:]),
-                index=k,
-                categories=party_cats.get(party_name(k), ()),
-            )
-            for k in self.participants
-        ]
-        self._prepared = _Prepared(
-            columns=columns,
-            party_specs=specs,
-            task=task,
-            splits=splits,
-            active_splits=active_splits,
-            overlap=overlap,
-            image_width=num_columns if is_image else None,
-            split_used_labels=self.split_uses_labels,
-            messages=tuple(messages),
-        )
+    def _prepare(self) -> Prepared:
+        """The prepared data (`lvfl.datamodules.preparation.prepare`), prepared on the first call."""
+        if self._prepared is None:
+            self._prepared = prepare(self)
         return self._prepared

@@ -35,9 +35,10 @@ import numpy as np
 import torch
 
 from lvfl.checks import check_int
-from lvfl.datamodules.base import VerticalDataModule, _Prepared
+from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.datasets import RawView, VerticalTensorDataset
 from lvfl.datamodules.partition import ContiguousColumns, ExplicitColumns, Partitioner, check_columns
+from lvfl.datamodules.preparation import Prepared
 from lvfl.datamodules.stand_ins import FileBacked, write_criteo_tsv
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch, party_name
 
@@ -389,7 +390,7 @@ class Criteo(VerticalDataModule, FileBacked):
 
     # `_prepare` is private in VerticalDataModule; this in-package subclass overrides it to build lazy splits
     # instead of loading, scaling and copying the table.
-    def _prepare(self) -> _Prepared:
+    def _prepare(self) -> Prepared:
         if self._prepared is not None:
             return self._prepared
         num_columns = NUM_DENSE + NUM_SPARSE
@@ -426,7 +427,7 @@ class Criteo(VerticalDataModule, FileBacked):
         active_splits: dict[str, VerticalTensorDataset] = {
             s: CriteoSplit(r, dense, sparse, labels, {active: parties[active]}) for s, r in rows.items()
         }
-        self._prepared = _Prepared(
+        self._prepared = Prepared(
             columns=columns,
             party_specs=specs,
             task=TaskInfo(num_classes=2, kind="binary"),

@@ -1,7 +1,9 @@
 """How a party's raw columns become model input: encoders fitted on the party's training rows only.
 
 See `lvfl.datamodules.tables` for the policy (numeric vs categorical columns, `<unseen>` and `<missing>` levels,
-missing-value policies); `ColumnEncoder` is kept after fitting, for prediction on new rows and for `lvfl export`.
+missing-value policies); `ColumnEncoder` is kept after fitting, for prediction on new rows and for `lvfl export`. The
+active party's label column is read here too: numbers for a regression (`numeric_labels`), else classes checked
+against the task the config states (`check_classes`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ import numpy as np
 from lvfl.datamodules.table_columns import MISSING, Column, finite_number
 from lvfl.datamodules.table_files import PartyTable, Table
 
-__all__ = ["MISSING_LEVEL", "UNSEEN", "ColumnEncoder", "fit_encoders", "numeric_labels"]
+__all__ = [
+    "MAX_NUMERIC_CLASSES",
+    "MISSING_LEVEL",
+    "TASKS",
+    "UNSEEN",
+    "ColumnEncoder",
+    "check_classes",
+    "fit_encoders",
+    "numeric_labels",
+]
 
 MISSING_LEVEL = "<missing>"  #: the level of a missing categorical value (when `missing` is not refuse)
 UNSEEN = "<unseen>"  #: the reserved level of values not seen in the training rows
@@ -256,3 +267,44 @@ def numeric_labels(table: Table, column: str) -> np.ndarray:
                 f"{table.origin(r)}: the label column {column!r} holds {text!r}, not a finite number (task: regression)"
             )
     return values
+
+
+#: `PartyTables`' task option: what the active party's label column is
+TASKS = ("classification", "binary", "multiclass", "regression")
+#: more distinct numbers than this in a label read as classes under `task: classification` is refused as a quantity
+MAX_NUMERIC_CLASSES = 20
+
+
+def check_classes(names: list[str], column: str, task: str, path: str) -> None:
+    """Refuse classes that do not fit the stated task, and a quantity about to be read as classes.
+
+    Under "classification" a label whose values are all numbers, more than `MAX_NUMERIC_CLASSES` of them or any
+    fraction among them, is refused: a rate or an amount read as classes trains a model of hundreds of one-member
+    classes (and the stratified split fails in scikit-learn's words); class codes pass with "multiclass".
+    """
+    where = f"{path}: the label column {column!r}"
+    if task == "binary" and len(names) != 2:
+        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: binary needs 2")
+    if task == "multiclass" and len(names) < 3:
+        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: multiclass needs 3 or "
+                         "more (task: binary for 2)")  # fmt: skip
+    if task != "classification":
+        return
+    numbers = []
+    for name in names:
+        try:
+            numbers.append(float(name))
+        except ValueError:
+            return
+    if len(numbers) > MAX_NUMERIC_CLASSES or any(math.isfinite(v) and v != int(v) for v in numbers):
+        raise ValueError(
+            f"{where} holds {len(names)} distinct numbers ({_listed(names)}): a quantity, read as classes, would "
+            "train a model of that many classes; set task: regression to predict the number, or task: multiclass "
+            "if these are class codes"
+        )
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    """`a, b, c` (the first `shown`, then how many more)."""
+    head = ", ".join(names[:shown])
+    return head + (f", ... {len(names) - shown} more" if len(names) > shown else "")

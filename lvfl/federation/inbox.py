@@ -18,7 +18,7 @@ What a peer can make this party hold is bounded, and checked on the envelope's h
 - A peer holds at most one stream and `MAX_CALLS` single calls open here at once, so it cannot use up the server's
   threads, which are counted per peer.
 - A payload holds at most `max_nodes` values, counted on its bytes before protobuf parses it
-  (`lvfl.federation.codec.scan_payload`).
+  (`lvfl.federation.wire_form.scan_payload`).
 
 `Inbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the receiving and the sending
 side share one lock and read each other's state (a refused peer stops this party's sends to it, a failed send
@@ -42,16 +42,11 @@ from lvfl.federation import FederationError, PeerGone
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
 from lvfl.federation.channels import PinnedCaller
-from lvfl.federation.codec import (
-    Header,
-    RecordRegistry,
-    TensorBytes,
-    conform,
-    decode_payload,
-    parse_envelope,
-    printable,
-)
+from lvfl.federation.codec import RecordRegistry, decode_payload
+from lvfl.federation.envelope_schema import Header
+from lvfl.federation.expectations import conform, printable
 from lvfl.federation.federation_file import Federation
+from lvfl.federation.wire_form import TensorBytes, parse_envelope
 from lvfl.wire import payload_nbytes
 
 __all__ = ["ABORT_GRACE", "ABORT_TAG", "DONE_TAG", "HELLO_TAG", "Inbox"]
@@ -135,7 +130,7 @@ class Inbox:
             src: the sending party.
             tag: the message's tag.
             step: the step the protocol is at; a message for another step is refused.
-            expected: a template the payload must match (`lvfl.federation.codec.conform`): a tensor of the
+            expected: a template the payload must match (`lvfl.federation.expectations.conform`): a tensor of the
                 dtype and shape expected (a `meta` tensor will do), a dict / list / tuple of them, or None.
             timeout: seconds to wait; the transport's `timeout` by default.
             patience: further seconds to wait while `src` is up, checked every `timeout` (set-up work, such as a

@@ -21,7 +21,7 @@ __all__ = ["SocketLink", "StepClock", "template"]
 
 
 def template(expected: Any) -> Any:
-    """The codec's template (`lvfl.federation.codec.conform`) for a receiver's shadow of a message.
+    """The codec's template (`lvfl.federation.expectations.conform`) for a receiver's shadow of a message.
 
     A shadow tensor fixes the dtype and shape; a record whose data is in tensors (a `CompressedTensor`, shadowed as
     the same record with meta tensors, `lvfl.wire.shadow`) fixes every field: its tensors' dtypes and shapes and its

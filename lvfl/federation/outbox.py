@@ -27,7 +27,9 @@ from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import connected, port_answers
 from lvfl.federation.channels import pinned_channel
-from lvfl.federation.codec import Header, RecordRegistry, encode_envelope, printable
+from lvfl.federation.codec import RecordRegistry, encode_envelope
+from lvfl.federation.envelope_schema import Header
+from lvfl.federation.expectations import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.wire import payload_nbytes
 

@@ -21,7 +21,7 @@ import torch
 
 from lvfl.crypto.signing import SimulatedIdentities
 from lvfl.federation import FederationError
-from lvfl.federation.codec import conform
+from lvfl.federation.expectations import conform
 from lvfl.federation.link import template
 from lvfl.parties import VFLBatch
 from lvfl.schedule import ScheduleError
@@ -32,8 +32,8 @@ class MemoryTransport:
     """Mailboxes for every (src, dst, tag) of one run, shared by the parties' views in one process.
 
     A message is copied on `post` (as serializing it would), and `take` checks it against the receiver's shadow as
-    the socket transport does (`lvfl.federation.codec.conform`): a tensor of another dtype or shape is refused with
-    one line naming the sender and the tag.
+    the socket transport does (`lvfl.federation.expectations.conform`): a tensor of another dtype or shape is refused
+    with one line naming the sender and the tag.
     """
 
     def __init__(self, timeout: float = 30.0) -> None:
@@ -116,7 +116,8 @@ class Turns:
     - a view that fails stops the others with its reason, as a deployed party's abort does.
 
     It is the transport of every view's `SocketLink`-like link (`post`, `take`); a message is copied on `post` and
-    checked against the receiver's shadow on `take` (`lvfl.federation.codec.conform`), with the step it was sent at.
+    checked against the receiver's shadow on `take` (`lvfl.federation.expectations.conform`), with the step it was
+    sent at.
     """
 
     def __init__(self, parties: list[str]) -> None:

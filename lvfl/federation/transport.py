@@ -49,7 +49,8 @@ import grpc
 from lvfl.federation import FederationError, PeerGone
 from lvfl.federation.addresses import check_port_free, port_answers
 from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
-from lvfl.federation.codec import MAX_NODES, RECORDS, Header, RecordRegistry, encode_envelope
+from lvfl.federation.codec import RECORDS, RecordRegistry, encode_envelope
+from lvfl.federation.envelope_schema import MAX_NODES, Header
 from lvfl.federation.federation_file import Federation, load_federation
 from lvfl.federation.identity import TLSIdentities
 from lvfl.federation.inbox import ABORT_TAG, DONE_TAG, HELLO_TAG, MAX_CALLS, Inbox
@@ -96,7 +97,7 @@ class Transport(Inbox, Outbox):
             off only for tests that exercise the message path alone.
         max_queued_bytes: the most bytes of one peer's messages this party holds unread; a message past it is
             refused, naming the peer (one message of up to `max_message_bytes` always fits an empty queue).
-        max_nodes: the most values one payload may hold (`lvfl.federation.codec.scan_payload`).
+        max_nodes: the most values one payload may hold (`lvfl.federation.wire_form.scan_payload`).
 
     Sends to one (peer, tag) must come from one thread at a time: their sequence numbers are their order.
     `receive` and the server's checks are `lvfl.federation.inbox.Inbox`'s; `send` and `flush` are

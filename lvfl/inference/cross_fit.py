@@ -43,7 +43,7 @@ from torch.utils.data import RandomSampler
 from lvfl.checks import check_int
 from lvfl.datamodules.datasets import VerticalTensorDataset
 from lvfl.inference.teacher import teacher_soft_label_parts
-from lvfl.privacy.label_release import LabelRelease
+from lvfl.privacy.labels.release import LabelRelease
 from lvfl.privacy.soft_labels import SoftLabelParts
 from lvfl.wire import Wire
 

@@ -58,9 +58,9 @@ from torch import nn
 
 from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.gradient_defenses import GradientDefense
-from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.defenses.gradients import GradientDefense
+from lvfl.privacy.labels.mechanisms import LabelMechanism
 from lvfl.protocols.base import VFLModule
 from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.task_metrics import make_metric, metric_names

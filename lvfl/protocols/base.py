@@ -37,11 +37,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.gradient_defenses import GradientDefense
-from lvfl.privacy.label_dp import LabelMechanism
-from lvfl.privacy.label_release import LabelRelease
-from lvfl.privacy.plain import Plain
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.aggregation.plain import Plain
+from lvfl.privacy.defenses.gradients import GradientDefense
+from lvfl.privacy.labels.mechanisms import LabelMechanism
+from lvfl.privacy.labels.release import LabelRelease
 from lvfl.protocols.checkpointing import CheckpointState
 from lvfl.protocols.data_setup import DataSetup
 from lvfl.protocols.dropout_streams import DropoutStreams
@@ -319,8 +319,8 @@ class VFLModule(
     def check_backend(self) -> None:
         """Refuse backends that make no sense for this protocol (override in protocols that restrict them).
 
-        Overrides decide from the backend's declared capabilities (`lvfl.privacy.base`), through `require_backend`,
-        never from its class.
+        Overrides decide from the backend's declared capabilities (`lvfl.privacy.aggregation.base`), through
+        `require_backend`, never from its class.
         """
 
     def require_backend(self, reason: str, **capabilities: bool) -> None:

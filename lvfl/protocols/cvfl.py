@@ -66,8 +66,8 @@ from lvfl.checks import check_int
 from lvfl.compression import CompressedTensor, Compressor
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.labels.mechanisms import LabelMechanism
 from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
 

@@ -40,9 +40,9 @@ import torch
 
 from lvfl import messages
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.gradient_defenses import GradientDefense
-from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.defenses.gradients import GradientDefense
+from lvfl.privacy.labels.mechanisms import LabelMechanism
 from lvfl.protocols.base import VFLModule
 from lvfl.protocols.party_config import PartyConfig
 

@@ -3,8 +3,7 @@
 The protocol's side of label privacy (the rule is in `VFLModule`'s docstring): `labels_for` gives the release to
 every model whose outputs, gradients or parameters leave the active party, `private_labels` the true labels to the
 `private_head` alone, and `release_labels` draws the release once per run. The release itself (the draw, the lookup
-by sample ID, the ledger, the broadcast under DDP) is `lvfl.privacy.label_release.LabelRelease`; this module is
-named `labels` rather than `label_release` so that the two are not mistaken for one another: that one is the
+by sample ID, the ledger, the broadcast under DDP) is `lvfl.privacy.labels.release.LabelRelease`: that one is the
 mechanism's bookkeeping, this one the protocol's plumbing that routes labels to losses.
 """
 
@@ -14,7 +13,7 @@ import torch
 from torch import nn
 
 from lvfl.parties import VFLBatch
-from lvfl.privacy.label_dp import PrivacyLedger
+from lvfl.privacy.labels.mechanisms import PrivacyLedger
 
 
 class LabelHandling:

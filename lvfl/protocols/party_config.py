@@ -18,7 +18,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import nn
 
 from lvfl.models.base import PartyModelFactory
-from lvfl.privacy.gradient_defenses import GradientDefense
+from lvfl.privacy.defenses.gradients import GradientDefense
 
 
 @dataclass

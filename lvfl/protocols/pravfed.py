@@ -52,8 +52,8 @@ import torch
 from lvfl import messages
 from lvfl.checks import check_int
 from lvfl.parties import VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.label_dp import LabelMechanism, LaplaceLabels
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.labels.mechanisms import LabelMechanism, LaplaceLabels
 from lvfl.protocols.base import VFLModule
 from lvfl.protocols.party_config import PartyConfig
 from lvfl.wire import is_shadow

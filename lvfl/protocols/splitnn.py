@@ -46,10 +46,10 @@ import torch
 from lvfl import messages
 from lvfl.models.base import PartyModelFactory
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.privacy.base import AggregationBackend
-from lvfl.privacy.embedding_defenses import ReceivedEmbeddingDefense
-from lvfl.privacy.gradient_defenses import GradientDefense
-from lvfl.privacy.label_dp import LabelMechanism
+from lvfl.privacy.aggregation.base import AggregationBackend
+from lvfl.privacy.defenses.embeddings import ReceivedEmbeddingDefense
+from lvfl.privacy.defenses.gradients import GradientDefense
+from lvfl.privacy.labels.mechanisms import LabelMechanism
 from lvfl.protocols.party_config import PartyConfig
 from lvfl.protocols.top_model import TopModelProtocol
 from lvfl.wire import is_shadow

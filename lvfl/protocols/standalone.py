@@ -21,7 +21,7 @@ import torch
 
 from lvfl.datamodules.split import SPLIT_TAG
 from lvfl.parties import PartySpec, TaskInfo, VFLBatch
-from lvfl.privacy.base import AggregationBackend
+from lvfl.privacy.aggregation.base import AggregationBackend
 from lvfl.protocols.base import VFLModule
 from lvfl.protocols.party_config import PartyConfig
 

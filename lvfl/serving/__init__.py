@@ -8,7 +8,10 @@
 - `contributions`: a passive party's service, its contributions for the active party's requests
   (`ContributionServer`);
 - `scorer`: the active party's side, one prediction per requested ID from the passive parties' answers (`Scorer`);
-- `api`: the active party's scoring API for its own applications, gRPC and HTTP/JSON on this machine.
+- `api`: the active party's scoring API for its own applications, gRPC and HTTP/JSON on this machine;
+- `client`: an application's client of that API (`ScoringClient`, `lvfl score --server`);
+- `service`: the calls of serving.proto by name, and what a server and its clients agree on, so neither imports the
+  other's module.
 
 `lvfl serve` and `lvfl score` (`lvfl.commands`) run them; docs/serving.md says what each party learns.
 """

@@ -3,6 +3,7 @@
 Both listen on this machine only (a loopback address): the API answers whoever connects, without TLS, so it is
 for the applications beside the active party's serving process, never for the network; the parties' own traffic
 is the mutual-TLS `Contributions` service. One request, one answer: the `Scorer`'s rows, `lvfl predict`'s columns.
+Its calls and paths are named in `lvfl.serving.service`; its client is `lvfl.serving.client`.
 
 HTTP: ``POST /score`` with ``{"ids": [...], "rows": [{"<id column>": ..., "<column>": ...}], "deadline_s": 0.5,
 "request_id": "..."}`` (every key optional but one of ids/rows) answers ``{"request_id": ..., "classes": [...],
@@ -12,11 +13,9 @@ its export. A bad request is answered 400 with ``{"error": "..."}`` naming the f
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,46 +23,15 @@ from typing import Any
 import grpc
 
 from lvfl.federation import FederationError
-from lvfl.federation.federation_file import parse_address
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.contributions import MAX_MESSAGE_BYTES
 from lvfl.serving.scorer import Scored, Scorer
+from lvfl.serving.service import HEALTH_PATH, MAX_MESSAGE_BYTES, SCORE, SCORE_PATH, check_loopback
 
-__all__ = [
-    "SCORE",
-    "HttpEndpoint",
-    "ScoringClient",
-    "ScoringService",
-    "check_loopback",
-    "reply_of",
-    "rows_of",
-    "score_remote",
-]
+__all__ = ["HttpEndpoint", "ScoringService", "parse_json_request", "reply_of"]
 
 log = logging.getLogger("lvfl.serve")
 
-SCORE = "/lvfl.serving.Scoring/Score"
 MAX_HTTP_BYTES = 64 * 2**20  #: the largest HTTP request body
-
-
-def check_loopback(address: str, option: str) -> tuple[str, int]:
-    """(host, port) of `address`, refused unless the host is this machine's loopback (named by `option`)."""
-    try:
-        host, port = parse_address(address)
-    except ValueError as err:
-        raise ValueError(f"{option} {err}") from None
-    loopback = host == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-    if not loopback:
-        raise ValueError(
-            f"{option} {address}: the scoring API answers anyone who connects, without TLS, so lvfl serves it on "
-            "this machine only (127.0.0.1, ::1 or localhost); the parties talk over the federation's mutual TLS"
-        )
-    return host, port
 
 
 def reply_of(scored: Scored) -> pb.ScoreReply:
@@ -85,24 +53,6 @@ def reply_of(scored: Scored) -> pb.ScoreReply:
     return pb.ScoreReply(request_id=scored.request_id, classes=scored.classes, answers=answers)
 
 
-def rows_of(reply: pb.ScoreReply, regression: bool | None = None) -> list[dict[str, Any]]:
-    """A gRPC reply as `lvfl predict`'s file rows (what `lvfl score --server` writes)."""
-    classes = list(reply.classes)
-    rows = []
-    for answer in reply.answers:
-        answered = answer.prediction != ""
-        row: dict[str, Any] = {"id": answer.id}
-        if classes:
-            row["prediction"] = answer.prediction if answered else None
-            probabilities = list(answer.probabilities) if answered else [None] * len(classes)
-            row |= {f"prob_{c}": p for c, p in zip(classes, probabilities, strict=True)}
-        else:
-            row["prediction"] = float(answer.prediction) if answered else None
-        row |= {"path": answer.path, "reason": answer.reason}
-        rows.append(row)
-    return rows
-
-
 class ScoringService:
     """`Scoring.Score` over gRPC on a loopback address, answered by `scorer`."""
 
@@ -117,11 +67,8 @@ class ScoringService:
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ],
         )
-        handler = grpc.unary_unary_rpc_method_handler(
-            self._score, pb.ScoreRequest.FromString, pb.ScoreReply.SerializeToString
-        )
         self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("lvfl.serving.Scoring", {"Score": handler}),)
+            (grpc.method_handlers_generic_handler(SCORE.service, {SCORE.name: SCORE.handler(self._score)}),)
         )
         try:
             self.port = self._server.add_insecure_port(address)
@@ -206,15 +153,15 @@ class HttpEndpoint:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-                if self.path != "/health":
-                    self._send(404, {"error": f"no {self.path}: GET /health, POST /score"})
+                if self.path != HEALTH_PATH:
+                    self._send(404, {"error": f"no {self.path}: GET {HEALTH_PATH}, POST {SCORE_PATH}"})
                     return
                 party = endpoint.scorer.party
                 self._send(200, {"party": party.party, "export": party.identity, "parties": endpoint.scorer.order})
 
             def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
-                if self.path != "/score":
-                    self._send(404, {"error": f"no {self.path}: POST /score"})
+                if self.path != SCORE_PATH:
+                    self._send(404, {"error": f"no {self.path}: POST {SCORE_PATH}"})
                     return
                 length = int(self.headers.get("Content-Length") or 0)
                 if length > MAX_HTTP_BYTES:
@@ -245,85 +192,3 @@ class HttpEndpoint:
         """Stop answering and close the socket."""
         self._server.shutdown()
         self._server.server_close()
-
-
-class ScoringClient:
-    """A business application's connection to the active party's `lvfl serve --api`: one channel, many requests.
-
-    Args:
-        address: the server's --api (this machine).
-        wait: seconds to wait for the server to come up (a script may start it just before).
-        waiting: called with one line when the server is not up at once and the client waits for it.
-    """
-
-    def __init__(self, address: str, wait: float = 0.0, waiting: Callable[[str], None] | None = None) -> None:
-        check_loopback(address, "--server")
-        self.address = address
-        options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]  # fmt: skip
-        self._channel = grpc.insecure_channel(address, options=options)
-        if wait > 0:
-            ready = grpc.channel_ready_future(self._channel)
-            try:
-                ready.result(timeout=min(wait, 1.0))
-            except grpc.FutureTimeoutError:
-                if waiting is not None and wait > 1.0:  # a server that is starting: say so, and wait on
-                    waiting(f"waiting up to {wait:g} s (--wait) for lvfl serve at {address} to answer")
-                try:
-                    ready.result(timeout=max(wait - 1.0, 0.0))
-                except grpc.FutureTimeoutError:
-                    self._channel.close()
-                    raise FederationError(
-                        f"--server {address}: no lvfl serve answered there within {wait:g} s; if it is still "
-                        "starting (a loaded machine takes longer), give it more with --wait SECONDS"
-                    ) from None
-        self._score = self._channel.unary_unary(SCORE, pb.ScoreRequest.SerializeToString, pb.ScoreReply.FromString)
-
-    def score(
-        self,
-        ids: Sequence[str],
-        rows: dict[str, list[str]] | None = None,
-        columns: Sequence[str] | None = None,
-        deadline: float = 0.0,
-        timeout: float = 3600.0,
-    ) -> list[dict[str, Any]]:
-        """The server's answers for `ids` (and `rows` of new features), as `lvfl predict`'s file rows."""
-        request = pb.ScoreRequest(
-            ids=list(ids),
-            columns=list(columns or []),
-            rows=[pb.Row(id=k, values=v) for k, v in (rows or {}).items()],
-            deadline_s=deadline,
-        )
-        try:
-            reply = self._score(request, timeout=timeout)
-        except grpc.RpcError as err:
-            where = f"--server {self.address}"
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                raise FederationError(f"{where}: no lvfl serve answers there ({err.details()})") from None
-            raise FederationError(f"{where}: {err.code().name}: {err.details()}") from None
-        return rows_of(reply)
-
-    def close(self) -> None:
-        """Close the channel."""
-        self._channel.close()
-
-    def __enter__(self) -> ScoringClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def score_remote(
-    address: str,
-    ids: Sequence[str],
-    rows: dict[str, list[str]] | None = None,
-    columns: Sequence[str] | None = None,
-    deadline: float = 0.0,
-    timeout: float = 3600.0,
-    wait: float = 0.0,
-    waiting: Callable[[str], None] | None = None,
-) -> list[dict[str, Any]]:
-    """One request to the active party's `lvfl serve` at `address` (its --api), on a channel of its own."""
-    with ScoringClient(address, wait, waiting) as client:
-        return client.score(ids, rows, columns, deadline, timeout)

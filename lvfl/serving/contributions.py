@@ -39,11 +39,11 @@ import grpc
 import numpy as np
 import torch
 
-from lvfl.crypto.psi import POINT_BYTES
+from lvfl.crypto.ecdh_blinding import POINT_BYTES
 from lvfl.federation import FederationError
 from lvfl.federation.addresses import check_port_free
 from lvfl.federation.channels import PinnedCaller, pinned_fingerprints, server_credentials
-from lvfl.federation.codec import printable
+from lvfl.federation.expectations import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.serving import serving_pb2 as pb
 from lvfl.serving.export_folder import ExportedParty
@@ -57,41 +57,28 @@ from lvfl.serving.oblivious import (
     parse_queries,
     serving_layout,
 )
+from lvfl.serving.service import (
+    CONTRIBUTE,
+    CONTRIBUTIONS,
+    GREET,
+    LOOKUP,
+    MAX_LOOKUPS,
+    MAX_MESSAGE_BYTES,
+    MEMBERS,
+    OFFER,
+    PREPARE,
+    TABLE,
+    contribution_bytes,
+    mode_name,
+)
 
-__all__ = [
-    "CONTRIBUTE",
-    "GREET",
-    "LOOKUP",
-    "MAX_IDS",
-    "MAX_LOOKUPS",
-    "MAX_MESSAGE_BYTES",
-    "MEMBERS",
-    "OFFER",
-    "PREPARE",
-    "TABLE",
-    "ContributionServer",
-    "mode_name",
-]
+__all__ = ["MAX_IDS", "ContributionServer"]
 
 log = logging.getLogger("lvfl.serve")
 
-GREET = "/lvfl.serving.Contributions/Greet"
-TABLE = "/lvfl.serving.Contributions/Table"
-MEMBERS = "/lvfl.serving.Contributions/Members"
-CONTRIBUTE = "/lvfl.serving.Contributions/Contribute"
-OFFER = "/lvfl.serving.Contributions/Offer"
-PREPARE = "/lvfl.serving.Contributions/Prepare"
-LOOKUP = "/lvfl.serving.Contributions/Lookup"
 MAX_IDS = 1_000_000  #: the most IDs one contribution request may ask for
-MAX_MESSAGE_BYTES = 256 * 2**20  #: the largest message a serving party receives or sends
 MAX_ID_CHARACTERS = 256  #: the longest ID a request may hold (a table's IDs are business keys, not documents)
-MAX_LOOKUPS = 4096  #: the most oblivious queries one Lookup call may hold
 ROWS_PER_CALL = 4096  #: rows per TorchScript call when a whole table's contributions are computed
-
-
-def mode_name(oblivious: bool) -> str:
-    """The mode's name in a greeting and a log line."""
-    return "oblivious" if oblivious else "plain"
 
 
 class ContributionServer:
@@ -161,19 +148,16 @@ class ContributionServer:
         )
         self.blinded_table()
         calls = {
-            "Greet": (self._greet, pb.Greeting, pb.Greeting),
-            "Table": (self._table, pb.TableRequest, pb.TableReply),
-            "Members": (self._members, pb.MembershipRequest, pb.MembershipReply),
-            "Contribute": (self._contribute, pb.ContributionRequest, pb.ContributionReply),
-            "Offer": (self._offer, pb.PrepareRequest, pb.PrepareReply),
-            "Prepare": (self._prepare, pb.PrepareRequest, pb.PrepareReply),
-            "Lookup": (self._lookup, pb.LookupRequest, pb.LookupReply),
+            GREET: self._greet,
+            TABLE: self._table,
+            MEMBERS: self._members,
+            CONTRIBUTE: self._contribute,
+            OFFER: self._offer,
+            PREPARE: self._prepare,
+            LOOKUP: self._lookup,
         }
-        handlers = {
-            name: grpc.unary_unary_rpc_method_handler(handler, request.FromString, reply.SerializeToString)
-            for name, (handler, request, reply) in calls.items()
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("lvfl.serving.Contributions", handlers),))
+        handlers = {method.name: method.handler(answer) for method, answer in calls.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(CONTRIBUTIONS, handlers),))
         cannot = f"{self.me} cannot serve on {self.listen}"
         check_port_free(self.listen, cannot)
         try:
@@ -320,7 +304,7 @@ class ContributionServer:
             export_id=self.party.export_id,
             held=bytes(np.asarray(found.held, dtype=np.uint8)),
             shape=list(values.shape),
-            values=values.numpy().astype("<f4", copy=False).tobytes(),
+            values=contribution_bytes(values),
         )
         self.requests += 1
         asked = self._asked.pop(request_id, None)

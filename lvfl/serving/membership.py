@@ -2,7 +2,8 @@
 
 Serving's plain mode promises a passive party learns which of *its* customers are scored, and nothing of the active
 party's other customers. So the active party does not send the IDs first; it finds which of them the passive party
-holds with the Diffie-Hellman PSI that aligns the tables at training time (`lvfl.crypto.psi`), cut for requests:
+holds with the Diffie-Hellman PSI that aligns the tables at training time (`lvfl.crypto.ecdh_blinding`), cut for
+requests:
 
 1. the passive party draws a key b for each version of its table and gives the active party its table blinded,
    b·H(y) for every ID y, shuffled (`BlindedTable`; once per version, fetched again when the version changes);
@@ -26,7 +27,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 
-from lvfl.crypto.psi import POINT_BYTES, PSIKey, join_points, split_points
+from lvfl.crypto.ecdh_blinding import POINT_BYTES, PSIKey, join_points, split_points
 
 __all__ = ["BlindedTable", "Memberships"]
 

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_BUCKET_SIZE",
     "MAX_KEY_SETS",
     "QUERY_BYTES",
+    "BucketSizeError",
     "KeySetPool",
     "KeySetSpentError",
     "KeySets",
@@ -79,15 +80,23 @@ MAX_OFFERS = 16  #: preparations a passive party has offered and not yet seen co
 _draw = secrets.randbelow
 
 
+class BucketSizeError(ValueError):
+    """N, the rows of a bucket, is not a power of two in [2, MAX_BUCKET_SIZE] (`lvfl serve` names --bucket_size)."""
+
+
 def serving_layout(rows: int, bucket_size: int, row_shape: tuple[int, ...]) -> TableLayout:
     """The lookup's public layout for a table of `rows` float32 contributions of `row_shape`, buckets of N.
 
     Raises:
-        ValueError: N is not a power of two in [2, MAX_BUCKET_SIZE], or `rows` is negative.
+        BucketSizeError: N is not a power of two in [2, MAX_BUCKET_SIZE].
+        ValueError: `rows` is negative.
     """
-    log2_exact(bucket_size, "the bucket size")
+    try:
+        log2_exact(bucket_size, "the bucket size")
+    except ValueError as err:
+        raise BucketSizeError(str(err)) from None
     if bucket_size > MAX_BUCKET_SIZE:
-        raise ValueError(f"the bucket size must be at most {MAX_BUCKET_SIZE}, got {bucket_size}")
+        raise BucketSizeError(f"the bucket size must be at most {MAX_BUCKET_SIZE}, got {bucket_size}")
     if rows < 0:
         raise ValueError(f"a table has a number of rows >= 0, got {rows}")
     width = 4 * math.prod(row_shape)

@@ -20,7 +20,7 @@ their own (`prepare_ahead` per passive party), and inline, within the deadline, 
 A passive party that is down, misses the deadline, or serves another export does not hold a request up: its IDs are
 answered by the student (or get a reason), and the `reason` column names the party and what happened. Nothing is
 remembered of a failure: the next request asks that party again, so it is used as soon as it is back (gRPC
-reconnects within a second of a restart). Every answer has `lvfl predict`'s columns (`lvfl.callbacks.predictions`).
+reconnects within a second of a restart). Every answer has `lvfl predict`'s columns (`lvfl.prediction_rows`).
 """
 
 from __future__ import annotations
@@ -40,25 +40,13 @@ import grpc
 import numpy as np
 import torch
 
-from lvfl.callbacks.predictions import NO_STUDENT, UNKNOWN_ID, prediction_row
 from lvfl.federation import FederationError
 from lvfl.federation.channels import pinned_channel, pinned_fingerprints
-from lvfl.federation.codec import printable
+from lvfl.federation.expectations import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import check_key
+from lvfl.prediction_rows import NO_STUDENT, UNKNOWN_ID, prediction_row
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.contributions import (
-    CONTRIBUTE,
-    GREET,
-    LOOKUP,
-    MAX_LOOKUPS,
-    MAX_MESSAGE_BYTES,
-    MEMBERS,
-    OFFER,
-    PREPARE,
-    TABLE,
-    mode_name,
-)
 from lvfl.serving.export_folder import ExportedParty
 from lvfl.serving.feature_source import FeatureSource
 from lvfl.serving.membership import Memberships
@@ -70,6 +58,21 @@ from lvfl.serving.oblivious import (
     query,
     serving_layout,
     split_answers,
+)
+from lvfl.serving.service import (
+    CONTRIBUTE,
+    CONTRIBUTION_DTYPE,
+    GREET,
+    LOOKUP,
+    MAX_LOOKUPS,
+    MAX_MESSAGE_BYTES,
+    MEMBERS,
+    OFFER,
+    PREPARE,
+    TABLE,
+    Method,
+    contributions_of,
+    mode_name,
 )
 
 __all__ = ["DEFAULT_DEADLINE", "ExportMismatch", "Scored", "Scorer"]
@@ -158,13 +161,13 @@ class Scorer:
         self._channels = {
             peer: pinned_channel(federation, peer, key_pem, certificate.read_bytes(), options) for peer in self.order
         }
-        self._greet = self._stubs(GREET, pb.Greeting, pb.Greeting)
-        self._contribute = self._stubs(CONTRIBUTE, pb.ContributionRequest, pb.ContributionReply)
-        self._members_call = self._stubs(MEMBERS, pb.MembershipRequest, pb.MembershipReply)
-        self._table_call = self._stubs(TABLE, pb.TableRequest, pb.TableReply)
-        self._offer_call = self._stubs(OFFER, pb.PrepareRequest, pb.PrepareReply)
-        self._prepare_call = self._stubs(PREPARE, pb.PrepareRequest, pb.PrepareReply)
-        self._lookup_call = self._stubs(LOOKUP, pb.LookupRequest, pb.LookupReply)
+        self._greet = self._stubs(GREET)
+        self._contribute = self._stubs(CONTRIBUTE)
+        self._members_call = self._stubs(MEMBERS)
+        self._table_call = self._stubs(TABLE)
+        self._offer_call = self._stubs(OFFER)
+        self._prepare_call = self._stubs(PREPARE)
+        self._lookup_call = self._stubs(LOOKUP)
         if prepare_ahead < 0:
             raise ValueError(f"prepare_ahead must be >= 0 key sets, got {prepare_ahead}")
         self.oblivious, self.prepare_ahead = bool(oblivious), int(prepare_ahead)
@@ -184,12 +187,9 @@ class Scorer:
         self.rows_per_call = min(rows_per_call, limit) if limit else rows_per_call
         party.warm_up()
 
-    def _stubs(self, method: str, request: Any, reply: Any) -> dict[str, Any]:
+    def _stubs(self, method: Method) -> dict[str, Any]:
         """One callable per passive party for `method` of the Contributions service, on its pinned channel."""
-        return {
-            peer: channel.unary_unary(method, request.SerializeToString, reply.FromString)
-            for peer, channel in self._channels.items()
-        }
+        return {peer: method.stub(channel) for peer, channel in self._channels.items()}
 
     def close(self) -> None:
         """Stop preparing key sets; close the channels to the passive parties."""
@@ -443,7 +443,7 @@ class Scorer:
                 failures[peer] = problem
                 continue
             held = np.frombuffer(reply.held, dtype=np.uint8).astype(bool)
-            values = torch.from_numpy(np.frombuffer(reply.values, dtype="<f4").copy()).reshape(*reply.shape)
+            values = contributions_of(reply.values, reply.shape)
             received[peer] = (held, values)
             answered &= held  # a row its table lost since the first round (read again in between)
         if failures:
@@ -524,7 +524,7 @@ class Scorer:
         shape = tuple(reply.shape)
         if len(reply.held) != count or set(reply.held) - {0, 1} or shape != (held, *self.shapes[peer]):
             return f"{peer} sent a malformed reply (shape {shape} for {held} of {count} IDs held)"
-        if len(reply.values) != 4 * math.prod(shape):
+        if len(reply.values) != CONTRIBUTION_DTYPE.itemsize * math.prod(shape):
             return f"{peer} sent a malformed reply ({len(reply.values)} bytes for shape {shape})"
         return ""
 
