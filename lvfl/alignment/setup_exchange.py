@@ -12,9 +12,10 @@ tags `psi_new/...`). Last, every party's encoded columns go to the active party 
 and key holder (`inputs`, `exchange_inputs`), so that every process builds every party's model with the same shapes.
 
 Each message is a tensor, or a dict of tensors by party name, never bytes packed by hand. A receiver in its own
-process holds its shadow of the message, the template the codec checks it against (`lvfl.federation.codec.conform`:
-a count's dtype and shape, the names of an `inputs` message); what a template cannot say (a count below zero, a
-party's columns as one integer each, none negative) is checked here, each refusal one line naming the sender.
+process holds its shadow of the message, the template the codec checks it against
+(`lvfl.federation.expectations.conform`: a count's dtype and shape, the names of an `inputs` message); what a
+template cannot say (a count below zero, a party's columns as one integer each, none negative) is checked here,
+each refusal one line naming the sender.
 """
 
 from __future__ import annotations
