@@ -477,3 +477,19 @@ def test_nothing_refers_to_files_outside_the_repository():
             continue
         offending += [f"{name}: {m.group(0)}" for m in OUTSIDE.finditer(text)]
     assert not offending, offending
+
+
+# -- the API pages --------------------------------------------------------------------------------------------------
+def test_every_star_parameter_is_annotated():
+    """`mkdocs build --strict` aborts when griffe meets an `*args` or `**kwargs` with no annotation on a page it
+    renders; this finds the same thing in a second, before the docs step of CI does."""
+    import ast
+
+    missing = []
+    for path in sorted((REPO / "lvfl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for stars, star in (("*", node.args.vararg), ("**", node.args.kwarg)):
+                    if star is not None and star.annotation is None:
+                        missing.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}({stars}{star.arg})")
+    assert not missing, "unannotated star parameters: " + ", ".join(missing)

@@ -152,7 +152,7 @@ class GradientReplacement(Backdoor):
         poison_fraction: float = 0.01,
         trigger_size: int = 4,
         gamma: float = 1.0,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         for option, value in (("known_targets", known_targets), ("trigger_size", trigger_size)):
             if not isinstance(value, int) or value < 1:
@@ -287,7 +287,7 @@ class NoisySample(Backdoor):
 
     name: ClassVar[str] = "noisy_sample"
 
-    def __init__(self, noise: float = 2.0, **kwargs) -> None:
+    def __init__(self, noise: float = 2.0, **kwargs: Any) -> None:
         if not (isinstance(noise, int | float) and noise > 0):
             raise ValueError(f"NoisySample: noise must be positive, got {noise!r}")
         super().__init__(**kwargs)

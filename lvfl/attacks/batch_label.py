@@ -22,7 +22,7 @@ batch of training; here `iterations` and how many batches per epoch (`batches`) 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -98,7 +98,7 @@ class BatchLabelInference(Attack):
     needs_own_encoding: ClassVar[bool] = True
     bounded_by_release: ClassVar[bool] = True  # the gradient it inverts is computed from the release alone
 
-    def __init__(self, iterations: int = 10_000, lr: float = 0.05, batches: int = 1, **kwargs) -> None:
+    def __init__(self, iterations: int = 10_000, lr: float = 0.05, batches: int = 1, **kwargs: Any) -> None:
         for option, value in (("iterations", iterations), ("batches", batches)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"BatchLabelInference: {option} must be a positive integer, got {value!r}")

@@ -13,7 +13,7 @@ fine-tunes with MixMatch on unlabeled rows, which this does not.
 from __future__ import annotations
 
 import copy
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -56,7 +56,7 @@ class PassiveModelCompletion(Attack):
         lr: float = 0.05,
         weight_decay: float = 1e-3,
         inputs: Literal["encoder", "raw"] = "encoder",
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         if inputs not in ("encoder", "raw"):
             raise ValueError(f"PassiveModelCompletion: inputs must be 'encoder' or 'raw', got {inputs!r}")

@@ -11,7 +11,7 @@ against collaborative inference", ACSAC 2019, the auxiliary-data setting).
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -57,7 +57,7 @@ class EmbeddingInversion(Attack):
         steps: int = 500,
         lr: float = 0.01,
         weight_decay: float = 1e-4,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         if hidden < 1 or steps < 1 or not lr > 0 or weight_decay < 0:
             raise ValueError(

@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -144,7 +144,7 @@ class NormScoring(_BinaryGradientScoring):
 
     name: ClassVar[str] = "norm_scoring"
 
-    def __init__(self, larger_norm_class: int | None = None, window: int = 8, **kwargs) -> None:
+    def __init__(self, larger_norm_class: int | None = None, window: int = 8, **kwargs: Any) -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"NormScoring: window must be a positive integer, got {window!r}")
         if larger_norm_class not in (0, 1, None):
@@ -190,7 +190,7 @@ class DirectionScoring(_BinaryGradientScoring):
     metrics: ClassVar[tuple[str, ...]] = ("auc", "accuracy")  # accuracy: the cosine's sign as the guess
     min_known_labels: ClassVar[int] = 1
 
-    def __init__(self, known_labels: int = 2, **kwargs) -> None:
+    def __init__(self, known_labels: int = 2, **kwargs: Any) -> None:
         super().__init__(known_labels=known_labels, **kwargs)
         self._reference: torch.Tensor | None = None
 

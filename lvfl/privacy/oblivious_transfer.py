@@ -9,6 +9,7 @@ bytes and messages are metered like any other traffic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from lvfl.crypto.ot import OTReceiver, OTSender
 from lvfl.wire import Wire
@@ -46,6 +47,6 @@ def batch_ot(
     return ot_receiver.receive(wire.send(sender, receiver, ot_sender.respond(points, messages), tag))
 
 
-def ot_1_of_2(m0: bytes, m1: bytes, choice: int, **kwargs) -> bytes:
+def ot_1_of_2(m0: bytes, m1: bytes, choice: int, **kwargs: Any) -> bytes:
     """One 1-out-of-2 OT: the receiver learns `(m0, m1)[choice]` and nothing about the other; see `batch_ot`."""
     return batch_ot([(m0, m1)], [choice], **kwargs)[0]
