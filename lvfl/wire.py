@@ -1,35 +1,57 @@
 """The wire: the one path by which anything crosses from one party to another, with a ledger of real bytes.
 
-Every cross-party message goes through `Wire.send(src, dst, payload, tag)`. The ledger counts what the message
-would occupy when serialized: a tensor at its wire dtype (numel x element size), a `bytes` object at its length,
-and containers as the sum of their parts. Tensors arrive detached: autograd never crosses a party boundary, so a
-gradient can only reach another party if it is itself sent as a message.
+Every cross-party message goes through `Wire.send(src, dst, payload, tag)`. Tensors arrive detached: autograd
+never crosses a party boundary, so a gradient can only reach another party if it is itself sent as a message.
 
-Observers (`Wire.subscribe`) model what a receiving party can see: each is called with every message as it
-arrives, after it is metered, so audits (e.g. `lvfl.callbacks.LabelLeakageAudit`) can mount the attacks a party
-could run on its inbox without any protocol code knowing about them.
+Two kinds of observer watch the wire. The meter (`Wire.ledger`, `lvfl.ledger.Ledger`) records every message that
+crosses to or from this process, once, at its serialized size. Observers (`Wire.subscribe`) model what a receiving
+party can see: each is called with every message as it arrives, after it is metered, so audits (e.g.
+`lvfl.callbacks.LabelLeakageAudit`) can mount the attacks a party could run on its inbox without any protocol code
+knowing about them.
 
-One party's view (`Wire(here=party, transport=...)`, docs/federation.md): in a party's own process the same
+How a message travels is the wire's route, one class per way: `InMemory` (simulation: every party is held here),
+`PartyView` (one party's process, over a `Carrier`), `Holding` (`Wire.recording`: held back, not yet sent) and
+`OnParent` (`Wire.prefixed`: sent on another wire under a tag prefix).
+
+One party's view (`Wire(here=party, carrier=...)`, docs/federation.md): in a party's own process the same
 protocol code runs, but the party holds real values only for what it owns; everything else is a *shadow* (a
 `meta`-device tensor with the value's dtype and shape, or `Absent`). `send` then transmits when `here` is the
 sender, receives when it is the receiver, and returns a shadow otherwise; `holds(party)` tells host-side code
 (key generation, encryption, range checks, metrics) whether it runs here. In simulation `here` is None: every
-party is held and nothing changes.
+party is held and nothing changes. Every message carries the protocol's `Wire.step` (the protocol sets it at each
+training batch; -1 during set-up), and a receiver refuses one sent at another step.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
+from lvfl.ledger import Ledger, Link, payload_nbytes
 from lvfl.schedule import Links
 from lvfl.shadows import Shadow, as_shadow
+
+__all__ = [
+    "Absent",
+    "Carrier",
+    "Holding",
+    "InMemory",
+    "Link",
+    "OnParent",
+    "PartyView",
+    "Route",
+    "Wire",
+    "arrive",
+    "is_shadow",
+    "payload_nbytes",
+    "shadow",
+]
 
 #: An observer: `fn(src, dst, tag, payload)` with the payload exactly as `dst` receives it.
 Observer = Callable[[str, str, str, Any], None]
@@ -39,28 +61,6 @@ Interceptor = Callable[[str, str, Any], Any]
 
 #: A message held back by `Wire.recording`: (src, dst, payload as sent, tag, payload as dst would receive it).
 Held = tuple[str, str, Any, str, Any]
-
-
-def payload_nbytes(payload: Any) -> int:
-    """The serialized size of `payload` in bytes.
-
-    Raises:
-        TypeError: for objects whose wire size is not defined (a Python float has no fixed wire format here).
-    """
-    if isinstance(payload, torch.Tensor):
-        return payload.numel() * payload.element_size()
-    if isinstance(payload, bytes | bytearray | memoryview):
-        return len(payload)
-    if isinstance(payload, Mapping):
-        return sum(payload_nbytes(v) for v in payload.values())
-    if isinstance(payload, Sequence) and not isinstance(payload, str):
-        return sum(payload_nbytes(v) for v in payload)
-    nbytes = getattr(payload, "wire_nbytes", None)
-    if callable(nbytes):
-        return int(nbytes())
-    raise TypeError(
-        f"cannot meter a payload of type {type(payload).__name__}: send tensors, bytes, or objects with wire_nbytes()"
-    )
 
 
 def arrive(payload: Any) -> Any:
@@ -110,29 +110,86 @@ def is_shadow(value: Any) -> bool:
     return isinstance(value, Absent)
 
 
-class Transport(Protocol):
-    """Moves messages between party processes for a party-view `Wire` (in memory for a rehearsal, or gRPC)."""
+class Carrier(Protocol):
+    """Moves a party view's messages between party processes: a rehearsal's turns, or the socket transport.
 
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+    Each message carries the step the protocol is at (`Wire.step`); `take` refuses one sent at another step.
+    """
+
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
         """Deliver `payload` (as `dst` receives it) from `src` to `dst`."""
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
         """The next message from `src` to `dst` under `tag`, checked against `expected` (its shadow at `dst`)."""
 
 
+class Route(Protocol):
+    """How a wire carries one message (its tag already complete); returns the payload as `dst` holds it here."""
+
+    def carry(self, wire: Wire, src: str, dst: str, tag: str, payload: Any) -> Any:
+        """Move `payload` from `src` to `dst` under `tag`, on `wire`'s meter and observers as the route needs."""
+
+
+class InMemory:
+    """Simulation: every party is held in this process, so a message is metered and handed over at once."""
+
+    def carry(self, wire: Wire, src: str, dst: str, tag: str, payload: Any) -> Any:
+        """Check the link, meter the message, hand it to `dst` (its observers and interceptor)."""
+        wire.check_link(src, dst, tag)
+        received = arrive(payload)
+        wire.meter(src, dst, tag, received)
+        return wire.deliver(src, dst, tag, received)
+
+
 @dataclass(frozen=True)
-class Link:
-    """A directed link between two parties."""
+class PartyView:
+    """One party's process: its own messages go out on `carrier`, those to it come in, others are only shapes."""
 
-    src: str
-    dst: str
+    here: str
+    carrier: Carrier
 
-    def __str__(self) -> str:
-        return f"{self.src}->{self.dst}"
+    def carry(self, wire: Wire, src: str, dst: str, tag: str, payload: Any) -> Any:
+        """Send (as `src`), receive (as `dst`), or return a shadow (a message between two other parties)."""
+        wire.check_link(src, dst, tag)  # in every process alike: simulation fails where a deployed peer would refuse
+        if self.here == src:  # the message leaves this process
+            received = arrive(payload)
+            wire.meter(src, dst, tag, received)
+            self.carrier.post(src, dst, tag, wire.step, received)
+            return shadow(received)
+        if self.here == dst:  # it arrives from another process, checked against its shadow here
+            received = self.carrier.take(src, dst, tag, wire.step, payload)
+            wire.meter(src, dst, tag, received)
+            return wire.deliver(src, dst, tag, received)
+        return shadow(payload)  # a message between two other parties: only its shape is known here
+
+
+@dataclass(frozen=True)
+class Holding:
+    """`Wire.recording`: each message is held back in `held`, neither metered nor observed nor sent."""
+
+    held: list[Held]
+
+    def carry(self, wire: Wire, src: str, dst: str, tag: str, payload: Any) -> Any:
+        """Hold the message; return it as `dst` would receive it."""
+        received = arrive(payload)
+        self.held.append((src, dst, payload, tag, received))
+        return received
+
+
+@dataclass(frozen=True)
+class OnParent:
+    """`Wire.prefixed`: the message goes on `parent` (its meter, observers and route), its tag under `prefix`."""
+
+    parent: Wire
+    prefix: str
+
+    def carry(self, wire: Wire, src: str, dst: str, tag: str, payload: Any) -> Any:
+        """Send on the parent wire."""
+        return self.parent.send(src, dst, payload, self.prefix + tag)
 
 
 class Wire:
-    """Carries messages between parties and keeps a ledger of bytes and messages per (link, tag).
+    """Carries messages between parties on its route; its ledger counts bytes and messages per (link, tag).
 
     Example:
         >>> wire = Wire()
@@ -141,24 +198,40 @@ class Wire:
         128
     """
 
-    def __init__(self, here: str | None = None, transport: Transport | None = None) -> None:
-        if (here is None) != (transport is None):
-            raise ValueError("a party's view of the wire needs both `here` (its party) and a `transport`")
+    def __init__(self, here: str | None = None, carrier: Carrier | None = None) -> None:
+        if (here is None) != (carrier is None):
+            raise ValueError("a party's view of the wire needs both `here` (its party) and a `carrier`")
         self.here = here
-        self.transport = transport
-        self.bytes: Counter[tuple[str, str, str]] = Counter()
-        self.messages: Counter[tuple[str, str, str]] = Counter()
+        self.carrier = carrier
+        self.ledger = Ledger()  # the meter: every message that crosses to or from this process, once
+        self._route: Route = InMemory() if here is None else PartyView(here, carrier)
         self._observers: dict[int, Observer] = {}
         self._interceptors: dict[str, Interceptor] = {}
         self._next_handle = 0
         self._parent: Wire | None = None  # set by `prefixed`: a view that sends on its parent
-        self._prefix = ""
-        self._held: list[Held] | None = None  # set inside `recording`
+        self._step = -1  # set-up (key agreement, PSI) runs before the first training step
         self._tagged = ""  # set inside `tags_under`: a prefix on every tag sent on this wire object
         self._identities: Any = None  # simulated identities, drawn on first use (see `identities`)
         #: the run's declared links (`lvfl.schedule.run_links`, set by the protocol's `setup`): a message on any other
         #: link is refused in one line; None (a wire outside a run) checks nothing
         self.links: Links | None = None
+
+    # -- the step every message carries ------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The protocol's step: -1 during set-up, then the training batch count, the same at every party.
+
+        The protocol sets it (`lvfl.protocols.base.VFLModule.on_train_batch_start`); a party view's carrier stamps
+        each message with it and refuses a received one of another step. A prefixed view shares its parent's.
+        """
+        return self._parent.step if self._parent is not None else self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if self._parent is not None:
+            self._parent.step = value
+        else:
+            self._step = int(value)
 
     # -- views and recordings: the same wire, used another way -----------------------------------------------------
     def prefixed(self, prefix: str) -> Wire:
@@ -174,20 +247,20 @@ class Wire:
             {'fold/embeddings': 8}
         """
         view = Wire()
-        view._parent, view._prefix = self, prefix
-        view.here, view.transport = self.here, self.transport
+        view._parent, view._route = self, OnParent(self, prefix)
+        view.here, view.carrier = self.here, self.carrier
         return view
 
     @property
     def identities(self) -> Any:
         """Who each party is (`lvfl.crypto.signing.Identities`): signs for the parties held here, verifies anyone.
 
-        In a party's view, the transport's (its TLS identity and the peers' pinned certificates); in simulation, a
+        In a party's view, the carrier's (its TLS identity and the peers' pinned certificates); in simulation, a
         throw-away identity key per party, so that signed messages cost the same bytes in both.
         """
         if self._parent is not None:
             return self._parent.identities
-        given = getattr(self.transport, "identities", None)
+        given = getattr(self.carrier, "identities", None)
         if given is not None:
             return given
         if self._identities is None:
@@ -208,13 +281,14 @@ class Wire:
         inference whose predictions are delivered to another party): it then sends each one itself with `send`.
         Each held message is (src, dst, payload, tag, payload as dst would receive it).
         """
-        if self._held is not None:
+        if isinstance(self._route, Holding):
             raise RuntimeError("Wire.recording is already active on this wire")
-        self._held = []
+        route, held = self._route, []
+        self._route = Holding(held)
         try:
-            yield self._held
+            yield held
         finally:
-            self._held = None
+            self._route = route
 
     @contextmanager
     def tags_under(self, prefix: str) -> Iterator[None]:
@@ -267,38 +341,26 @@ class Wire:
         """The observers subscribed now, in subscription order (so a caller can check it cleaned up after itself)."""
         return tuple(self._observers.values())
 
+    # -- sending: the route carries, the meter counts, the observers see -----------------------------------------------
     def send(self, src: str, dst: str, payload: Any, tag: str) -> Any:
-        """Move `payload` from `src` to `dst`, recording its size; returns the payload as `dst` receives it."""
+        """Move `payload` from `src` to `dst` on this wire's route; returns the payload as `dst` receives it here."""
         if src == dst:
             raise ValueError(
                 f"party {src!r} sent a message to itself (tag {tag!r}); only cross-party moves go on the wire"
             )
-        tag = self._tagged + tag
-        if self._held is not None:
-            received = arrive(payload)
-            self._held.append((src, dst, payload, tag, received))
-            return received
-        if self._parent is not None:
-            return self._parent.send(src, dst, payload, self._prefix + tag)
-        if self.links is not None:  # in every process alike: simulation fails where a deployed peer would refuse
+        return self._route.carry(self, src, dst, self._tagged + tag, payload)
+
+    def check_link(self, src: str, dst: str, tag: str) -> None:
+        """Refuse a message on a link the run did not declare (`links`; nothing is checked without them)."""
+        if self.links is not None:
             self.links.check(src, dst, tag)
-        key = (src, dst, tag)
-        if self.here is not None and self.here not in (src, dst):
-            return shadow(payload)  # a message between two other parties: only its shape is known here
-        if self.here is not None and self.here == src:  # the message leaves this process
-            self.bytes[key] += payload_nbytes(payload)
-            self.messages[key] += 1
-            received = arrive(payload)
-            self.transport.post(src, dst, tag, received)
-            return shadow(received)
-        if self.here is None:
-            self.bytes[key] += payload_nbytes(payload)
-            self.messages[key] += 1
-            received = arrive(payload)
-        else:  # here == dst: the message arrives from another process, checked against its shadow here
-            received = self.transport.take(src, dst, tag, payload)
-            self.bytes[key] += payload_nbytes(received)
-            self.messages[key] += 1
+
+    def meter(self, src: str, dst: str, tag: str, payload: Any) -> None:
+        """Record a message that crosses to or from this process on the ledger."""
+        self.ledger.record(src, dst, tag, payload)
+
+    def deliver(self, src: str, dst: str, tag: str, received: Any) -> Any:
+        """Hand an arrived message to `dst`: its observers see it, its interceptor may replace what `dst` acts on."""
         if self._observers:
             for fn in tuple(self._observers.values()):  # a copy: an observer may unsubscribe itself
                 fn(src, dst, tag, received)
@@ -306,50 +368,45 @@ class Wire:
             received = self._interceptors[dst](src, tag, received)
         return received
 
-    # -- reading the ledger -------------------------------------------------------------------------------------
+    # -- reading the ledger (`lvfl.ledger.Ledger`) -------------------------------------------------------------------
+    @property
+    def bytes(self) -> Counter[tuple[str, str, str]]:
+        """Bytes per (src, dst, tag)."""
+        return self.ledger.bytes
+
+    @property
+    def messages(self) -> Counter[tuple[str, str, str]]:
+        """Messages per (src, dst, tag)."""
+        return self.ledger.messages
+
     def total_bytes(self) -> int:
         """All bytes sent so far."""
-        return sum(self.bytes.values())
+        return self.ledger.total_bytes()
 
     def bytes_by_tag(self) -> dict[str, int]:
         """Bytes per message tag."""
-        out: Counter[str] = Counter()
-        for (_, _, tag), n in self.bytes.items():
-            out[tag] += n
-        return dict(out)
+        return self.ledger.bytes_by_tag()
 
     def bytes_by_link(self) -> dict[str, int]:
         """Bytes per directed link, keyed `src->dst`."""
-        out: Counter[str] = Counter()
-        for (src, dst, _), n in self.bytes.items():
-            out[str(Link(src, dst))] += n
-        return dict(out)
+        return self.ledger.bytes_by_link()
 
     def total_messages(self) -> int:
         """All messages sent so far."""
-        return sum(self.messages.values())
+        return self.ledger.total_messages()
 
     def reset(self) -> None:
         """Forget everything recorded."""
-        self.bytes.clear()
-        self.messages.clear()
+        self.ledger.reset()
 
-    # -- checkpointing: the ledger survives a resume so cumulative figures stay right --------------------------------
     def state_dict(self) -> dict[str, list]:
-        """The ledger as plain lists."""
-        return {
-            "bytes": [[*k, v] for k, v in self.bytes.items()],
-            "messages": [[*k, v] for k, v in self.messages.items()],
-        }
+        """The ledger as plain lists (it survives a resume, so cumulative figures stay right)."""
+        return self.ledger.state_dict()
 
     def load_state_dict(self, state: Mapping[str, list]) -> None:
         """Restore a ledger saved by `state_dict`."""
-        self.reset()
-        self.merge_state_dict(state)
+        self.ledger.load_state_dict(state)
 
     def merge_state_dict(self, state: Mapping[str, list]) -> None:
         """Add a saved ledger to this one (a resumed run keeps its own key exchange and the saved history)."""
-        for src, dst, tag, n in state.get("bytes", []):
-            self.bytes[(src, dst, tag)] += int(n)
-        for src, dst, tag, n in state.get("messages", []):
-            self.messages[(src, dst, tag)] += int(n)
+        self.ledger.merge_state_dict(state)

@@ -28,7 +28,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"privacy", "models", "alignment"},
         {"federation", "observing", "checkpoints", "runs"},
         {"wire", "network", "loggers", "messages", "checks", "parties", "progress", "prediction_rows"},
-        {"shadows", "crypto", "schedule", "moved_modules"},
+        {"shadows", "crypto", "schedule", "moved_modules", "ledger"},
     ],
     "lvfl.privacy": [
         {"aggregation", "soft_labels", "defenses", "oblivious_transfer"},
@@ -66,6 +66,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"link"},
         {"transport"},
         {"inbox", "outbox"},
+        {"endpoint"},
         {"addresses", "identity", "channels"},
         {"federation_file"},
         {"pki"},

@@ -113,14 +113,15 @@ def test_three_parties_exchange_tensors_both_ways(make) -> None:
     assert received.keys() == sent.keys()
     for key, tensor in sent.items():
         assert torch.equal(received[key], tensor)
-    # the ledger: each link's payload bytes are what the Wire would count; the envelope adds framing
+    # the ledger: each link's messages, and its envelopes' bytes: the payload's (the Wire's count) and some framing
+    payload = 3 * payload_nbytes(torch.zeros(8, 2, dtype=torch.float64))
     for me, transport in parties.items():
         for peer in transport.peers:
             for key in ((me, peer, "embeddings"), (peer, me, "embeddings")):
                 assert transport.messages[key] == 3
-                assert transport.payload_bytes[key] == 3 * payload_nbytes(torch.zeros(8, 2, dtype=torch.float64))
-                assert transport.payload_bytes[key] < transport.envelope_bytes[key] < 2 * transport.payload_bytes[key]
-    assert parties["party0"].bytes_by_tag() == {"embeddings": 4 * 3 * 128}
+                assert payload < transport.envelope_bytes[key] < 2 * payload
+    links = 2 * len(parties["party0"].peers)  # to and from each peer
+    assert 4 * 3 * 128 == links * payload < parties["party0"].bytes_by_tag()["embeddings"] < 2 * links * payload
 
 
 def test_structured_payloads_and_the_context_manager(federation: Federation) -> None:
@@ -374,8 +375,9 @@ def test_oversized_messages_are_refused(make) -> None:
 
 def test_a_payload_that_cannot_be_sent_fails_at_the_sender(make) -> None:
     a = make("party1")
-    with pytest.raises(TypeError, match="cannot meter a payload of type str"):
-        a.send("party0", "x", 0, "text")
+    with pytest.raises(TypeError, match="cannot meter a payload of type str"):  # the Wire's meter, before any send
+        Wire(here="party1", carrier=SocketLink(a)).send("party1", "party0", "text", tag="x")
+    assert not a.messages
     with pytest.raises(ValueError, match="no party 'party9'"):
         a.send("party9", "x", 0, b"")
     with pytest.raises(ValueError, match="cannot send to or receive from itself"):
@@ -484,6 +486,7 @@ def test_transports_helper_starts_and_closes_all(federation: Federation) -> None
 
 
 def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -> None:
+    """The step is the protocol's (the Wire passes it); the link turns a set-up step (-1) into patience."""
     waits = []
 
     class Recorder:  # the transport's side of `take`: what each receive was allowed
@@ -493,9 +496,8 @@ def test_the_link_gives_set_up_messages_its_patience_and_training_steps_none() -
             waits.append((tag, step, patience))
 
     link = SocketLink(Recorder(), setup_patience=3540.0)
-    link.take("party0", "party1", "psi/blinded", None)
-    link.step = 0
-    link.take("party0", "party1", "gradients", None)
+    link.take("party0", "party1", "psi/blinded", -1, None)
+    link.take("party0", "party1", "gradients", 0, None)
     assert waits == [("psi/blinded", -1, 3540.0), ("gradients", 0, 0.0)]
 
 
@@ -512,11 +514,11 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
     whole = kkrt.SEEDS_BYTES + 512 if protocol == "kkrt" else 0  # the largest message sent whole, and its envelope
     limits = {"max_message_bytes": 2048 + whole, "max_queued_bytes": 2 * part + 512 + whole, "timeout": 20}
     ends = {name: make(name, **limits) for name in ids}
-    results = {}
+    results, wires = {}, {}
 
     def body(name: str) -> Callable[[], None]:
         def run() -> None:
-            wire = Wire(here=name, transport=SocketLink(ends[name]))
+            wire = wires[name] = Wire(here=name, carrier=SocketLink(ends[name]))
             results[name] = intersection.private_intersection(
                 {name: ids[name]}, parties=list(ids), active="party0", wire=wire, protocol=protocol
             )
@@ -527,6 +529,6 @@ def test_a_psi_longer_than_one_envelope_goes_in_parts_over_real_sockets(make, mo
     for name in ids:
         assert results[name].ids == expected.ids
         assert np.array_equal(results[name].rows[name], expected.rows[name]), name
-    sent = ends["party0"].payload_bytes
+    sent = wires["party0"].bytes
     long = ("psi/blinded", 900 * POINT_BYTES) if protocol == "ecdh" else ("psi/matrix", 1143 * 64)
     assert sent["party0", "party1", long[0]] == long[1]

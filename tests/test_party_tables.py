@@ -14,7 +14,7 @@ from helpers import each_in_a_thread
 
 from lvfl.alignment import message_bytes
 from lvfl.datamodules import PartyTable, PartyTables
-from lvfl.federation.rehearsal import MemoryTransport
+from lvfl.federation.rehearsal import MemoryCarrier
 from lvfl.models import MLP
 from lvfl.protocols import EASTER, PartyConfig
 from lvfl.shadows import Shadow
@@ -576,16 +576,16 @@ def test_a_numeric_label_of_many_values_is_refused_as_a_quantity_not_read_as_cla
 
 
 def test_a_partys_own_process_holds_its_slices_once_and_the_others_as_shadows_from_the_start(bank_retailer) -> None:
-    """Each party in its own wire view (threads over a `MemoryTransport`, as `lvfl launch`'s processes): its slices
+    """Each party in its own wire view (threads over a `MemoryCarrier`, as `lvfl launch`'s processes): its slices
     are the simulation's, bit for bit; the other party's are shadows before `hold_only` runs, so their columns of
     `load()`'s array are never read; the active party's VFL view of a split is a view of its own slice, no copy."""
     whole = tables(bank_retailer, scale=True)
     whole.setup()
-    transport = MemoryTransport(timeout=60)
+    transport = MemoryCarrier(timeout=60)
     own = {name: tables(bank_retailer, scale=True) for name in ("party0", "party1")}
 
     def run(name: str) -> None:
-        own[name].exchange_on(Wire(here=name, transport=transport))
+        own[name].exchange_on(Wire(here=name, carrier=transport))
         own[name].setup()
 
     each_in_a_thread(run, list(own))

@@ -19,9 +19,9 @@ from lvfl.compression import Compressor
 from lvfl.datamodules import Digits
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import write_federation
-from lvfl.federation.link import SocketLink, StepClock
+from lvfl.federation.link import SocketLink
 from lvfl.federation.pki import write_test_pki
-from lvfl.federation.rehearsal import MemoryTransport, held_tensors, party_batch, party_view
+from lvfl.federation.rehearsal import MemoryCarrier, held_tensors, party_batch, party_view
 from lvfl.federation.transport import Transport
 from lvfl.models import MLP
 from lvfl.privacy import DHMasking, Plain
@@ -46,7 +46,7 @@ class Batches:
 
 def memory_views(model, tmp_path):
     """Every party's view, all on one in-memory transport."""
-    transport = MemoryTransport(timeout=20)
+    transport = MemoryCarrier(timeout=20)
     return {k: party_view(model, k, transport) for k in model.party_names}, {}
 
 
@@ -137,8 +137,7 @@ def rehearse(tmp_path, model, views, links=None):
         try:
             view.aggregation.setup(view.party_specs, view.active, view.wire)
             batches = [party_batch(b, name, view.active) for b in model.batches]
-            clock = [StepClock(links[name])] if name in links else []
-            trainer = make_trainer(tmp_path / name, limit_train_batches=STEPS, limit_val_batches=0, callbacks=clock)
+            trainer = make_trainer(tmp_path / name, limit_train_batches=STEPS, limit_val_batches=0)
             trainer.fit(view, train_dataloaders=Batches(batches))
         except BaseException as err:  # reported by the main thread
             errors.append(err)
@@ -199,9 +198,11 @@ def assert_parity(model, views, links, extra_senders=None):
     assert dict(sent) == dict(model.wire.bytes)
     if isinstance(model.aggregation, DHMasking):
         assert any(tag == "keys" for (_, _, tag) in sent)
-    for name, link in links.items():  # the socket transport counted the same payload bytes as the view's ledger
-        counted = {key: n for key, n in link.transport.payload_bytes.items() if key[2] != "hello"}  # not the Wire's
-        assert counted == dict(views[name].wire.bytes)
+    for name, link in links.items():  # the socket transport carried every message on the view's ledger, no other
+        carried = {key: n for key, n in link.transport.messages.items() if key[2] != "hello"}  # not the Wire's
+        assert carried == dict(views[name].wire.messages)
+        framed = {key: n for key, n in link.transport.envelope_bytes.items() if key[2] != "hello"}
+        assert all(framed[key] > n for key, n in views[name].wire.bytes.items())  # the payload, and its framing
 
 
 def test_the_extension_guides_protocol_runs_as_party_views_with_no_extra_code(tmp_path, monkeypatch):
@@ -234,8 +235,8 @@ def test_each_view_holds_only_its_own_party(tmp_path):
 
 
 def test_a_view_refuses_a_message_of_another_shape():
-    transport = MemoryTransport(timeout=1)
-    sender, receiver = Wire(here="party1", transport=transport), Wire(here="party0", transport=transport)
+    transport = MemoryCarrier(timeout=1)
+    sender, receiver = Wire(here="party1", carrier=transport), Wire(here="party0", carrier=transport)
     sent = sender.send("party1", "party0", torch.zeros(4, 8), "embeddings")
     assert is_shadow(sent)
     with pytest.raises(
@@ -245,13 +246,13 @@ def test_a_view_refuses_a_message_of_another_shape():
 
 
 def test_a_view_names_the_party_it_waited_for():
-    receiver = Wire(here="party0", transport=MemoryTransport(timeout=0.05))
+    receiver = Wire(here="party0", carrier=MemoryCarrier(timeout=0.05))
     with pytest.raises(FederationError, match="party2 did not send 'predictions' to party0 within 0.05 s"):
         receiver.send("party2", "party0", torch.empty(3, device="meta"), "predictions")
 
 
 def test_a_view_passes_messages_between_others_as_shadows():
-    wire = Wire(here="party3", transport=MemoryTransport(timeout=1))
+    wire = Wire(here="party3", carrier=MemoryCarrier(timeout=1))
     out = wire.send("party1", "party0", {"a": torch.ones(2, 3), "b": b"key"}, "keys")
     assert out["a"].device.type == "meta"
     assert out["a"].shape == (2, 3)
@@ -278,7 +279,7 @@ def test_paillier_runs_with_the_coordinator_as_a_view_of_its_own(tmp_path):
     holds nothing else; every party's parameters end bit-identical to the simulation (a Paillier sum is exact)."""
     from lvfl.privacy import Paillier
 
-    transport = MemoryTransport(timeout=60)
+    transport = MemoryCarrier(timeout=60)
 
     def views_with_coordinator(model, _):
         return {k: party_view(model, k, transport) for k in [*model.party_names, "coordinator"]}, {}
@@ -301,8 +302,8 @@ def test_a_party_refuses_a_paillier_modulus_of_another_size():
     from lvfl.parties import PartySpec
     from lvfl.privacy import Paillier
 
-    transport = MemoryTransport(timeout=5)
-    transport.post("coordinator", "p1", "keys", (12345).to_bytes(256, "big"))
+    transport = MemoryCarrier(timeout=5)
+    transport.post("coordinator", "p1", "keys", -1, (12345).to_bytes(256, "big"))
     parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1)]
     with pytest.raises(ValueError, match="p1 received a 14-bit modulus; this run's key_size is 2048 bits"):
-        Paillier(workers=1).setup(parties, "a", Wire(here="p1", transport=transport))
+        Paillier(workers=1).setup(parties, "a", Wire(here="p1", carrier=transport))

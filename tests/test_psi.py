@@ -31,7 +31,7 @@ from lvfl.crypto.hash_to_curve import (
     map_to_curve_elligator2,
 )
 from lvfl.federation import FederationError
-from lvfl.federation.rehearsal import MemoryTransport
+from lvfl.federation.rehearsal import MemoryCarrier
 from lvfl.wire import Absent, Wire, payload_nbytes
 
 # RFC 9380 Appendix J.4.1, curve25519_XMD:SHA-512_ELL2_RO_ (P.x, P.y as printed there)
@@ -107,7 +107,7 @@ def each_in_its_view(
     """Every party's part of the PSI in a thread of its own, on its own wire view over `transport` (as separate
     processes would run it): the views and what each party's part returns."""
     names = list(ids)
-    views = {name: Wire(here=name, transport=transport) for name in names}
+    views = {name: Wire(here=name, carrier=transport) for name in names}
 
     def run(name: str) -> Any:
         return private_intersection(
@@ -440,7 +440,7 @@ def test_party_tables_shuffle_is_not_drawn_from_the_config_seed(tmp_path, monkey
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["ecdh", "kkrt"])
 def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docstring_says(protocol) -> None:
-    """Every party in its own wire view (threads over a `MemoryTransport`, as separate processes would be): each
+    """Every party in its own wire view (threads over a `MemoryCarrier`, as separate processes would be): each
     gets the simulation's rows for itself, nothing for the others; a passive party learns the bank's list size and
     the intersection, not the pairwise counts; each party's ledger is its share of the simulation's."""
     ids = parties()
@@ -448,7 +448,7 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
     keys = {"bank": bytes(range(32)), "retailer": bytes(range(7, 39)), "insurer": bytes(range(9, 41))}
     whole = Wire()
     expected = private_intersection(ids, active="bank", wire=whole, keys=keys, shuffle_keys=SHUFFLE, protocol=protocol)
-    transport = MemoryTransport(timeout=60)
+    transport = MemoryCarrier(timeout=60)
     views, results = each_in_its_view(ids, keys, transport, protocol)
     for name in names:
         got = results[name]
@@ -466,17 +466,17 @@ def test_each_party_in_its_own_view_runs_only_its_part_and_learns_what_the_docst
 
 
 class QueueBound:
-    """A `MemoryTransport` that refuses a message as the socket transport's inbox does: when what its sender has
+    """A `MemoryCarrier` that refuses a message as the socket transport's inbox does: when what its sender has
     queued unread at the receiver is not empty and would pass `limit` bytes with it (`Inbox._reserve`)."""
 
     def __init__(self, limit: int) -> None:
-        self.inner, self.limit = MemoryTransport(timeout=20), limit
+        self.inner, self.limit = MemoryCarrier(timeout=20), limit
         self.identities = self.inner.identities
         self.unread: Counter = Counter()
         self.peak = 0
         self.lock = threading.Lock()
 
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
         size = payload_nbytes(payload)
         with self.lock:
             queued = self.unread[src, dst]
@@ -484,10 +484,10 @@ class QueueBound:
                 raise FederationError(f"{src} has {queued} bytes unread at {dst} and sent a {size}-byte {tag!r}")
             self.unread[src, dst] += size
             self.peak = max(self.peak, self.unread[src, dst])
-        self.inner.post(src, dst, tag, payload)
+        self.inner.post(src, dst, tag, step, payload)
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
-        payload = self.inner.take(src, dst, tag, expected)
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
+        payload = self.inner.take(src, dst, tag, step, expected)
         with self.lock:
             self.unread[src, dst] -= payload_nbytes(payload)
         return payload
@@ -530,7 +530,7 @@ def test_long_messages_go_in_parts_and_a_receiver_holds_at_most_two_unread(monke
 
 
 def test_a_part_longer_than_a_part_is_refused_naming_the_sender() -> None:
-    transport = MemoryTransport(timeout=5)
-    transport.post("retailer", "bank", "psi/peer", bytes(parts.PART_BYTES + POINT_BYTES))
+    transport = MemoryCarrier(timeout=5)
+    transport.post("retailer", "bank", "psi/peer", -1, bytes(parts.PART_BYTES + POINT_BYTES))
     with pytest.raises(ValueError, match=r"retailer sent a \d+-byte part of 'psi/peer'; a part is at most"):
-        send_in_parts(Wire(here="bank", transport=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")
+        send_in_parts(Wire(here="bank", carrier=transport), "retailer", "bank", Absent("PSI points"), "psi/peer")

@@ -65,3 +65,60 @@ def test_observers_lists_the_subscribed_in_order_and_unsubscribe_stops_one():
     assert wire.observers == (second,)
     wire.send("party1", "party0", torch.zeros(1), "embeddings")
     assert seen == ["second"]
+
+
+def test_the_protocol_sets_the_step_every_message_carries(tmp_path):
+    """Set-up messages go at step -1; each training batch's at the trainer's batch count, set by the protocol."""
+    from helpers import easter, make_trainer
+
+    from lvfl.datamodules import Digits
+    from lvfl.privacy import DHMasking
+
+    model = easter(3, aggregation=DHMasking())
+    steps: list[tuple[str, int]] = []
+    model.wire.subscribe(lambda src, dst, tag, payload: steps.append((tag, model.wire.step)))
+    make_trainer(tmp_path, limit_train_batches=3, limit_val_batches=0).fit(
+        model, datamodule=Digits(num_parties=3, batch_size=32)
+    )
+    in_order = [step for _, step in steps]
+    assert in_order == sorted(in_order)
+    assert {step for tag, step in steps if tag == "keys"} == {-1}
+    per_step = [sorted(tag for tag, step in steps if step == k) for k in (0, 1, 2)]
+    assert per_step[0]
+    assert per_step[0] == per_step[1] == per_step[2]
+    assert model.wire.step == 2
+
+
+def test_a_prefixed_view_shares_its_parents_step_and_a_recording_restores_the_route():
+    wire = Wire()
+    view = wire.prefixed("cross_fit/")
+    view.step = 4
+    assert wire.step == view.step == 4
+    with wire.recording() as held:
+        wire.send("party1", "party0", torch.zeros(2), "embeddings")
+        with pytest.raises(RuntimeError, match="already active"), wire.recording():
+            pass
+    assert len(held) == 1
+    assert wire.total_bytes() == 0
+    wire.send("party1", "party0", torch.zeros(2), "embeddings")
+    assert wire.total_bytes() == 8  # the route is the simulation's again
+
+
+def test_a_party_view_meters_what_it_sends_and_takes_and_only_shadows_the_rest():
+    from lvfl.federation.rehearsal import MemoryCarrier
+
+    carrier = MemoryCarrier(timeout=5)
+    sender, receiver, bystander = (Wire(here=p, carrier=carrier) for p in ("party1", "party0", "party2"))
+    for view in (sender, receiver, bystander):
+        view.step = 7
+    x = torch.arange(6.0).reshape(3, 2)
+    assert sender.send("party1", "party0", x, "embeddings").is_meta  # the sender keeps a shadow
+    assert torch.equal(receiver.send("party1", "party0", torch.empty(3, 2, device="meta"), "embeddings"), x)
+    assert bystander.send("party1", "party0", torch.empty(3, 2, device="meta"), "embeddings").is_meta
+    key = ("party1", "party0", "embeddings")
+    assert sender.bytes == receiver.bytes == {key: 24}
+    assert not bystander.bytes
+    sender.send("party1", "party0", x, "embeddings")
+    receiver.step = 8  # the receiver is at another step: refused, naming the sender and the step
+    with pytest.raises(ValueError, match="party1 sent 'embeddings' for step 7; party0 expected step 8"):
+        receiver.send("party1", "party0", torch.empty(3, 2, device="meta"), "embeddings")

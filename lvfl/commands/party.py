@@ -5,7 +5,7 @@ Every organisation runs the same config with its own party name::
     lvfl party --config C.yaml --party party1 --federation federation.yaml
 
 The process builds the run exactly as `lvfl fit` does (the same LightningCLI, the same protocol file), with one
-difference: its protocol's wire is a party view (`lvfl.wire.Wire(here=party, transport=...)`) over a mutual-TLS
+difference: its protocol's wire is a party view (`lvfl.wire.Wire(here=party, carrier=...)`) over a mutual-TLS
 gRPC `Transport`. The protocol's `setup` then keeps only what the party holds (`VFLModule.hold_only`,
 `VerticalDataModule.hold_only`), and its own Lightning `Trainer` keeps its own logs and checkpoints.
 
@@ -47,7 +47,7 @@ from lvfl.commands.fit import main as fit_main
 from lvfl.commands.warm_start import LAUNCH_STARTED, PARTY_IMPORTED, PARTY_STARTED, SUBCOMMANDS
 from lvfl.federation import FederationError
 from lvfl.federation.federation_file import load_federation
-from lvfl.federation.link import SocketLink, StepClock
+from lvfl.federation.link import SocketLink
 from lvfl.federation.transport import Transport
 from lvfl.parties import party_name
 from lvfl.privacy import CKKS, DHMasking, Paillier, Plain
@@ -310,9 +310,8 @@ def check_party(party: str, datamodule: Any, coordinator: str | None = None) -> 
 
 
 def put_on_link(cli: Any, party: str, link: Any) -> None:
-    """Make the protocol's wire `party`'s view over `link` (sockets, or a rehearsal's turns), stepped by `StepClock`."""
-    cli.model.wire = Wire(here=party, transport=link)
-    cli.trainer.callbacks.append(StepClock(link))
+    """Make the protocol's wire `party`'s view over `link` (sockets, or a rehearsal's turns); the protocol steps it."""
+    cli.model.wire = Wire(here=party, carrier=link)
 
 
 def process_group_rank(trainer: Any, model: Any = None, listen: str | None = None) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 
 In simulation every party runs in one process and `lvfl.wire.Wire` hands payloads over in memory. In a party's
 own process the same protocol code runs on what that party holds (docs/federation.md), and its Wire (`Wire(here=
-party, transport=...)`) sends and receives through this package, kept apart from the protocols so a protocol
+party, carrier=...)`) sends and receives through this package, kept apart from the protocols so a protocol
 never knows how it was launched:
 
 - `codec`: payload <-> protobuf `Value` tree and `Envelope` (schema in ``envelope.proto``), and the allow-list of
@@ -18,8 +18,8 @@ never knows how it was launched:
 - `addresses`: socket probes of an address: free to listen on, connected, or silent (to word a failure).
 - `pki`: a throw-away CA and party certificates for tests and local runs, and the certificate checks.
 - `federation_file`: the public YAML file, identical at every party, naming each party's address and certificate.
-- `link`: the Wire's transport over a party's `Transport` (the step every message is stamped with).
-- `rehearsal`: every party's view of a run in one process, on an in-memory transport, for tests.
+- `link`: the Wire's carrier over a party's `Transport` (each message stamped with the protocol's step).
+- `rehearsal`: every party's view of a run in one process, on an in-memory carrier, for tests.
 - `identity`: a party's TLS key as the signer of what it must vouch for (DHMasking's keys), checked by its peers.
 
 The commands that run a party's process (`lvfl party`, `lvfl launch`, `lvfl pki`) are `lvfl.commands`'; this package

@@ -20,20 +20,17 @@ What a peer can make this party hold is bounded, and checked on the envelope's h
 - A payload holds at most `max_nodes` values, counted on its bytes before protobuf parses it
   (`lvfl.federation.wire_form.scan_payload`).
 
-`Inbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the receiving and the sending
-side share one lock and read each other's state (a refused peer stops this party's sends to it, a failed send
-fails a waiting `receive`, a peer's abort stops both), so one object's state with each side's methods in its own
-module keeps the code as it runs while the two stay apart. The attributes it reads from `Transport` are declared
-on the class; those it owns are set by `_init_inbox`.
+`Inbox` is the receiving side of `lvfl.federation.transport.Transport`, one object with its sending side: what the
+two share (one lock, the ledger, the failures) is `lvfl.federation.endpoint.Endpoint`'s; what this side owns is set
+by `_init_inbox` and `_pin_callers`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -41,13 +38,13 @@ import grpc
 from lvfl.federation import FederationError, PeerGone
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import port_answers
-from lvfl.federation.channels import PinnedCaller
-from lvfl.federation.codec import RecordRegistry, decode_payload
+from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
+from lvfl.federation.codec import decode_payload
+from lvfl.federation.endpoint import Endpoint
 from lvfl.federation.envelope_schema import Header
 from lvfl.federation.expectations import conform, printable
-from lvfl.federation.federation_file import Federation
 from lvfl.federation.wire_form import TensorBytes, parse_envelope
-from lvfl.wire import payload_nbytes
+from lvfl.ledger import payload_nbytes
 
 __all__ = ["ABORT_GRACE", "ABORT_TAG", "DONE_TAG", "HELLO_TAG", "Inbox"]
 
@@ -72,35 +69,19 @@ MAX_CALLS = 2
 MAX_REASON_BYTES = 4096
 
 
-class Inbox:
+class Inbox(Endpoint):
     """The receiving side of `lvfl.federation.transport.Transport`: its server's handlers, checks and mailbox."""
 
-    # -- what the Transport provides ---------------------------------------------------------------------------------
-    me: str
-    federation: Federation
-    run_id: str
-    fingerprint: str
-    records: RecordRegistry
-    timeout: float
-    payload_bytes: Counter[tuple[str, str, str]]  # the ledger, by (src, dst, tag)
-    envelope_bytes: Counter[tuple[str, str, str]]
-    messages: Counter[tuple[str, str, str]]
+    # -- set by `Transport.__init__` from its arguments ----------------------------------------------------------------
     greetings: bool  # whether a peer must be greeted before it may send more than its greeting
     max_queued_bytes: int
     max_nodes: int
-    _cond: threading.Condition  # guards the mailbox, the ledger and the failures of both sides
-    _closed: bool
-    _pins: dict[str, str]  # each party's pinned certificate fingerprint, once started
-    _caller: PinnedCaller  # who called, by the pins
-    _check_peer: Callable[[str], None]
-    _raise_failure: Callable[[], None]
 
     def _init_inbox(self) -> None:
         """The empty mailbox: messages by (src, tag) in arrival order, and the first refusal of each peer."""
         self._inbox: dict[tuple[str, str], deque[tuple[Header, Any, int]]] = {}
         self._next_in: Counter[tuple[str, str]] = Counter()
-        self._refusals: dict[str, str] = {}
-        self._aborted: str | None = None  # a peer's abort: every receive fails with it
+        self._caller: PinnedCaller | None = None  # who calls, by the pinned certificates (`_pin_callers`)
         # the peers this party talks to: those it greeted (`Transport.hello`) and those it expects without a greeting
         # (`Transport.expect`); they may send it more than a greeting
         self._expected: set[str] = set()
@@ -308,8 +289,8 @@ class Inbox:
                     raise FederationError(f"{sender} sent a greeting that is not empty")
                 with self._cond:
                     self._hello_from.add(sender)
-            try:
-                nbytes = payload_nbytes(payload)
+            try:  # the receiving Wire meters every message it takes (`lvfl.ledger`): one it could not is refused here
+                payload_nbytes(payload)
             except TypeError as err:
                 raise FederationError(f"{sender} sent {header.tag!r} with a payload lvfl cannot meter: {err}") from None
             with self._cond:
@@ -326,7 +307,6 @@ class Inbox:
                 filed.append((header, payload, size))
                 reserved = False  # filed: `receive` releases it
                 key = (sender, self.me, header.tag)
-                self.payload_bytes[key] += nbytes
                 self.envelope_bytes[key] += size
                 self.messages[key] += 1
                 self._cond.notify_all()
@@ -376,6 +356,10 @@ class Inbox:
             self._queued_bytes[sender] += size
             self._queued_messages[sender] += 1
             return True
+
+    def _pin_callers(self) -> None:
+        """Know each caller by the certificate the federation file pins for it (when the server starts)."""
+        self._caller = PinnedCaller(pinned_fingerprints(self.federation), self.me)
 
     def _identify(self, context: grpc.ServicerContext) -> str:
         """The party whose pinned certificate the client presented; the call is refused if there is none."""

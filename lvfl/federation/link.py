@@ -1,9 +1,9 @@
-"""The Wire's `Transport` over a party's gRPC `Transport`: the seam between protocol code and the sockets.
+"""The Wire's `Carrier` over a party's gRPC `Transport`: the seam between protocol code and the sockets.
 
-A party's view of the wire (`lvfl.wire.Wire(here=..., transport=...)`) calls `post` when its party sends and
-`take` when it receives, with the receiver's shadow of the message as what it expects. `SocketLink` adds what the
-network needs and the protocol does not know: the step every message is stamped with (a message for another step
-is refused) and the templates the codec checks a received payload against.
+A party's view of the wire (`lvfl.wire.Wire(here=..., carrier=...)`) calls `post` when its party sends and
+`take` when it receives, with the protocol's step and the receiver's shadow of the message as what it expects.
+`SocketLink` adds what the network needs and the protocol does not know: the templates the codec checks a received
+payload against, and the patience a set-up message (step -1) gets.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ import dataclasses
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 
 from lvfl.federation.transport import Transport
 from lvfl.wire import Absent
 
-__all__ = ["SocketLink", "StepClock", "template"]
+__all__ = ["SocketLink", "template"]
 
 
 def template(expected: Any) -> Any:
@@ -41,7 +40,7 @@ def template(expected: Any) -> Any:
 
 
 class SocketLink:
-    """Carries a party view's messages on `transport`, each stamped with the current `step`.
+    """Carries a party view's messages on `transport` (a `lvfl.wire.Carrier`), each stamped with its step.
 
     `setup_patience`: seconds a set-up message (step -1: key agreement, PSI, split) may take beyond the transport's
     timeout while its sender is up, since set-up work grows with the tables (`Inbox.receive`'s `patience`).
@@ -51,28 +50,16 @@ class SocketLink:
         self.transport = transport
         self.setup_patience = float(setup_patience)
         self.identities = transport.identities  # this party's TLS identity, and its peers' pinned certificates
-        self.step = -1  # set-up (key agreement, PSI) runs before the first training step
 
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
         """Send `payload` to `dst`; `src` is this party (a view sends only its own messages)."""
         if src != self.transport.me:
             raise ValueError(f"party {self.transport.me!r} cannot send a message as {src!r}")
-        self.transport.send(dst, tag, self.step, payload, wait=False)  # in order per peer; failures raise later
+        self.transport.send(dst, tag, step, payload, wait=False)  # in order per peer; failures raise later
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
-        """The next message from `src` under `tag`, for this step, of the form of `expected`."""
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
+        """The next message from `src` under `tag`, sent at `step`, of the form of `expected`."""
         if dst != self.transport.me:
             raise ValueError(f"party {self.transport.me!r} cannot receive a message for {dst!r}")
-        patience = self.setup_patience if self.step < 0 else 0.0
-        return self.transport.receive(src, tag, self.step, expected=template(expected), patience=patience)
-
-
-class StepClock(Callback):
-    """Sets `link.step` to the trainer's batch count at every training batch, the same count at every party."""
-
-    def __init__(self, link: SocketLink) -> None:
-        self.link = link
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        """Every party is at the same batch of the same epoch: the step its messages carry."""
-        self.link.step = trainer.fit_loop.total_batch_idx
+        patience = self.setup_patience if step < 0 else 0.0
+        return self.transport.receive(src, tag, step, expected=template(expected), patience=patience)

@@ -5,11 +5,9 @@ stored it) or queues it in the peer's outbox, which one thread per peer carries 
 `flush` ends the streams and waits for their answers. A failure is put in one line naming the peer, its address and
 why it is silent (connected, no TLS, or nothing there).
 
-`Outbox` is a mixin of `lvfl.federation.transport.Transport`, not an object it owns: the sending and the receiving
-side share one lock and read each other's state (a peer this party refused is not sent to, a peer's abort ends a
-`flush`, a failed send fails a waiting `receive`), so one object's state with each side's methods in its own module
-keeps the code as it runs while the two stay apart. The attributes it reads from `Transport` are declared on the
-class; those it owns are set by `_init_outbox` and `_dial`.
+`Outbox` is the sending side of `lvfl.federation.transport.Transport`, one object with its receiving side: what the
+two share (one lock, the ledger, the failures) is `lvfl.federation.endpoint.Endpoint`'s; what this side owns is set
+by `_init_outbox` and `_dial`.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -27,11 +25,10 @@ from lvfl.federation import FederationError
 from lvfl.federation import envelope_pb2 as pb
 from lvfl.federation.addresses import connected, port_answers
 from lvfl.federation.channels import pinned_channel
-from lvfl.federation.codec import RecordRegistry, encode_envelope
+from lvfl.federation.codec import encode_envelope
+from lvfl.federation.endpoint import Endpoint
 from lvfl.federation.envelope_schema import Header
 from lvfl.federation.expectations import printable
-from lvfl.federation.federation_file import Federation
-from lvfl.wire import payload_nbytes
 
 __all__ = ["DELIVER", "STREAM", "Outbox"]
 
@@ -40,34 +37,14 @@ DELIVER = "/lvfl.federation.Federation/Deliver"
 STREAM = "/lvfl.federation.Federation/Stream"
 
 
-class Outbox:
+class Outbox(Endpoint):
     """The sending side of `lvfl.federation.transport.Transport`: its channels, outboxes, streams and `flush`."""
-
-    # -- what the Transport provides ---------------------------------------------------------------------------------
-    me: str
-    federation: Federation
-    run_id: str
-    fingerprint: str
-    records: RecordRegistry
-    timeout: float
-    max_message_bytes: int
-    peers: tuple[str, ...]
-    payload_bytes: Counter[tuple[str, str, str]]  # the ledger, by (src, dst, tag)
-    envelope_bytes: Counter[tuple[str, str, str]]
-    messages: Counter[tuple[str, str, str]]
-    _cond: threading.Condition  # guards the outboxes' count, the ledger and the failures of both sides
-    _closed: bool
-    _refusals: dict[str, str]  # the receiving side's first refusal of each peer (`lvfl.federation.inbox.Inbox`)
-    _aborted: str | None  # a peer's abort, as the receiving side took it
-    _check_peer: Callable[[str], None]
-    _raise_failure: Callable[[], None]
 
     def _init_outbox(self) -> None:
         """No channel yet (`_dial` opens them), no message queued or numbered."""
         self._next_out: Counter[tuple[str, str]] = Counter()
         self._outbox: dict[str, queue.SimpleQueue] = {}  # per peer, messages queued by `send(wait=False)`
         self._pending = 0  # queued messages not yet delivered (or dropped after a failure)
-        self._send_failure: str | None = None  # the first failure of a queued message
         self._channels: dict[str, grpc.Channel] = {}
         self._calls: dict[str, grpc.UnaryUnaryMultiCallable] = {}
         self._streams: dict[str, grpc.StreamUnaryMultiCallable] = {}
@@ -113,13 +90,12 @@ class Outbox:
         Raises:
             FederationError: `dst` refused the message (its reason), or did not come up and answer within the
                 timeout (naming it and its address), or the envelope is over `max_message_bytes`.
-            TypeError: `payload` holds something that cannot be sent or metered.
+            TypeError: `payload` holds something the codec cannot send.
         """
         self._check_peer(dst)
         self._raise_failure()
         if dst in self._refusals:  # this party refused `dst`'s messages: that, not silence, is why they stop
             raise FederationError(self._refusals[dst])
-        nbytes = payload_nbytes(payload)  # the Wire's count; refuses what the Wire would
         # no lock: the sends to one (peer, tag) come from one thread at a time (`Transport`'s contract), and a
         # dict's get and set are each atomic
         seq = self._next_out[(dst, tag)]
@@ -139,7 +115,7 @@ class Outbox:
             give_up = time.monotonic() + max(float(patience), 0.0)
             while True:  # `timeout` at a time, so that an abort or a refusal meanwhile ends the wait
                 try:
-                    self._deliver_to(dst, tag, seq, data, nbytes)
+                    self._deliver_to(dst, tag, seq, data)
                     break
                 except FederationError:
                     self._raise_failure()  # a peer stopped meanwhile: its reason, not this silence
@@ -148,42 +124,37 @@ class Outbox:
                     if port_answers(self.federation.party(dst).address):
                         raise  # `dst` is up and did not answer: nothing to wait for
         else:
-            self._outbox_of(dst, tag, len(data), nbytes).put((tag, data))
+            self._outbox_of(dst, tag, len(data)).put((tag, data))
 
-    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes, nbytes: int) -> None:
+    def _deliver_to(self, dst: str, tag: str, seq: int, data: bytes) -> None:
         try:
             ack = self._post(dst, tag, data)
         except FederationError:
             if dst in self._refusals:  # this party refused `dst` meanwhile (and `dst` stopped): that is the cause
                 raise FederationError(self._refusals[dst]) from None
             raise
-        self._acknowledged(dst, tag, seq, ack, len(data), nbytes)
+        self._acknowledged(dst, tag, seq, ack, len(data))
 
-    def _acknowledged(self, dst: str, tag: str, seq: int, ack: pb.Ack, size: int, nbytes: int) -> None:
+    def _acknowledged(self, dst: str, tag: str, seq: int, ack: pb.Ack, size: int) -> None:
         """Check `dst`'s acknowledgement of message `seq` under `tag` and meter the message."""
         if ack.seq != seq:
             raise FederationError(f"{dst} acknowledged {tag!r} message #{ack.seq} from {self.me}; it was #{seq}")
-        self._meter(dst, tag, size, nbytes)
-
-    def _meter(self, dst: str, tag: str, size: int, nbytes: int) -> None:
-        """Count a message to `dst`: `nbytes` of payload as the Wire counts it, `size` bytes of envelope."""
         with self._cond:
-            self._count(dst, tag, size, nbytes)
+            self._count(dst, tag, size)
 
-    def _count(self, dst: str, tag: str, size: int, nbytes: int) -> None:
-        """`_meter`'s count, for a caller holding the lock."""
+    def _count(self, dst: str, tag: str, size: int) -> None:
+        """Count a message to `dst` of `size` envelope bytes, for a caller holding the lock."""
         key = (self.me, dst, tag)
-        self.payload_bytes[key] += nbytes
         self.envelope_bytes[key] += size
         self.messages[key] += 1
 
-    def _outbox_of(self, dst: str, tag: str, size: int, nbytes: int) -> queue.SimpleQueue:
+    def _outbox_of(self, dst: str, tag: str, size: int) -> queue.SimpleQueue:
         """`dst`'s queue for its stream, and the stream's thread (opened on first use); meters one message for it.
 
         One lock for the ledger and the pending count (a party waits on each message: every lock costs).
         """
         with self._cond:
-            self._count(dst, tag, size, nbytes)
+            self._count(dst, tag, size)
             if dst not in self._outbox:
                 self._outbox[dst] = queue.SimpleQueue()  # C: a put and a get cost a fraction of Queue's
                 thread = threading.Thread(

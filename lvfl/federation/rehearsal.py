@@ -1,8 +1,8 @@
 """Every party's view of a run in one process: the federation's code path without the sockets (docs/federation.md).
 
 A party's view is the protocol module as that party's own process holds it: its own model real, every other
-party's model on the meta device (a shadow), its wire a party view (`Wire(here=party, transport=...)`). The views
-of one run exchange messages through a `MemoryTransport`, each view in its own thread, so a test can run the same
+party's model on the meta device (a shadow), its wire a party view (`Wire(here=party, carrier=...)`). The views
+of one run exchange messages through a `MemoryCarrier`, each view in its own thread, so a test can run the same
 `training_step` as every party at once and compare the result with the simulation, bit for bit, at a fraction of
 the cost of one process per party.
 """
@@ -28,12 +28,12 @@ from lvfl.schedule import ScheduleError
 from lvfl.wire import Wire, is_shadow, shadow
 
 
-class MemoryTransport:
-    """Mailboxes for every (src, dst, tag) of one run, shared by the parties' views in one process.
+class MemoryCarrier:
+    """Mailboxes for every (src, dst, tag) of one run, shared by the parties' views in one process (a `Carrier`).
 
     A message is copied on `post` (as serializing it would), and `take` checks it against the receiver's shadow as
-    the socket transport does (`lvfl.federation.expectations.conform`): a tensor of another dtype or shape is refused
-    with one line naming the sender and the tag.
+    the socket transport does (`lvfl.federation.expectations.conform`): a tensor of another dtype or shape, or a
+    message sent at another step, is refused with one line naming the sender and the tag.
     """
 
     def __init__(self, timeout: float = 30.0) -> None:
@@ -48,18 +48,25 @@ class MemoryTransport:
         with self._lock:
             return self._boxes.setdefault((src, dst, tag), queue.Queue())
 
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
-        """Leave a copy of `payload` in the (src, dst, tag) mailbox."""
-        self._box(src, dst, tag).put(_copy(payload))
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
+        """Leave a copy of `payload` in the (src, dst, tag) mailbox, stamped with `step`."""
+        self._box(src, dst, tag).put((step, _copy(payload)))
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
-        """The next message in the (src, dst, tag) mailbox, within the timeout, checked against `expected`."""
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
+        """The next (src, dst, tag) message, within the timeout, checked against `step` and `expected`."""
         try:
-            payload = self._box(src, dst, tag).get(timeout=self.timeout)
+            sent_at, payload = self._box(src, dst, tag).get(timeout=self.timeout)
         except queue.Empty:
             raise FederationError(f"{src} did not send {tag!r} to {dst} within {self.timeout:g} s") from None
+        check_step(src, dst, tag, sent_at, step)
         conform(payload, template(expected), sender=src, tag=tag)
         return payload
+
+
+def check_step(src: str, dst: str, tag: str, sent_at: int, step: int) -> None:
+    """Refuse a message sent at another step than the receiver's, as the socket transport's `receive` does."""
+    if sent_at != step:
+        raise FederationError(f"{src} sent {tag!r} for step {sent_at}; {dst} expected step {step}")
 
 
 def _copy(payload: Any) -> Any:
@@ -72,7 +79,7 @@ def _copy(payload: Any) -> Any:
     return copy.deepcopy(payload)
 
 
-def party_view(module: Any, party: str, transport: Any) -> Any:
+def party_view(module: Any, party: str, carrier: Any) -> Any:
     """`party`'s view of a built protocol `module`: a copy in which every other party's parameters are shadows.
 
     Who owns a parameter is what the protocol already declares for its optimizers (`party_parameters`: a party's
@@ -81,7 +88,7 @@ def party_view(module: Any, party: str, transport: Any) -> Any:
     (backends drop keys when copied): run `view.aggregation.setup(view.party_specs, view.active, view.wire)` in it.
     """
     view = copy.deepcopy(module)
-    view.wire = Wire(here=party, transport=transport)
+    view.wire = Wire(here=party, carrier=carrier)
     view.hold_only(party)
     return view
 
@@ -115,7 +122,7 @@ class Turns:
       naming the tag, the sender and the receiver;
     - a view that fails stops the others with its reason, as a deployed party's abort does.
 
-    It is the transport of every view's `SocketLink`-like link (`post`, `take`); a message is copied on `post` and
+    It is the carrier of every view (through its `TurnLink`: `post`, `take`); a message is copied on `post` and
     checked against the receiver's shadow on `take` (`lvfl.federation.expectations.conform`), with the step it was
     sent at.
     """
@@ -131,15 +138,14 @@ class Turns:
         self._randomness = dict.fromkeys(self.parties, _randomness())  # each view starts as a fresh process would
         self.failure: str | None = None  # why every view stops: a view's error, or a deadlock
         self._error: ScheduleError | None = None  # a deadlock, raised by `run`
-        self.steps: dict[str, int] = dict.fromkeys(self.parties, -1)  # each view's step (set by its `StepClock`)
 
-    # -- the transport -------------------------------------------------------------------------------------------
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
-        """Leave a copy of `payload` in the (src, dst, tag) mailbox, stamped with `src`'s step; `src` goes on."""
+    # -- the carrier ---------------------------------------------------------------------------------------------
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
+        """Leave a copy of `payload` in the (src, dst, tag) mailbox, stamped with `step`; `src` goes on."""
         with self._cond:
-            self._boxes.setdefault((src, dst, tag), deque()).append((self.steps[src], _copy(payload)))
+            self._boxes.setdefault((src, dst, tag), deque()).append((step, _copy(payload)))
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
         """The next (src, dst, tag) message, once there: meanwhile the other views have their turns."""
         with self._cond:
             box = self._boxes.get((src, dst, tag))
@@ -149,9 +155,8 @@ class Turns:
                 self._pass_turn(dst)
                 self._await_turn(dst)
                 box = self._boxes.get((src, dst, tag))
-            step, payload = box.popleft()
-        if step != self.steps[dst]:
-            raise FederationError(f"{src} sent {tag!r} for step {step}; {dst} expected step {self.steps[dst]}")
+            sent_at, payload = box.popleft()
+        check_step(src, dst, tag, sent_at, step)
         conform(payload, template(expected), sender=src, tag=tag)
         return payload
 
@@ -264,30 +269,21 @@ def _restore(state: tuple[Any, Any, Any]) -> None:
 class TurnLink:
     """One view's link over `Turns`, as `lvfl.federation.link.SocketLink` is over a socket transport.
 
-    It holds the step the view's messages carry (`StepClock` sets it) and makes this party's sends and takes.
+    It makes this party's sends and takes (a `Carrier`), at the step its protocol passes.
     """
 
     def __init__(self, turns: Turns, party: str) -> None:
         self.turns, self.party = turns, party
         self.identities = turns.identities
 
-    @property
-    def step(self) -> int:
-        """The step this view is at (every message it sends carries it; one it takes must carry it)."""
-        return self.turns.steps[self.party]
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self.turns.steps[self.party] = int(value)
-
-    def post(self, src: str, dst: str, tag: str, payload: Any) -> None:
+    def post(self, src: str, dst: str, tag: str, step: int, payload: Any) -> None:
         """Send as this party."""
         if src != self.party:
             raise ValueError(f"party {self.party!r} cannot send a message as {src!r}")
-        self.turns.post(src, dst, tag, payload)
+        self.turns.post(src, dst, tag, step, payload)
 
-    def take(self, src: str, dst: str, tag: str, expected: Any) -> Any:
+    def take(self, src: str, dst: str, tag: str, step: int, expected: Any) -> Any:
         """Take as this party."""
         if dst != self.party:
             raise ValueError(f"party {self.party!r} cannot receive a message for {dst!r}")
-        return self.turns.take(src, dst, tag, expected)
+        return self.turns.take(src, dst, tag, step, expected)

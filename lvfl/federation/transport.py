@@ -18,13 +18,15 @@ numbered from 0: a lost or replayed message shows), or that the codec refuses; a
 another step than the one the protocol is at. A refused message is answered with the reason (the sender's `send`
 raises it) and also fails the receiver's next `receive` from that party, so both ends stop with the same line.
 
-Bytes are counted per (src, dst, tag) for both directions: `payload_bytes` as `lvfl.wire.payload_nbytes` counts
-them (the Wire's ledger), `envelope_bytes` as they crossed the socket (protobuf framing, header and all).
+Envelopes are counted per (src, dst, tag) for both directions (`envelope_bytes`, as they crossed the socket:
+protobuf framing, header and all; `messages`); what their payloads hold is the Wire's ledger to count
+(`lvfl.ledger`), once.
 
 This module holds `Transport`'s life cycle (certificates checked, server and channels opened and closed), the
-greeting and the abort, and the ledger; its receiving side (the server's checks, the mailbox, `receive`) is
-`lvfl.federation.inbox`, its sending side (channels, outboxes and streams, `send`, `flush`) is
-`lvfl.federation.outbox`, and the socket probes are `lvfl.federation.addresses`.
+greeting and the abort. What both sides share (one lock, the ledger, the failures) is `lvfl.federation.endpoint`;
+the receiving side (the server's checks, the mailbox, `receive`) is `lvfl.federation.inbox`, the sending side
+(channels, outboxes and streams, `send`, `flush`) is `lvfl.federation.outbox`, and the socket probes are
+`lvfl.federation.addresses`.
 
 Example:
     >>> with Transport("party1", "federation.yaml", run_id="run-7") as transport:  # doctest: +SKIP
@@ -37,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -48,7 +49,6 @@ import grpc
 
 from lvfl.federation import FederationError, PeerGone
 from lvfl.federation.addresses import check_port_free, port_answers
-from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
 from lvfl.federation.codec import RECORDS, RecordRegistry, encode_envelope
 from lvfl.federation.envelope_schema import MAX_NODES, Header
 from lvfl.federation.federation_file import Federation, load_federation
@@ -75,8 +75,6 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 #: most bytes of one peer's messages a party holds unread (beyond a single message of any accepted size)
 DEFAULT_MAX_QUEUED_BYTES = 64 * 2**20
-
-Key = tuple[str, str, str]  # (src, dst, tag)
 
 
 class Transport(Inbox, Outbox):
@@ -138,18 +136,11 @@ class Transport(Inbox, Outbox):
         self.key_path = Path(key_path) if key_path is not None else self.federation.key_path(me)
         self.listen = listen or self.federation.party(me).address
         self.peers = tuple(name for name in self.federation.parties if name != me)
-        # the ledger, for both directions
-        self.payload_bytes: Counter[Key] = Counter()
-        self.envelope_bytes: Counter[Key] = Counter()
-        self.messages: Counter[Key] = Counter()
-        # one lock for both sides: a wait on either wakes on a message, a refusal, a failure, an abort or `close`
-        self._cond = threading.Condition()
-        self._init_inbox()  # the mailbox, and the first refusal of each peer
-        self._init_outbox()  # the outboxes and their streams, and the first failure of a queued message
-        self._pins: dict[str, str] = {}
+        self._init_endpoint()  # one lock for both sides, the ledger, no failure yet
+        self._init_inbox()  # the mailbox
+        self._init_outbox()  # the outboxes and their streams
         self._server: grpc.Server | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._closed = False
         self.identities: TLSIdentities | None = None  # this party's TLS identity, once started
 
     # -- life cycle ------------------------------------------------------------------------------------------------
@@ -157,8 +148,7 @@ class Transport(Inbox, Outbox):
         """Check every certificate and this party's key, listen at this party's address, open a channel per peer."""
         if self._server is not None:
             raise RuntimeError(f"the transport of {self.me} is already started")
-        self._pins = pinned_fingerprints(self.federation)
-        self._caller = PinnedCaller(self._pins, self.me)
+        self._pin_callers()
         self.identities = TLSIdentities(self.me, self.federation, self.key_path, run_id=self.run_id)
         ca_pem = self.federation.ca.read_bytes()
         cert_pem = self.federation.party(self.me).certificate.read_bytes()
@@ -217,19 +207,6 @@ class Transport(Inbox, Outbox):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _raise_failure(self) -> None:
-        """Raise a peer's abort, or the failure of a message queued earlier."""
-        if self._aborted is not None:  # a peer stopped: sending on would only wait for it
-            raise FederationError(self._aborted)
-        if self._send_failure is not None:
-            raise FederationError(self._send_failure)
-
-    def _check_peer(self, name: str) -> None:
-        if name == self.me:
-            raise ValueError(f"party {self.me!r} cannot send to or receive from itself")
-        if name not in self.peers:
-            raise ValueError(f"there is no party {name!r} in {self.federation.path} (peers: {list(self.peers)})")
 
     # -- greeting and abort ----------------------------------------------------------------------------------------
     def hello(self, peers: Sequence[str] | None = None, patience: float = 0.0) -> None:
@@ -336,10 +313,10 @@ class Transport(Inbox, Outbox):
                 call(data, timeout=1.0)
 
     # -- the ledger ------------------------------------------------------------------------------------------------
-    def bytes_by_tag(self, envelope: bool = False) -> dict[str, int]:
-        """Bytes per tag over both directions: payload bytes (as the Wire counts), or envelope bytes."""
+    def bytes_by_tag(self) -> dict[str, int]:
+        """Envelope bytes per tag over both directions."""
         out: Counter[str] = Counter()
-        for (_, _, tag), n in (self.envelope_bytes if envelope else self.payload_bytes).items():
+        for (_, _, tag), n in self.envelope_bytes.items():
             out[tag] += n
         return dict(out)
 

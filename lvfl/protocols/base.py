@@ -49,13 +49,14 @@ from lvfl.protocols.evaluation import Evaluation
 from lvfl.protocols.labels import LabelHandling
 from lvfl.protocols.party_config import PartyConfig, accepts_categories, callable_name
 from lvfl.protocols.split_inference import SplitInference
+from lvfl.protocols.steps import Steps
 from lvfl.protocols.task_metrics import make_metric, metric_names
 from lvfl.shadows import empty_shadow
 from lvfl.wire import Absent, Wire, is_shadow, shadow
 
 
 class VFLModule(
-    DataSetup, Evaluation, SplitInference, LabelHandling, DropoutStreams, CheckpointState, LightningModule, ABC
+    DataSetup, Steps, Evaluation, SplitInference, LabelHandling, DropoutStreams, CheckpointState, LightningModule, ABC
 ):
     """Base LightningModule for VFL protocols: one model, optimizer and scheduler per party, one wire.
 
@@ -369,12 +370,6 @@ class VFLModule(
         self.log_train_epoch()  # `lvfl.protocols.evaluation`
 
     # ------------------------------------------------------------------------------------------------ the shared moves
-    def next_mask_step(self) -> int:
-        """A fresh mask step for each aggregation, so no mask stream is ever reused (it is checkpointed)."""
-        step = self.mask_step
-        self.mask_step += 1
-        return step
-
     def local_embeddings(self, batch: VFLBatch) -> dict[str, torch.Tensor]:
         """Every party embeds its own feature slice with its encoder, locally (no message).
 
