@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FORMATS", "NO_STUDENT", "UNKNOWN_ID", "prediction_row", "write_predictions"]
+__all__ = ["BY_THE_STUDENT", "FORMATS", "NO_STUDENT", "NO_STUDENT_IN_PLACE", "UNKNOWN_ID", "prediction_row",
+           "write_predictions"]  # fmt: skip
 
 #: the predictions file's formats, by extension
 FORMATS = (".csv", ".parquet")
@@ -36,6 +37,10 @@ NO_STUDENT = (
 )
 #: the reason written for an ID that is not the active party's
 UNKNOWN_ID = "not an ID of the active party"
+#: how a served row's reason ends when a passive party's fault sent it to the student (the fault comes first)
+BY_THE_STUDENT = ": answered by the student"
+#: how it ends when that row stays unanswered, the export having no student
+NO_STUDENT_IN_PLACE = "; the export has no student to answer in the VFL model's place"
 
 
 def prediction_row(key: str, output: torch.Tensor | None, path: str, reason: str, names: list[str]) -> dict[str, Any]:

@@ -245,3 +245,20 @@ def test_bad_party_name_in_the_file(pki) -> None:
 )
 def test_parse_address(address: str, parsed: tuple[str, int]) -> None:
     assert parse_address(address) == parsed
+
+
+def test_lvfl_pki_says_where_the_ca_key_went_and_the_repository_ignores_every_key(tmp_path: Path, capsys) -> None:
+    """`git add .` in a checkout where someone ran `lvfl pki` takes no private key: .gitignore covers each one."""
+    import fnmatch
+
+    from lvfl.commands import pki
+
+    pki.main(["--parties", "bank", "retailer", "--out", str(tmp_path / "pki")])
+    said = capsys.readouterr().out
+    keys = sorted(tmp_path.rglob("*.key"))
+    assert [k.name for k in keys] == ["bank.key", "retailer.key", "pki-ca.key"]
+    assert f"the CA's key is {tmp_path / 'pki-ca.key'}, apart" in said
+    patterns = [line.strip() for line in (Path(__file__).parents[1] / ".gitignore").read_text().splitlines()]
+    patterns = [p for p in patterns if p and not p.startswith("#")]
+    for key in keys:
+        assert any(fnmatch.fnmatch(key.name, p) for p in patterns), f"{key.name} is not in .gitignore"

@@ -413,3 +413,46 @@ def test_each_party_counts_its_requests_rows_latency_and_failures_for_a_scraper(
     assert value("party0", "lvfl_serve_request_seconds_count") == 3
     assert value("party1", "lvfl_serve_requests_total") == 2
     assert value("party1", "lvfl_serve_rows_total", path="contributed") == 3 + 1
+
+
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"the answer holds {constant}, which is not JSON")
+
+
+@pytest.mark.slow
+def test_non_finite_contributions_go_to_the_student_and_json_never_carries_nan(served) -> None:
+    """A passive party whose contributions hold NaN or inf: its rows are answered by the student, the reason naming
+    it, and the HTTP answer is strict JSON. (Its rows were once answered `path: vfl` with probability NaN.)"""
+    from urllib.request import Request, urlopen
+
+    from lvfl.serving import Scorer
+
+    run = served["SplitNN"]
+    federation = load_federation(run.federation)
+    retailer = set(table_ids(TABLES["party1"]))
+    shared = [k for k in table_ids(TABLES["party0"]) if k in retailer][:3]
+    party1 = ExportedParty(run.export / "party1", "party1")
+    honest = party1.contribution
+    server = ContributionServer(federation, party1, FeatureSource(TABLES["party1"], party1),
+                                federation.key_path("party1")).start()  # fmt: skip
+    party0 = ExportedParty(run.export / "party0", "party0")
+    scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"))
+    endpoint = HttpEndpoint(scorer, f"127.0.0.1:{free_port()}").start()
+    try:
+        assert scorer.greet(timeout=10) == {"party1": ""}
+        assert {r["path"] for r in scorer.score(shared).rows} == {"vfl"}
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            party1.contribution = lambda x, bad=bad: torch.full_like(honest(x), bad)
+            body = json.dumps({"ids": shared}).encode()
+            with urlopen(Request(f"http://127.0.0.1:{endpoint.port}/score", body, method="POST"), timeout=30) as got:
+                answers = json.loads(got.read(), parse_constant=_not_json)["answers"]
+            assert [a["path"] for a in answers] == ["student"] * 3, answers
+            assert {a["reason"] for a in answers} == {
+                "party1 sent contributions that are not finite (NaN or inf): answered by the student"
+            }
+        party1.contribution = honest
+        assert {r["path"] for r in scorer.score(shared).rows} == {"vfl"}  # nothing remembered of the fault
+    finally:
+        endpoint.stop()
+        scorer.close()
+        server.stop()

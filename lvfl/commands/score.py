@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,22 @@ def _read_rows(path: Path, id_column: str | None) -> tuple[dict[str, list[str]],
     return dict(zip(table.ids, table.values, strict=True)), table.columns
 
 
+def fault_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per fault that kept rows from the VFL model: "<fault>: 180 of 180 rows answered by the student".
+
+    The file's reasons say it per row; a batch's caller must not miss it at the end.
+    """
+    from lvfl.prediction_rows import BY_THE_STUDENT, NO_STUDENT_IN_PLACE
+
+    said = {BY_THE_STUDENT: "answered by the student", NO_STUDENT_IN_PLACE: "unanswered (the export has no student)"}
+    counts: Counter[tuple[str, str]] = Counter()
+    for row in rows:
+        for ending in said:
+            if row["reason"].endswith(ending):
+                counts[row["reason"].removesuffix(ending), ending] += 1
+    return [f"{why}: {n} of {len(rows)} rows {said[ending]}" for (why, ending), n in sorted(counts.items())]
+
+
 def main(argv: list[str]) -> None:
     """`lvfl score` (see the module docstring)."""
     debug, argv = debug_requested(argv)
@@ -106,7 +123,9 @@ def main(argv: list[str]) -> None:
         from lvfl.prediction_rows import write_predictions
 
         write_predictions(own.output, answers)
-        print(f"lvfl score: {len(answers)} rows written to {own.output}: {summary(answers)}")
+        print(f"lvfl score: {len(answers)} rows written to {own.output}: {summary(answers)}", flush=True)
+        for line in fault_lines(answers):
+            print(f"lvfl score: WARNING: {line}", file=sys.stderr, flush=True)
 
 
 def _score_here(own: argparse.Namespace, ids: list[str]) -> list[dict[str, Any]]:

@@ -307,12 +307,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def read_spec(folder: str | Path) -> StudentSpec | None:
-    """The spec of the student saved in `folder` (checked, the weights not read), or None where there is none."""
-    loaded = _read_spec(Path(folder))
-    return None if loaded is None else loaded[0]
-
-
 def _read_spec(folder: Path) -> tuple[StudentSpec, str] | None:
     weights, spec_path = folder / STUDENT_FILE, folder / STUDENT_SPEC_FILE
     if not weights.exists() and not spec_path.exists():

@@ -24,7 +24,7 @@ import grpc
 
 from lvfl.federation import FederationError
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.scorer import Scored, Scorer
+from lvfl.serving.scorer import Scored, Scorer, check_deadline
 from lvfl.serving.service import HEALTH_PATH, MAX_MESSAGE_BYTES, SCORE, SCORE_PATH, check_loopback
 
 __all__ = ["HttpEndpoint", "ScoringService", "parse_json_request", "reply_of"]
@@ -89,11 +89,13 @@ class ScoringService:
     def _score(self, request: pb.ScoreRequest, context: grpc.ServicerContext) -> pb.ScoreReply:
         rows = {row.id: list(row.values) for row in request.rows}
         try:
+            if request.deadline_s:  # 0: not set (proto3)
+                check_deadline(request.deadline_s)
             scored = self.scorer.score(
                 list(request.ids),
                 rows or None,
                 list(request.columns) or None,
-                request.deadline_s or None,
+                request.deadline_s or None,  # 0: not set (proto3), the server's --deadline
                 request.request_id or None,
             )
         except ValueError as err:
@@ -123,8 +125,8 @@ def parse_json_request(body: Any, id_column: str) -> tuple[list[str], dict[str, 
     if not ids and not rows:
         raise ValueError("give 'ids' or 'rows'")
     deadline = body.get("deadline_s")
-    if deadline is not None and not (isinstance(deadline, int | float) and deadline > 0):
-        raise ValueError(f"'deadline_s' must be a positive number of seconds, got {deadline!r}")
+    if deadline is not None:
+        check_deadline(deadline)
     request_id = body.get("request_id")
     if request_id is not None and not isinstance(request_id, str):
         raise ValueError("'request_id' must be a string")
@@ -145,7 +147,7 @@ class HttpEndpoint:
                 pass  # the scorer logs one line per request
 
             def _send(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode() + b"\n"  # a line, as a terminal and a log expect
+                data = json.dumps(body, allow_nan=False).encode() + b"\n"  # a line, as a terminal and a log expect
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))

@@ -45,7 +45,7 @@ from lvfl.federation.channels import pinned_channel, pinned_fingerprints
 from lvfl.federation.expectations import printable
 from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import check_key
-from lvfl.prediction_rows import NO_STUDENT, UNKNOWN_ID, prediction_row
+from lvfl.prediction_rows import BY_THE_STUDENT, NO_STUDENT, NO_STUDENT_IN_PLACE, UNKNOWN_ID, prediction_row
 from lvfl.serving import serving_pb2 as pb
 from lvfl.serving.export_folder import ExportedParty
 from lvfl.serving.feature_source import FeatureSource
@@ -110,6 +110,26 @@ def _failure(peer: str, err: grpc.RpcError, deadline: float) -> str:
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return details  # the passive party's own words: another export
     return f"{peer} refused the request ({code.name if code else '?'}: {details})"
+
+
+def check_deadline(deadline: float) -> float:
+    """A request's `deadline_s`, refused in one line unless it is a finite positive number of seconds."""
+    number = isinstance(deadline, int | float) and not isinstance(deadline, bool)
+    if not (number and math.isfinite(deadline) and deadline > 0):
+        raise ValueError(f"deadline_s must be a finite positive number of seconds, got {deadline!r}")
+    return float(deadline)
+
+
+def not_finite(peer: str) -> str:
+    """The reason for the rows of a passive party whose contributions hold NaN or inf (they are not used)."""
+    return f"{peer} sent contributions that are not finite (NaN or inf)"
+
+
+def finite(out: torch.Tensor, path: str, reason: str) -> tuple[torch.Tensor | None, str, str]:
+    """A row's answer, or no answer with the reason where the model's output is not finite (never a NaN served)."""
+    if bool(torch.isfinite(out).all()):
+        return out, path, reason
+    return None, "", f"the {'VFL model' if path == 'vfl' else path}'s output is not finite"
 
 
 class Scorer:
@@ -310,11 +330,11 @@ class Scorer:
             request_id: the request's name in every party's log; default a fresh one.
 
         Raises:
-            ValueError: `columns` lacks a column the active party's model reads, or a row has another count of
-                values (named).
+            ValueError: `columns` lacks a column the active party's model reads, a row has another count of values
+                (named), or the deadline is not a finite positive number of seconds.
         """
         start = time.perf_counter()
-        deadline = self.deadline if deadline is None or deadline <= 0 else float(deadline)
+        deadline = self.deadline if deadline is None else check_deadline(deadline)
         request_id = request_id or uuid.uuid4().hex[:12]
         order = [*ids, *(k for k in (rows or {}) if k not in set(ids))]
         unique = list(dict.fromkeys(order))
@@ -330,18 +350,18 @@ class Scorer:
         vfl = np.flatnonzero(held_by_all)
         if len(vfl):
             logits = self._run(self.party.completion, [features[vfl], *(contributions[k] for k in self.order)])
-            answers |= {known[i]: (out, "vfl", "") for i, out in zip(vfl, self._decode(logits), strict=True)}
+            answers |= {known[i]: finite(out, "vfl", "") for i, out in zip(vfl, self._decode(logits), strict=True)}
         rest = np.flatnonzero(~held_by_all)
         if len(rest):
             why = "; ".join(failures.values())
             if self.party.student is not None:
                 logits = self._run(self.party.student, [features[rest]])
-                reason = f"{why}: answered by the student" if why else ""
+                reason = why + BY_THE_STUDENT if why else ""
                 answers |= {
-                    known[i]: (out, "student", reason) for i, out in zip(rest, self._decode(logits), strict=True)
+                    known[i]: finite(out, "student", reason) for i, out in zip(rest, self._decode(logits), strict=True)
                 }
             else:
-                reason = f"{why}; the export has no student to answer in the VFL model's place" if why else NO_STUDENT
+                reason = why + NO_STUDENT_IN_PLACE if why else NO_STUDENT
                 answers |= {known[i]: (None, "", reason) for i in rest}
         table = [prediction_row(k, *answers[k], self.classes) for k in order]
         paths: dict[str, int] = {}
@@ -351,7 +371,7 @@ class Scorer:
         log.info(
             "%s: request %s: %d rows, %s, %.1f ms%s",
             self.me,
-            request_id,
+            printable(request_id),
             len(order),
             ", ".join(f"{n} {p or 'unanswered'}" for p, n in sorted(paths.items())),
             seconds * 1e3,
@@ -444,6 +464,9 @@ class Scorer:
                 continue
             held = np.frombuffer(reply.held, dtype=np.uint8).astype(bool)
             values = contributions_of(reply.values, reply.shape)
+            if not bool(torch.isfinite(values).all()):
+                failures[peer] = not_finite(peer)
+                continue
             received[peer] = (held, values)
             answered &= held  # a row its table lost since the first round (read again in between)
         if failures:
@@ -500,6 +523,8 @@ class Scorer:
                     self._same_export(peer, reply.export_id)
                     answers += split_answers(layout, reply.answers, len(pending[at : at + per_call]))
                 values[peer] = [open_answer(layout, p, a) for p, a in zip(pending, answers, strict=True)]
+                if not all(v is None or bool(torch.isfinite(v).all()) for v in values[peer]):
+                    failures[peer] = not_finite(peer)
             except grpc.RpcError as err:
                 failures[peer] = _failure(peer, err, deadline)
             except Exception as err:  # noqa: BLE001 - an answer that does not open: this request's reason
