@@ -54,7 +54,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"argument_errors"},
     ],
     "lvfl.serving": [
-        {"api", "client"},
+        {"api", "http_endpoint", "client"},
         {"scorer"},
         {"contributions"},
         {"feature_source", "membership", "metrics", "oblivious"},

@@ -274,7 +274,7 @@ def plan(cmd: Command) -> None:
 
 def _check_curl(cmd: Command) -> None:
     """A request to `lvfl serve --http`: a POST of JSON to /score on this machine that the endpoint would accept."""
-    from lvfl.serving.api import parse_json_request
+    from lvfl.serving.http_endpoint import parse_json_request
 
     words = cmd.words
     urls = [w for w in words if "/score" in w or "/health" in w]

@@ -35,9 +35,9 @@ from lvfl.federation.federation_file import load_federation, write_federation
 from lvfl.federation.pki import write_test_pki
 from lvfl.serving import ExportedParty, FeatureSource
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.api import HttpEndpoint
 from lvfl.serving.client import score_remote
 from lvfl.serving.contributions import ContributionServer
+from lvfl.serving.http_endpoint import HttpEndpoint
 from lvfl.serving.service import CONTRIBUTE, check_loopback
 
 

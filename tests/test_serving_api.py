@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.api import ScoringService, parse_json_request
+from lvfl.serving.api import ScoringService
+from lvfl.serving.http_endpoint import parse_json_request
 from lvfl.serving.scorer import check_deadline, finite
 
 

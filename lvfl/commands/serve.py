@@ -186,7 +186,8 @@ def _serve_active(
 ) -> None:
     """The active party: greet the passive parties, then answer on --api and --http until stopped."""
     from lvfl.serving import Scorer
-    from lvfl.serving.api import HttpEndpoint, ScoringService
+    from lvfl.serving.api import ScoringService
+    from lvfl.serving.http_endpoint import HttpEndpoint
 
     scorer = Scorer(federation, party, source, key, deadline=own.deadline, metrics=metrics, oblivious=own.oblivious)
     services: list[Any] = []

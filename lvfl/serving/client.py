@@ -13,7 +13,7 @@ import grpc
 
 from lvfl.federation import FederationError
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.service import MAX_MESSAGE_BYTES, SCORE, check_loopback
+from lvfl.serving.service import MAX_MESSAGE_BYTES, MAX_REQUEST_IDS, SCORE, check_loopback
 
 __all__ = ["ScoringClient", "rows_of", "score_remote"]
 
@@ -76,7 +76,34 @@ class ScoringClient:
         deadline: float = 0.0,
         timeout: float = 3600.0,
     ) -> list[dict[str, Any]]:
-        """The server's answers for `ids` (and `rows` of new features), as `lvfl predict`'s file rows."""
+        """The server's answers for `ids` (and `rows` of new features), as `lvfl predict`'s file rows.
+
+        A batch of more than `MAX_REQUEST_IDS` IDs and rows goes in several requests, answered in one list in the
+        order one request would have: `ids`, then the IDs of `rows` not among them.
+        """
+        rows = rows or {}
+        if len(ids) + len(rows) <= MAX_REQUEST_IDS:
+            return self._request(ids, rows, columns, deadline, timeout)
+        given = set(ids)
+        order = [*ids, *(k for k in rows if k not in given)]
+        plain, new = [k for k in dict.fromkeys(ids) if k not in rows], list(rows.items())
+        answers: dict[str, dict[str, Any]] = {}
+        for at in range(0, len(plain), MAX_REQUEST_IDS):
+            answers |= {r["id"]: r for r in self._request(plain[at : at + MAX_REQUEST_IDS], {}, columns, deadline,
+                                                         timeout)}  # fmt: skip
+        for at in range(0, len(new), MAX_REQUEST_IDS):
+            answers |= {r["id"]: r for r in self._request([], dict(new[at : at + MAX_REQUEST_IDS]), columns,
+                                                         deadline, timeout)}  # fmt: skip
+        return [answers[k] for k in order]
+
+    def _request(
+        self,
+        ids: Sequence[str],
+        rows: dict[str, list[str]],
+        columns: Sequence[str] | None,
+        deadline: float,
+        timeout: float,
+    ) -> list[dict[str, Any]]:
         request = pb.ScoreRequest(
             ids=list(ids),
             columns=list(columns or []),

@@ -66,6 +66,7 @@ from lvfl.serving.service import (
     LOOKUP,
     MAX_LOOKUPS,
     MAX_MESSAGE_BYTES,
+    MAX_REQUEST_IDS,
     MEMBERS,
     OFFER,
     PREPARE,
@@ -331,12 +332,17 @@ class Scorer:
 
         Raises:
             ValueError: `columns` lacks a column the active party's model reads, a row has another count of values
-                (named), or the deadline is not a finite positive number of seconds.
+                (named), the deadline is not a finite positive number of seconds, or the request holds more than
+                `MAX_REQUEST_IDS` IDs and rows.
         """
         start = time.perf_counter()
+        if len(ids) + len(rows or {}) > MAX_REQUEST_IDS:
+            raise ValueError(f"a request holds at most {MAX_REQUEST_IDS:,} IDs and rows; this one holds "
+                             f"{len(ids) + len(rows or {}):,}: split it")  # fmt: skip
         deadline = self.deadline if deadline is None else check_deadline(deadline)
         request_id = request_id or uuid.uuid4().hex[:12]
-        order = [*ids, *(k for k in (rows or {}) if k not in set(ids))]
+        given = set(ids)
+        order = [*ids, *(k for k in (rows or {}) if k not in given)]
         unique = list(dict.fromkeys(order))
         own, reasons = self._own_features(unique, rows or {}, columns)
         known = [k for k in unique if k in own]

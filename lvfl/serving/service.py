@@ -6,8 +6,8 @@ messages (`Method`), so a server and its clients build them from one place and n
 - `Contributions`: a passive party's service (`contributions.ContributionServer`), called by the active party's
   `scorer.Scorer` over mutual TLS;
 - `Scoring`: the active party's scoring API (`api.ScoringService`), called by its applications and
-  `lvfl score --server` (`client.ScoringClient`); its HTTP/JSON twin (`api.HttpEndpoint`) answers `SCORE_PATH` and
-  `HEALTH_PATH`.
+  `lvfl score --server` (`client.ScoringClient`); its HTTP/JSON twin (`http_endpoint.HttpEndpoint`) answers
+  `SCORE_PATH` and `HEALTH_PATH`.
 
 Both ends share the message size limit, the most lookups one call holds, the mode a greeting states, the layout of
 a contribution reply's values (`contribution_bytes`, `contributions_of`), and the rule that the scoring API is
@@ -38,6 +38,7 @@ __all__ = [
     "LOOKUP",
     "MAX_LOOKUPS",
     "MAX_MESSAGE_BYTES",
+    "MAX_REQUEST_IDS",
     "MEMBERS",
     "OFFER",
     "PREPARE",
@@ -58,6 +59,7 @@ SCORE_PATH = "/score"  #: the HTTP endpoint's scoring path (POST)
 HEALTH_PATH = "/health"  #: the HTTP endpoint's health path (GET)
 MAX_MESSAGE_BYTES = 256 * 2**20  #: the largest message a serving party receives or sends
 MAX_LOOKUPS = 4096  #: the most oblivious queries one Lookup call may hold
+MAX_REQUEST_IDS = 100_000  #: the most IDs and rows one scoring request may hold (a client splits a longer batch)
 #: the items of `ContributionReply.values`: float32, little-endian (row-major, in `ContributionReply.shape`)
 CONTRIBUTION_DTYPE = np.dtype("<f4")
 
