@@ -307,3 +307,18 @@ def test_a_party_refuses_a_paillier_modulus_of_another_size():
     parties = [PartySpec("a", "active", (2,)), PartySpec("p1", "passive", (2,), 1)]
     with pytest.raises(ValueError, match="p1 received a 14-bit modulus; this run's key_size is 2048 bits"):
         Paillier(workers=1).setup(parties, "a", Wire(here="p1", carrier=transport))
+
+
+def test_a_party_views_run_token_is_its_transports_run_id():
+    """`lvfl export --party` writes the run token into each party's identity: in a party's process it must be the
+    federation's run ID, the same at every party (a random one per process would make the exports disagree)."""
+    from lvfl.protocols import PartyConfig
+
+    class Federated:  # what the link reads of the gRPC transport
+        me, identities, run_id = "party0", None, "launch-1234"
+
+    views = [EASTER(parties=[PartyConfig(model=MLP)]) for _ in range(2)]
+    for view in views:
+        view.wire = Wire(here="party0", carrier=SocketLink(Federated()))
+    assert [view.run_token for view in views] == ["launch-1234", "launch-1234"]
+    assert EASTER(parties=[PartyConfig(model=MLP)]).run_token != EASTER(parties=[PartyConfig(model=MLP)]).run_token

@@ -66,7 +66,7 @@ class Record(Callback):
         wire = pl_module.wire
         here = wire.here or "fit"
         record = {"steps": self.steps, "cpu": self.cpu, "ledger": [[*k, n] for k, n in wire.bytes.items()]}
-        link = getattr(wire.transport, "transport", None)
+        link = getattr(wire.carrier, "transport", None)
         if link is not None:
             record["envelope"] = [[*k, n] for k, n in link.envelope_bytes.items()]
         for cb in trainer.callbacks:

@@ -32,7 +32,7 @@ class CheckpointState:
         writes it into each party's identity (`lvfl.export`), by which serving parties check they serve one run.
         """
         if getattr(self, "_run_token", None) is None:
-            link = getattr(self.wire, "transport", None)  # a party's process: the link over its Transport
+            link = self.wire.carrier  # a party's process: the link over its Transport (or a rehearsal's turns)
             run_id = getattr(getattr(link, "transport", None), "run_id", None) or getattr(link, "run_id", None)
             if run_id:
                 self._run_token = str(run_id)
