@@ -456,3 +456,61 @@ def test_non_finite_contributions_go_to_the_student_and_json_never_carries_nan(s
         endpoint.stop()
         scorer.close()
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_table_that_changes_with_every_answer_costs_a_request_its_deadline_and_a_true_reason(served) -> None:
+    """A passive party that sends a new table version in each answer once held each request for 32 s against a 1 s
+    deadline, with the reason "did not answer within the deadline". Now a changed table is read on a thread of its
+    own: the request waits for it at most its deadline, and the reason says what happened."""
+    import lvfl.serving.membership as membership
+    from lvfl.serving import Scorer
+
+    run = served["SplitNN"]
+    federation = load_federation(run.federation)
+    retailer = set(table_ids(TABLES["party1"]))
+    shared = [k for k in table_ids(TABLES["party0"]) if k in retailer][:3]
+
+    class Churning(ContributionServer):
+        churn = False
+
+        def blinded_table(self):
+            if self.churn:
+                return membership.BlindedTable(self.source.snapshot()[0])  # a new version, every call
+            return super().blinded_table()
+
+    party1 = ExportedParty(run.export / "party1", "party1")
+    server = Churning(federation, party1, FeatureSource(TABLES["party1"], party1),
+                      federation.key_path("party1")).start()  # fmt: skip
+    party0 = ExportedParty(run.export / "party0", "party0")
+    scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"),
+                    deadline=0.5)  # fmt: skip
+    learn = scorer.memberships.learn_table
+    try:
+        assert scorer.greet(timeout=10) == {"party1": ""}
+        assert {r["path"] for r in scorer.score(shared).rows} == {"vfl"}
+        Churning.churn = True
+        for _ in range(2):  # read in time (its next version came meanwhile), or not: the reason says which
+            scored = scorer.score(shared)
+            assert scored.seconds < 0.5 + 3.0, scored.seconds
+            (reason,) = {r["reason"] for r in scored.rows}
+            again = reason == "party1's table changed again while it was read: answered by the student"
+            assert again or reason.startswith("party1's table changed, and reading it again did not end within"), reason
+        Churning.churn = False
+
+        def slow(*args):  # a large table: its reading takes longer than the deadline
+            time.sleep(3.0)
+            learn(*args)
+
+        scorer.memberships.learn_table = slow
+        scorer.memberships._tables.pop("party1")  # as if its table had changed
+        time.sleep(4.0)  # the churn's last readings end
+        scored = scorer.score(shared)
+        assert scored.seconds < 0.5 + 3.0, scored.seconds
+        (reason,) = {r["reason"] for r in scored.rows}
+        assert reason.startswith("party1's table changed, and reading it again did not end within the deadline")
+        time.sleep(4.0)  # the reading went on, and ended
+        assert {r["path"] for r in scorer.score(shared).rows} == {"vfl"}
+    finally:
+        scorer.close()
+        server.stop()

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from lvfl.serving import serving_pb2 as pb
+from lvfl.serving.answer_checks import check_deadline, finite
 from lvfl.serving.api import ScoringService
 from lvfl.serving.http_endpoint import parse_json_request
-from lvfl.serving.scorer import check_deadline, finite
 
 
 @pytest.mark.parametrize("deadline", [math.inf, -math.inf, math.nan, -1, 0, -0.5, True, "1", None])

@@ -21,7 +21,8 @@ import grpc
 
 from lvfl.federation import FederationError
 from lvfl.serving import serving_pb2 as pb
-from lvfl.serving.scorer import Scored, Scorer, check_deadline
+from lvfl.serving.answer_checks import check_deadline
+from lvfl.serving.scorer import Scored, Scorer
 from lvfl.serving.service import MAX_MESSAGE_BYTES, SCORE, check_loopback
 
 __all__ = ["ScoringService", "reply_of"]

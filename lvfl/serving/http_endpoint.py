@@ -27,7 +27,8 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lvfl.federation import FederationError
-from lvfl.serving.scorer import Scorer, check_deadline
+from lvfl.serving.answer_checks import check_deadline
+from lvfl.serving.scorer import Scorer
 from lvfl.serving.service import HEALTH_PATH, SCORE_PATH, check_loopback
 
 __all__ = [

@@ -47,6 +47,7 @@ from lvfl.federation.federation_file import Federation
 from lvfl.federation.pki import check_key
 from lvfl.prediction_rows import BY_THE_STUDENT, NO_STUDENT, NO_STUDENT_IN_PLACE, UNKNOWN_ID, prediction_row
 from lvfl.serving import serving_pb2 as pb
+from lvfl.serving.answer_checks import check_deadline, failure, finite, not_finite
 from lvfl.serving.export_folder import ExportedParty
 from lvfl.serving.feature_source import FeatureSource
 from lvfl.serving.membership import Memberships
@@ -76,12 +77,13 @@ from lvfl.serving.service import (
     mode_name,
 )
 
-__all__ = ["DEFAULT_DEADLINE", "ExportMismatch", "Scored", "Scorer"]
+__all__ = ["DEFAULT_DEADLINE", "ExportMismatch", "Scored", "Scorer", "check_deadline"]
 
 log = logging.getLogger("lvfl.serve")
 
 DEFAULT_DEADLINE = 1.0  #: seconds a request may wait for the passive parties
 PREPARE_AHEAD = 1024  #: oblivious mode: key sets a server keeps ready per passive party
+TABLE_SECONDS = 120.0  #: the most a passive party's changed table may take to fetch, beyond any request's deadline
 
 
 class ExportMismatch(FederationError):
@@ -98,39 +100,6 @@ class Scored:
     paths: dict[str, int] = field(default_factory=dict)  # rows per path ("" for unanswered)
     failures: dict[str, str] = field(default_factory=dict)  # per passive party that did not answer: why
     seconds: float = 0.0
-
-
-def _failure(peer: str, err: grpc.RpcError, deadline: float) -> str:
-    """Why `peer`'s call failed, in words, for a row's reason and the log."""
-    code = err.code() if hasattr(err, "code") else None
-    details = printable((err.details() if hasattr(err, "details") else "") or "")
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return f"{peer} did not answer within the deadline ({deadline:g} s)"
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return f"{peer} is unreachable ({details.split(':')[0] if details else 'no connection'})"
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return details  # the passive party's own words: another export
-    return f"{peer} refused the request ({code.name if code else '?'}: {details})"
-
-
-def check_deadline(deadline: float) -> float:
-    """A request's `deadline_s`, refused in one line unless it is a finite positive number of seconds."""
-    number = isinstance(deadline, int | float) and not isinstance(deadline, bool)
-    if not (number and math.isfinite(deadline) and deadline > 0):
-        raise ValueError(f"deadline_s must be a finite positive number of seconds, got {deadline!r}")
-    return float(deadline)
-
-
-def not_finite(peer: str) -> str:
-    """The reason for the rows of a passive party whose contributions hold NaN or inf (they are not used)."""
-    return f"{peer} sent contributions that are not finite (NaN or inf)"
-
-
-def finite(out: torch.Tensor, path: str, reason: str) -> tuple[torch.Tensor | None, str, str]:
-    """A row's answer, or no answer with the reason where the model's output is not finite (never a NaN served)."""
-    if bool(torch.isfinite(out).all()):
-        return out, path, reason
-    return None, "", f"the {'VFL model' if path == 'vfl' else path}'s output is not finite"
 
 
 class Scorer:
@@ -195,6 +164,9 @@ class Scorer:
         self.pools: dict[str, KeySetPool] = {}  # oblivious mode: per passive party, from its greeting
         self._wanted = threading.Event()  # the key sets ran low: the preparing thread tops them up
         self._closing = threading.Event()
+        self._refreshing: dict[str, threading.Thread] = {}  # per passive party, the reading of its changed table
+        self._refresh_failures: dict[str, str] = {}  # per passive party, why its last reading failed
+        self._refresh_lock = threading.Lock()
         self._preparing: threading.Thread | None = None
         self.memberships = Memberships()
         if blind_ahead:  # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
@@ -239,7 +211,7 @@ class Scorer:
             except grpc.RpcError as err:
                 if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
                     raise ExportMismatch(printable(err.details() or "")) from None
-                status[peer] = _failure(peer, err, timeout)
+                status[peer] = failure(peer, err, timeout)
                 continue
             try:
                 theirs = json.loads(reply.export)
@@ -261,7 +233,7 @@ class Scorer:
                         self.pools[peer] = KeySetPool(reply.bucket_size)
                 self._learn_table(peer, timeout)
             except (grpc.RpcError, ValueError) as err:
-                status[peer] = _failure(peer, err, timeout) if isinstance(err, grpc.RpcError) else f"{peer}: {err}"
+                status[peer] = failure(peer, err, timeout) if isinstance(err, grpc.RpcError) else f"{peer}: {err}"
         if self.oblivious and self.prepare_ahead and self._preparing is None:
             self._preparing = threading.Thread(target=self._prepare_ahead, daemon=True, name="lvfl-key-sets")
             self._preparing.start()
@@ -304,6 +276,39 @@ class Scorer:
         reply = self._table_call[peer](pb.TableRequest(export_id=self.party.export_id), timeout=timeout)
         self._same_export(peer, reply.export_id)
         self.memberships.learn_table(peer, reply.table, reply.points)
+
+    def _refresh_table(self, peer: str, version: str, wait: float) -> str:
+        """Read `peer`'s changed table on a thread of its own, waiting at most `wait` seconds; "" once it is held.
+
+        Else why not, for this request's reason; the reading goes on, for the requests after it. Fetching and
+        re-blinding a table grows with its size, so no request waits for it past its deadline: a party that sends a
+        new version with every answer costs each request its deadline, not more, and at most one reading per party
+        runs at a time.
+        """
+        with self._refresh_lock:
+            reading = self._refreshing.get(peer)
+            if reading is None or not reading.is_alive():
+                self._refresh_failures.pop(peer, None)
+                reading = threading.Thread(target=self._read_table, args=(peer,), daemon=True, name=f"lvfl-{peer}")
+                self._refreshing[peer] = reading
+                reading.start()
+        reading.join(wait)
+        if reading.is_alive():
+            return f"{peer}'s table changed, and reading it again did not end within the deadline ({wait:g} s left)"
+        if peer in self._refresh_failures:
+            return self._refresh_failures[peer]
+        if self.memberships.version(peer) != version:
+            return f"{peer}'s table changed again while it was read"
+        return ""
+
+    def _read_table(self, peer: str) -> None:
+        """`_learn_table` for `_refresh_table`'s thread: a failure is kept as words, for the request's reason."""
+        try:
+            self._learn_table(peer, TABLE_SECONDS)
+        except grpc.RpcError as err:
+            self._refresh_failures[peer] = failure(peer, err, TABLE_SECONDS)
+        except ValueError as err:
+            self._refresh_failures[peer] = f"{peer} sent a malformed table ({err})"
 
     def _same_export(self, peer: str, export_id: str) -> None:
         """Refuse a reply for another export (a `ValueError` naming both)."""
@@ -441,11 +446,14 @@ class Scorer:
                 reply = call.result()
                 self._same_export(peer, reply.export_id)
                 if reply.table != self.memberships.version(peer):  # its table changed, or was never fetched
-                    self._learn_table(peer, left())
+                    why = self._refresh_table(peer, reply.table, left())
+                    if why:
+                        failures[peer] = why
+                        continue
                 positions[peer] = self.memberships.positions(peer, reply.points, len(keys))
                 held_by_all &= np.asarray([p is not None for p in positions[peer]], dtype=bool)
             except grpc.RpcError as err:
-                failures[peer] = _failure(peer, err, deadline)
+                failures[peer] = failure(peer, err, deadline)
             except ValueError as err:
                 failures[peer] = f"{peer} sent a malformed reply ({err})"
         if failures:
@@ -462,7 +470,7 @@ class Scorer:
             try:
                 reply = call.result()
             except grpc.RpcError as err:
-                failures[peer] = _failure(peer, err, deadline)
+                failures[peer] = failure(peer, err, deadline)
                 continue
             problem = self._check_reply(peer, reply, len(chosen))
             if problem:
@@ -514,7 +522,7 @@ class Scorer:
                     calls.append(self._lookup_call[peer].future(request, timeout=left()))
                     pending += [p for _, p in made]
             except grpc.RpcError as err:
-                failures[peer] = _failure(peer, err, deadline)
+                failures[peer] = failure(peer, err, deadline)
                 continue
             except Exception as err:  # noqa: BLE001 - a malformed preparation: this request's reason
                 failures[peer] = f"{peer} could not prepare oblivious lookups ({err})"
@@ -532,7 +540,7 @@ class Scorer:
                 if not all(v is None or bool(torch.isfinite(v).all()) for v in values[peer]):
                     failures[peer] = not_finite(peer)
             except grpc.RpcError as err:
-                failures[peer] = _failure(peer, err, deadline)
+                failures[peer] = failure(peer, err, deadline)
             except Exception as err:  # noqa: BLE001 - an answer that does not open: this request's reason
                 failures[peer] = f"{peer} sent answers that do not open ({type(err).__name__}: {err})"
             if peer in failures:
