@@ -57,7 +57,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"api", "http_endpoint", "client"},
         {"scorer"},
         {"contributions"},
-        {"feature_source", "membership", "metrics", "oblivious", "answer_checks"},
+        {"feature_source", "membership", "metrics", "oblivious", "answer_checks", "readiness"},
         {"export_folder", "service"},
         {"serving_pb2"},
     ],

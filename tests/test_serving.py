@@ -514,3 +514,68 @@ def test_a_table_that_changes_with_every_answer_costs_a_request_its_deadline_and
     finally:
         scorer.close()
         server.stop()
+
+
+@pytest.mark.slow
+def test_health_says_which_passive_party_is_missing_and_is_ready_again_when_it_is_back(served, capsys) -> None:
+    """`GET /health` (503 while degraded) and the gRPC health service follow a passive `lvfl serve` process that is
+    killed, then started again: not ready once its connection drops, ready once it is connected and greeted."""
+    from urllib.error import HTTPError
+    from urllib.request import urlopen
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from lvfl.serving import Scorer
+    from lvfl.serving.api import ScoringService
+
+    run = served["PraVFed"]
+    federation = load_federation(run.federation)
+    first = passive(run)
+    second = None
+    party0 = ExportedParty(run.export / "party0", "party0")
+    scorer = Scorer(federation, party0, FeatureSource(TABLES["party0"], party0), federation.key_path("party0"))
+    http = api = None
+    try:
+        first.wait_for("answers party0's contribution requests")
+        scorer.watch(scorer.greet(timeout=30))
+        http = HttpEndpoint(scorer, f"127.0.0.1:{free_port()}").start()
+        api = ScoringService(scorer, f"127.0.0.1:{free_port()}").start()
+        checking = health_pb2_grpc.HealthStub(grpc.insecure_channel(api.address))
+
+        def health() -> tuple[int, dict, int]:
+            try:
+                with urlopen(f"http://127.0.0.1:{http.port}/health", timeout=30) as reply:  # noqa: S310
+                    status, body = reply.status, json.loads(reply.read())
+            except HTTPError as err:
+                status, body = err.code, json.loads(err.read())
+            served_status = checking.Check(health_pb2.HealthCheckRequest(service="lvfl.serving.Scoring"), timeout=30)
+            return status, body, served_status.status
+
+        def until(ready: bool) -> tuple[float, dict]:
+            start = time.monotonic()
+            while time.monotonic() < start + 60:
+                status, body, served_status = health()
+                serving = served_status == health_pb2.HealthCheckResponse.SERVING
+                if (status == 200) == ready and serving == ready and body["ready"] == ready:
+                    return time.monotonic() - start, body
+                time.sleep(0.05)
+            raise AssertionError(f"health did not turn {'ready' if ready else 'not ready'} in 60 s: {body}")
+
+        until(True)
+        first.process.kill()
+        dropped, body = until(False)
+        assert body["missing"] == {"party1": "party1 is unreachable (its connection dropped)"}
+        second = passive(run)
+        second.wait_for("answers party0's contribution requests")
+        back, body = until(True)
+        assert body["missing"] == {}
+        with capsys.disabled():
+            print(f"\nhealth: not ready {dropped:.2f} s after the kill, ready {back:.2f} s after the restart's line")
+    finally:
+        for server in (http, api):
+            if server is not None:
+                server.stop()
+        scorer.close()
+        for process in (first, second):
+            if process is not None:
+                process.stop()

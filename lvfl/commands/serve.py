@@ -199,6 +199,7 @@ def _serve_active(
         for why in status.values():
             if why:
                 print(f"lvfl serve: {why}; its customers are answered by the student until it is back", flush=True)
+        scorer.watch(status)  # for the health checks: which passive party is missing, and why
         if own.api:
             services.append(ScoringService(scorer, own.api).start())
         if own.http:

@@ -18,6 +18,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
 
 from lvfl.federation import FederationError
 from lvfl.serving import serving_pb2 as pb
@@ -66,12 +68,25 @@ class ScoringService:
         self._server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SCORE.service, {SCORE.name: SCORE.handler(self._score)}),)
         )
+        # grpc.health.v1: SERVING once every passive party is connected and greeted (`Scorer.readiness`)
+        self.health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        readiness = getattr(scorer, "readiness", None)
+        if readiness is not None:
+            readiness.listen(self._set_health)
+        else:
+            self._set_health(True)
         try:
             self.port = self._server.add_insecure_port(address)
         except RuntimeError:
             self.port = 0
         if self.port == 0:
             raise FederationError(f"--api {address}: cannot listen there (the port is in use?)")
+
+    def _set_health(self, ready: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SCORE.service):  # the server as a whole, and the scoring service
+            self.health.set(service, status)
 
     def start(self) -> ScoringService:
         """Start answering."""

@@ -175,16 +175,19 @@ class HttpEndpoint:
         """One request: route it, answer it with JSON."""
         method, path = scope["method"], scope["path"]
         try:
+            status = 200
             if path == HEALTH_PATH and method == "GET":
-                party = self.scorer.party
-                body = {"party": party.party, "export": party.identity, "parties": self.scorer.order}
+                party, readiness = self.scorer.party, getattr(self.scorer, "readiness", None)
+                missing = readiness.missing() if readiness is not None else {}
+                body = {"ready": not missing, "missing": missing, "party": party.party, "export": party.identity,
+                        "parties": self.scorer.order}  # fmt: skip
+                status = 200 if not missing else 503  # degraded: the student answers for the missing parties
             elif path == SCORE_PATH and method == "POST":
                 body = await self._score(scope, receive)
             elif path in (HEALTH_PATH, SCORE_PATH):
                 raise _Refused(405, f"{method} {path}: GET {HEALTH_PATH}, POST {SCORE_PATH}")
             else:
                 raise _Refused(404, f"no {path}: GET {HEALTH_PATH}, POST {SCORE_PATH}")
-            status = 200
         except _Refused as refused:
             status, body = refused.status, {"error": str(refused)}
         data = json.dumps(body, allow_nan=False).encode() + b"\n"  # a line, as a terminal and a log expect

@@ -60,6 +60,7 @@ from lvfl.serving.oblivious import (
     serving_layout,
     split_answers,
 )
+from lvfl.serving.readiness import Readiness
 from lvfl.serving.service import (
     CONTRIBUTE,
     CONTRIBUTION_DTYPE,
@@ -167,6 +168,7 @@ class Scorer:
         self._refreshing: dict[str, threading.Thread] = {}  # per passive party, the reading of its changed table
         self._refresh_failures: dict[str, str] = {}  # per passive party, why its last reading failed
         self._refresh_lock = threading.Lock()
+        self.readiness: Readiness | None = None  # set by `watch`
         self._preparing: threading.Thread | None = None
         self.memberships = Memberships()
         if blind_ahead:  # its own table's IDs blinded once, on a thread of their own (a request blinds what is not yet)
@@ -185,7 +187,9 @@ class Scorer:
         return {peer: method.stub(channel) for peer, channel in self._channels.items()}
 
     def close(self) -> None:
-        """Stop preparing key sets; close the channels to the passive parties."""
+        """Stop watching and preparing key sets; close the channels to the passive parties."""
+        if self.readiness is not None:
+            self.readiness.close()
         self._closing.set()
         self._wanted.set()
         if self._preparing is not None:
@@ -194,8 +198,20 @@ class Scorer:
             channel.close()
 
     # -- the greeting ----------------------------------------------------------------------------------------------
-    def greet(self, timeout: float = 5.0) -> dict[str, str]:
-        """Greet every passive party: {party: "" if it serves this export, else why it could not be greeted}.
+    def watch(self, greeted: dict[str, str]) -> Readiness:
+        """Watch the passive parties from now on (`readiness`, for health checks), after the start-up `greet`."""
+
+        def again(peer: str) -> str:
+            try:
+                return self.greet(timeout=5.0, peers=[peer])[peer]
+            except ExportMismatch as err:
+                return str(err)
+
+        self.readiness = Readiness(self._channels, again, greeted)
+        return self.readiness
+
+    def greet(self, timeout: float = 5.0, peers: Sequence[str] | None = None) -> dict[str, str]:
+        """Greet every passive party (or `peers`): {party: "" if it serves this export, else why not}.
 
         Each greeting waits up to `timeout` seconds for its party to come up (a party started at the same time).
 
@@ -203,7 +219,8 @@ class Scorer:
             ExportMismatch: a passive party serves another export (named, with both exports).
         """
         mine = pb.Greeting(party=self.me, export=json.dumps(self.party.identity), mode=mode_name(self.oblivious))
-        calls = {peer: self._greet[peer].future(mine, timeout=timeout, wait_for_ready=True) for peer in self.order}
+        calls = {peer: self._greet[peer].future(mine, timeout=timeout, wait_for_ready=True)
+                 for peer in (self.order if peers is None else peers)}  # fmt: skip
         status = {}
         for peer, call in calls.items():
             try:
@@ -280,10 +297,9 @@ class Scorer:
     def _refresh_table(self, peer: str, version: str, wait: float) -> str:
         """Read `peer`'s changed table on a thread of its own, waiting at most `wait` seconds; "" once it is held.
 
-        Else why not, for this request's reason; the reading goes on, for the requests after it. Fetching and
-        re-blinding a table grows with its size, so no request waits for it past its deadline: a party that sends a
-        new version with every answer costs each request its deadline, not more, and at most one reading per party
-        runs at a time.
+        Else why not (this request's reason); the reading goes on. Reading a table grows with its size, so no
+        request waits past its deadline: a party that sends a new version with every answer costs each request its
+        deadline, not more, and one reading per party runs at a time.
         """
         with self._refresh_lock:
             reading = self._refreshing.get(peer)
