@@ -83,3 +83,24 @@ def test_lvfl_score_ends_with_a_line_per_fault_that_kept_rows_from_the_vfl_model
         "party2 did not answer within the deadline (1 s): 1 of 7 rows unanswered (the export has no student)",
     ]
     assert fault_lines(rows[3:6]) == []
+
+
+def test_a_file_of_ids_is_refused_in_one_line_when_it_is_not_text_too_long_or_too_large(tmp_path, monkeypatch) -> None:
+    """`lvfl score --ids` and `lvfl predict`'s ids: bytes that are not UTF-8 once ended in a traceback."""
+    from lvfl.commands import predict
+    from lvfl.commands.predict import read_ids
+
+    good = tmp_path / "ids.csv"
+    good.write_bytes("\ufeffcustomer_id\r\nCUST-1\r\n\r\nCUST-2\r\n".encode())
+    assert read_ids(str(good)) == ["CUST-1", "CUST-2"]
+    binary = tmp_path / "ids.txt"
+    binary.write_bytes(b"CUST-1\n\xff\xfe\x00\n")
+    with pytest.raises(ValueError, match=r"^--ids: .*ids.txt is not UTF-8 text \(byte 7: invalid start byte\)$"):
+        read_ids(str(binary))
+    long = tmp_path / "long.txt"
+    long.write_text("CUST-1\n" + "x" * 2000 + "\n")
+    with pytest.raises(ValueError, match=r"long.txt, line 2: an ID of 2,000 characters; at most 1024$"):
+        read_ids(str(long))
+    monkeypatch.setattr(predict, "MAX_IDS_FILE_BYTES", 10)
+    with pytest.raises(ValueError, match=r"ids.csv is \d+ bytes; at most 10 are read: split it$"):
+        read_ids(str(good))

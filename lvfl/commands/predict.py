@@ -172,15 +172,38 @@ def summary(rows: list[dict[str, Any]]) -> str:
     return ", ".join(parts) + f", {paths.get('', 0)} unanswered (see their reason)"
 
 
+#: the largest file of IDs read (about 20 million IDs of 20 characters); its size is checked before it is read
+MAX_IDS_FILE_BYTES = 512 * 2**20
+#: the longest ID, in characters
+MAX_ID_CHARS = 1024
+
+
 def read_ids(path: str) -> list[str]:
-    """IDs from a file: one per line, or a .csv's first column below its header; blank lines skipped."""
+    """IDs from a file: one per line, or a .csv's first column below its header; blank lines skipped.
+
+    Raises:
+        ValueError: in one line naming the file: over `MAX_IDS_FILE_BYTES` (checked before reading), not UTF-8
+            text, an ID over `MAX_ID_CHARS` characters, or no ID at all.
+    """
     import csv
+    import io
 
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"--ids: {file} does not exist")
-    with file.open(newline="") as f:
+    size = file.stat().st_size
+    if size > MAX_IDS_FILE_BYTES:
+        raise ValueError(f"--ids: {file} is {size:,} bytes; at most {MAX_IDS_FILE_BYTES:,} are read: split it")
+    try:
+        text = file.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--ids: {file} is not UTF-8 text (byte {err.start}: {err.reason})") from None
+    with io.StringIO(text, newline="") as f:
         rows = [r for r in csv.reader(f)] if file.suffix.lower() == ".csv" else [[line] for line in f]
+    long = next((i for i, r in enumerate(rows) if r and len(r[0].strip()) > MAX_ID_CHARS), None)
+    if long is not None:
+        raise ValueError(f"--ids: {file}, line {long + 1}: an ID of {len(rows[long][0].strip()):,} characters; at most "
+                         f"{MAX_ID_CHARS}")  # fmt: skip
     ids = [r[0].strip() for r in (rows[1:] if file.suffix.lower() == ".csv" else rows) if r and r[0].strip()]
     if not ids:
         raise ValueError(f"--ids: {file} lists no ID")
