@@ -27,7 +27,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"datamodules", "compression"},
         {"privacy", "models", "alignment"},
         {"federation", "observing", "checkpoints", "runs"},
-        {"wire", "network", "loggers", "messages", "checks", "parties", "progress", "prediction_rows"},
+        {"wire", "network", "loggers", "messages", "checks", "parties", "progress", "prediction_rows", "text_files"},
         {"shadows", "crypto", "schedule", "moved_modules", "ledger"},
     ],
     "lvfl.privacy": [

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from lvfl.text_files import read_csv_rows
+
 __all__ = ["known_path", "read_known_features", "read_known_labels", "write_known"]
 
 
@@ -48,8 +50,7 @@ def write_known(path: Path, known: dict[int, int] | dict[int, torch.Tensor]) -> 
 def _rows(path: Path, option: str, first: list[str] | None) -> tuple[list[str], list[list[str]]]:
     if not path.is_file():
         raise FileNotFoundError(f"{option}={str(path)!r}: no such file (the attacker's side knowledge, a CSV)")
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
+    rows = read_csv_rows(path, f"{option}={str(path)!r}")
     if not rows or rows[0][:1] != ["id"] or (first is not None and rows[0] != first):
         expected = ",".join(first) if first is not None else "id,x0,x1,..."
         got = ",".join(rows[0]) if rows else "none"

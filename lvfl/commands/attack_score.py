@@ -16,8 +16,8 @@ with `--output`.
 
 from __future__ import annotations
 
-import csv
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,6 +26,7 @@ import torch
 from lvfl.attacks import evaluate
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.fit import build_cli
+from lvfl.text_files import read_csv_rows, read_text
 
 __all__ = ["main", "read_guesses", "score_guesses"]
 
@@ -45,27 +46,33 @@ def read_guesses(path: Path) -> tuple[dict, dict[int, list[tuple[int, list[int],
     if not path.is_file() or not about_path.is_file():
         raise FileNotFoundError(f"--inferences {path}: it and its description {about_path.name} must exist (a deployed "
                                 "attack writes both in its party's run folder, attacks/)")  # fmt: skip
-    about = json.loads(about_path.read_text())
+    try:
+        about = json.loads(read_text(about_path, f"--inferences {path}: its description {about_path.name}"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--inferences {path}: its description {about_path.name} is not JSON ({err})") from None
+    if not isinstance(about, dict):
+        raise ValueError(f"--inferences {path}: its description {about_path.name} is not a JSON object")
     epochs: dict[int, list[tuple[int, list[int], list[list[float]]]]] = {}
-    with path.open(newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows, None)
-        width = 3 + int(about.get("width", about.get("num_classes", 0)))
-        if header is None or header[:3] != ["epoch", "step", "id"] or len(header) != width:
-            raise ValueError(f"--inferences {path}: not an attack's guesses (header {header})")
-        for line, row in enumerate(rows, start=2):
-            if len(row) != width:
-                raise ValueError(f"--inferences {path}, line {line}: {len(row)} fields, expected {width}")
-            try:
-                epoch, step, sample = int(row[0]), int(row[1]), int(row[2])
-                scores = [float(v) for v in row[3:]]
-            except ValueError:
-                raise ValueError(f"--inferences {path}, line {line}: not epoch, step, ID and scores") from None
-            steps = epochs.setdefault(epoch, [])
-            if not steps or steps[-1][0] != step:
-                steps.append((step, [], []))
-            steps[-1][1].append(sample)
-            steps[-1][2].append(scores)
+    rows = iter(read_csv_rows(path, f"--inferences {path}"))
+    header = next(rows, None)
+    width = 3 + int(about.get("width", about.get("num_classes", 0)))
+    if header is None or header[:3] != ["epoch", "step", "id"] or len(header) != width:
+        raise ValueError(f"--inferences {path}: not an attack's guesses (header {str(header)[:200]})")
+    for line, row in enumerate(rows, start=2):
+        if len(row) != width:
+            raise ValueError(f"--inferences {path}, line {line}: {len(row)} fields, expected {width}")
+        try:
+            epoch, step, sample = int(row[0]), int(row[1]), int(row[2])
+            scores = [float(v) for v in row[3:]]
+        except ValueError:
+            raise ValueError(f"--inferences {path}, line {line}: not epoch, step, ID and scores") from None
+        if not all(math.isfinite(v) for v in scores):
+            raise ValueError(f"--inferences {path}, line {line}: a score is not finite (NaN is no guess)")
+        steps = epochs.setdefault(epoch, [])
+        if not steps or steps[-1][0] != step:
+            steps.append((step, [], []))
+        steps[-1][1].append(sample)
+        steps[-1][2].append(scores)
     return about, epochs
 
 
