@@ -59,7 +59,7 @@ def test_a_non_finite_output_is_no_answer_but_a_reason() -> None:
 
 
 def test_metrics_beyond_this_machine_are_allowed_but_never_silently() -> None:
-    from lvfl.commands.serve import metrics_reach
+    from lvfl.serving.metrics import metrics_reach
 
     assert metrics_reach("127.0.0.1:9100") == ""
     assert "readable from other hosts: counts only" in metrics_reach("0.0.0.0:9100")

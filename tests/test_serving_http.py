@@ -12,6 +12,7 @@ import socket
 import time
 
 import pytest
+from served_runs import free_port
 
 from lvfl.serving import http_endpoint
 from lvfl.serving.http_endpoint import HttpEndpoint
@@ -37,15 +38,9 @@ class StandIn:
         return Scored(request_id or "r", answers, ["good"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def endpoint():
-    served = HttpEndpoint(StandIn(), f"127.0.0.1:{_free_port()}").start()
+    served = HttpEndpoint(StandIn(), f"127.0.0.1:{free_port()}").start()
     yield served
     served.stop()
 
@@ -115,7 +110,7 @@ def test_json_nested_past_the_recursion_limit_is_a_400_not_a_dropped_connection(
 def test_a_connection_that_sends_no_whole_head_is_closed(monkeypatch) -> None:
     """300 idle connections once held 300 threads for ever; now each has `HEAD_SECONDS` to send its head."""
     monkeypatch.setattr(http_endpoint, "HEAD_SECONDS", 0.5)
-    served = HttpEndpoint(StandIn(), f"127.0.0.1:{_free_port()}").start()
+    served = HttpEndpoint(StandIn(), f"127.0.0.1:{free_port()}").start()
     try:
         silent = socket.create_connection(("127.0.0.1", served.port), timeout=30)
         trickle = socket.create_connection(("127.0.0.1", served.port), timeout=30)
@@ -142,7 +137,7 @@ def test_a_connection_that_sends_no_whole_head_is_closed(monkeypatch) -> None:
 
 def test_connections_past_the_limit_are_answered_503(monkeypatch) -> None:
     monkeypatch.setattr(http_endpoint, "MAX_CONNECTIONS", 3)
-    served = HttpEndpoint(StandIn(), f"127.0.0.1:{_free_port()}").start()
+    served = HttpEndpoint(StandIn(), f"127.0.0.1:{free_port()}").start()
     try:
         held = [socket.create_connection(("127.0.0.1", served.port), timeout=30) for _ in range(3)]
         time.sleep(0.2)
@@ -174,7 +169,7 @@ def test_a_request_over_the_id_cap_is_refused_and_the_client_splits_a_longer_bat
         Scorer.__new__(Scorer).score(["a", "b", "c"], rows={"d": [], "e": []})
     monkeypatch.setattr(client, "MAX_REQUEST_IDS", 3)
     stand_in = StandIn()
-    service = ScoringService(stand_in, f"127.0.0.1:{_free_port()}").start()
+    service = ScoringService(stand_in, f"127.0.0.1:{free_port()}").start()
     try:
         with ScoringClient(service.address, wait=30) as asking:
             ids = ["a", "b", "c", "d", "a", "e", "f"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from lvfl.commands.errors import OneLineParser, debug_requested, reported_errors
 from lvfl.commands.predict import read_ids, summary
+from lvfl.prediction_rows import BY_THE_STUDENT, NO_STUDENT_IN_PLACE
 
 #: seconds `lvfl score` waits for a server to come up by default: a loaded machine starts `lvfl serve` in about 40
 WAIT = 180.0
@@ -82,8 +83,6 @@ def fault_lines(rows: list[dict[str, Any]]) -> list[str]:
 
     The file's reasons say it per row; a batch's caller must not miss it at the end.
     """
-    from lvfl.prediction_rows import BY_THE_STUDENT, NO_STUDENT_IN_PLACE
-
     said = {BY_THE_STUDENT: "answered by the student", NO_STUDENT_IN_PLACE: "unanswered (the export has no student)"}
     counts: Counter[tuple[str, str]] = Counter()
     for row in rows:

@@ -94,27 +94,6 @@ def _until_stopped(stop_after: float | None) -> str:
     return why["signal"] or f"--stop_after {stop_after:g} s"
 
 
-def metrics_reach(address: str) -> str:
-    """Nothing for metrics on this machine; else the words that say other hosts can read them, and what they hold.
-
-    Metrics are counts only (no ID, feature or prediction), which a scraper on another host may read; unlike the
-    scoring API's, such an address is allowed, but never silently.
-    """
-    from lvfl.federation.federation_file import parse_address
-    from lvfl.serving.service import check_loopback
-
-    try:
-        parse_address(address)
-    except ValueError as err:
-        raise ValueError(f"--metrics {err}") from None
-    try:
-        check_loopback(address, "--metrics")
-    except ValueError:
-        return (" (readable from other hosts: counts only, no ID, feature or prediction; limit who may connect "
-                "with your network's rules)")  # fmt: skip
-    return ""
-
-
 def main(argv: list[str]) -> None:
     """`lvfl serve` (see the module docstring)."""
     debug, argv = debug_requested(argv)
@@ -149,7 +128,7 @@ def main(argv: list[str]) -> None:
         source = FeatureSource(own.table, party, encoding=own.encoding, check_every=own.check_every)
         metrics = None
         if own.metrics is not None:
-            from lvfl.serving.metrics import ServingMetrics
+            from lvfl.serving.metrics import ServingMetrics, metrics_reach
 
             metrics = ServingMetrics(own.party)
             print(f"lvfl serve: {own.party}'s metrics at http://{own.metrics}/metrics{metrics_reach(own.metrics)}",

@@ -17,7 +17,13 @@ import torch
 
 from lvfl.federation import FederationError
 
-__all__ = ["conform", "describe", "printable"]
+__all__ = ["check_step", "conform", "describe", "printable"]
+
+
+def check_step(src: str, dst: str, tag: str, sent_at: int, step: int) -> None:
+    """Refuse a message sent at another step than the one its receiver is at (every carrier says it the same way)."""
+    if sent_at != step:
+        raise FederationError(f"{src} sent {tag!r} for step {sent_at}; {dst} expected step {step}")
 
 
 def printable(text: str) -> str:

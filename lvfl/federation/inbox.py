@@ -42,7 +42,7 @@ from lvfl.federation.channels import PinnedCaller, pinned_fingerprints
 from lvfl.federation.codec import decode_payload
 from lvfl.federation.endpoint import Endpoint
 from lvfl.federation.envelope_schema import Header
-from lvfl.federation.expectations import conform, printable
+from lvfl.federation.expectations import check_step, conform, printable
 from lvfl.federation.wire_form import TensorBytes, parse_envelope
 from lvfl.ledger import payload_nbytes
 
@@ -168,8 +168,7 @@ class Inbox(Endpoint):
                     deadline = time.monotonic() + min(ABORT_GRACE, wait)
                     continue
                 self._cond.wait(remaining)
-        if header.step != step:
-            raise FederationError(f"{src} sent {tag!r} for step {header.step}; {self.me} expected step {step}")
+        check_step(src, self.me, tag, header.step, step)
         if type(payload) is TensorBytes:  # checked by the server's thread, copied in this one (see TensorBytes)
             payload = payload.tensor()
         conform(payload, expected, sender=src, tag=tag)

@@ -21,7 +21,7 @@ import torch
 
 from lvfl.crypto.signing import SimulatedIdentities
 from lvfl.federation import FederationError
-from lvfl.federation.expectations import conform
+from lvfl.federation.expectations import check_step, conform
 from lvfl.federation.link import template
 from lvfl.parties import VFLBatch
 from lvfl.schedule import ScheduleError
@@ -61,12 +61,6 @@ class MemoryCarrier:
         check_step(src, dst, tag, sent_at, step)
         conform(payload, template(expected), sender=src, tag=tag)
         return payload
-
-
-def check_step(src: str, dst: str, tag: str, sent_at: int, step: int) -> None:
-    """Refuse a message sent at another step than the receiver's, as the socket transport's `receive` does."""
-    if sent_at != step:
-        raise FederationError(f"{src} sent {tag!r} for step {sent_at}; {dst} expected step {step}")
 
 
 def _copy(payload: Any) -> Any:

@@ -11,11 +11,30 @@ from __future__ import annotations
 from typing import Any
 
 from lvfl.federation.federation_file import parse_address
+from lvfl.serving.service import check_loopback
 
-__all__ = ["ServingMetrics"]
+__all__ = ["ServingMetrics", "metrics_reach"]
 
 #: request latency buckets, seconds: a millisecond to a deadline's worth
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def metrics_reach(address: str) -> str:
+    """Nothing for metrics on this machine; else the words that say other hosts can read them, and what they hold.
+
+    Metrics are counts only (no ID, feature or prediction), which a scraper on another host may read; unlike the
+    scoring API's, such an address is allowed, but never silently (`lvfl serve` prints it at start).
+    """
+    try:
+        parse_address(address)
+    except ValueError as err:
+        raise ValueError(f"--metrics {err}") from None
+    try:
+        check_loopback(address, "--metrics")
+    except ValueError:
+        return (" (readable from other hosts: counts only, no ID, feature or prediction; limit who may connect "
+                "with your network's rules)")  # fmt: skip
+    return ""
 
 
 class ServingMetrics:
